@@ -1,0 +1,58 @@
+"""Provider-neutral completion request and answer: what flows between the pipeline and an adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """One provider call.
+
+    messages: the conversation; adapters move `system` messages where their API wants them.
+    model: the provider's model id.
+    options: temperature, max_tokens, top_p, stop, seed, response_format, ... (already merged:
+        tier options, then job options, then what batching sets).
+    answer_schema: when set, a JSON Schema the answer must follow; adapters enforce it the
+        way their provider can (json_schema response_format, a forced tool, ...).
+    """
+
+    messages: tuple[ChatMessage, ...]
+    model: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    answer_schema: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A provider's answer.
+
+    finish_reason: normalized to "stop", "length", "tool_use", "content_filter" or the
+        provider's own word when none of these fits.
+    request_id: the provider's request id (x-request-id / request-id / body id), if any.
+    latency_ms: wall time of the HTTP call as measured by the adapter.
+    """
+
+    text: str
+    finish_reason: str
+    usage: Usage
+    provider: str
+    model: str
+    request_id: str | None = None
+    latency_ms: float = 0.0

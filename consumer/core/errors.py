@@ -1,0 +1,159 @@
+"""The one error taxonomy of promptbus.
+
+Every failure is translated into one of these classes at the boundary where it
+happens (provider adapters, job decoding, config loading). Retry-or-dead-letter
+decisions (`consumer.core.retry`) are made only from these classes, never from
+httpx, aiokafka or HTTP status codes directly.
+
+    PromptbusError
+    ├── ConfigError                 bad tier file / settings: stops startup, names the key
+    ├── JobError                    one job cannot be served as given (kind: invalid_job,
+    │                               unknown_tier, template_error); goes to the dead-letter topic
+    ├── NotSupportedError           a feature the provider does not have (e.g. Batch API on
+    │                               openai_compat): raised before any request is sent
+    └── ProviderError               a provider call failed; `retryable` says if trying again can help
+        ├── RateLimited             429 rate limit (retryable, carries a RateLimitHint)
+        ├── QuotaExhausted          429 billing / spend limit (pauses the tier)
+        ├── Overloaded              529, 503 (retryable; the limiter backs off)
+        ├── ServerError             other 5xx (retryable)
+        ├── RequestTimeout          408 or a client-side timeout (retryable; the limiter backs off)
+        ├── ConnectionFailed        connect/read errors, dropped connections (retryable)
+        ├── AuthFailed              401, 403
+        ├── Rejected                other permanent 4xx (400, 404, 413, 422, ...)
+        └── MalformedResponse       a 2xx whose body is not the provider's format (retryable)
+
+Messages never contain secrets: adapters build them from status codes and the
+provider's error type/message, never from request headers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    """Dead-letter `error.kind`: a closed list (DESIGN.md "Messages")."""
+
+    INVALID_JOB = "invalid_job"
+    UNKNOWN_TIER = "unknown_tier"
+    TEMPLATE_ERROR = "template_error"
+    PROVIDER_REJECTED = "provider_rejected"
+    AUTH_FAILED = "auth_failed"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    BATCH_EXPIRED = "batch_expired"
+    BATCH_FAILED = "batch_failed"
+    OUTPUT_INVALID = "output_invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitHint:
+    """What a provider told us about its limits, normalized from its headers.
+
+    retry_after_s: from Retry-After (seconds or HTTP-date) or retry-after-ms.
+    remaining_requests / remaining_tokens: from x-ratelimit-remaining-* or
+        anthropic-ratelimit-*-remaining.
+    reset_requests_s / reset_tokens_s: seconds until those budgets refill.
+    """
+
+    retry_after_s: float | None = None
+    remaining_requests: int | None = None
+    remaining_tokens: int | None = None
+    reset_requests_s: float | None = None
+    reset_tokens_s: float | None = None
+
+
+class PromptbusError(Exception):
+    """Base of every error promptbus raises on purpose."""
+
+
+class ConfigError(PromptbusError):
+    """A configuration value is wrong. `key` is the dotted path of the bad key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{key}: {reason}")
+
+
+class JobError(PromptbusError):
+    """A job cannot be served as given; it goes to the dead-letter topic with `kind`."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+class NotSupportedError(PromptbusError):
+    """The provider has no such feature; raised before any request is sent."""
+
+
+class ProviderError(PromptbusError):
+    """A provider call failed.
+
+    status_code: the HTTP status, when there was a response.
+    provider: the adapter name (openai, anthropic, openai_compat).
+    hint: rate-limit information from the response headers, when any.
+    """
+
+    retryable: bool = False
+    #: True when the failure says the provider is overloaded: the limiter shrinks.
+    overload: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        provider: str | None = None,
+        hint: RateLimitHint | None = None,
+    ) -> None:
+        self.message = message
+        self.status_code = status_code
+        self.provider = provider
+        self.hint = hint or RateLimitHint()
+        super().__init__(message)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, status_code={self.status_code}, provider={self.provider!r})"
+
+
+class RateLimited(ProviderError):
+    retryable = True
+    overload = True
+
+
+class QuotaExhausted(ProviderError):
+    retryable = False
+
+
+class Overloaded(ProviderError):
+    retryable = True
+    overload = True
+
+
+class ServerError(ProviderError):
+    retryable = True
+
+
+class RequestTimeout(ProviderError):
+    retryable = True
+    overload = True
+
+
+class ConnectionFailed(ProviderError):
+    retryable = True
+
+
+class AuthFailed(ProviderError):
+    retryable = False
+
+
+class Rejected(ProviderError):
+    retryable = False
+
+
+class MalformedResponse(ProviderError):
+    retryable = True

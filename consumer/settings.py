@@ -1,0 +1,190 @@
+"""Settings: the environment (pydantic-settings, prefix PROMPTBUS_) and the tier file (YAML).
+
+Both are loaded once at startup, frozen, and passed down. A bad value stops startup with a
+`ConfigError` naming the dotted key and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from consumer.core.errors import ConfigError
+
+ProviderName = Literal["openai", "anthropic", "openai_compat"]
+
+DEFAULT_BASE_URLS: dict[str, str] = {
+    "openai": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BatchingConfig(_Strict):
+    """Prompt batching for a tier (DESIGN.md "Prompt batching rules")."""
+
+    enabled: bool = False
+    max_items: int = Field(20, ge=1, le=1000)
+    max_input_chars: int = Field(32000, ge=1)
+    window_ms: int = Field(100, ge=0)
+    max_wait_ms: int = Field(2000, ge=0)
+    #: how the batched answer's shape is enforced: auto uses what the provider supports
+    structured: Literal["auto", "json_schema", "json_object", "tool", "off"] = "auto"
+    #: adaptive batch size starts here (<= max_items); None means start at max_items
+    initial_items: int | None = Field(None, ge=1)
+    #: share of batched jobs also asked alone, to measure agreement
+    verify_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    #: agreement below this counts like an invalid batched answer
+    min_agreement: float = Field(0.8, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check_waits(self) -> BatchingConfig:
+        if self.max_wait_ms < self.window_ms:
+            raise ValueError("max_wait_ms must be >= window_ms")
+        if self.initial_items is not None and self.initial_items > self.max_items:
+            raise ValueError("initial_items must be <= max_items")
+        return self
+
+
+class LimiterConfig(_Strict):
+    """Adaptive concurrency: aimd for providers that send 429s, gradient for local servers."""
+
+    algorithm: Literal["aimd", "gradient", "fixed"] = "aimd"
+    initial: int = Field(4, ge=1)
+    min: int = Field(1, ge=1)
+    max: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> LimiterConfig:
+        if not self.min <= self.initial <= self.max:
+            raise ValueError("must satisfy min <= initial <= max")
+        return self
+
+
+class RetryConfig(_Strict):
+    max_attempts: int = Field(5, ge=1)
+    backoff_initial_s: float = Field(0.5, ge=0)
+    backoff_max_s: float = Field(30.0, ge=0)
+    #: quota exhausted: pause the tier this long, then try again ...
+    quota_cooldown_s: float = Field(60.0, ge=0)
+    #: ... until this much pausing in a row has passed; then its jobs fail (quota_exhausted)
+    quota_max_wait_s: float = Field(600.0, ge=0)
+
+
+class OfflineConfig(_Strict):
+    enabled: bool = False
+    poll_s: float = Field(60.0, gt=0)
+    completion_window: str = "24h"
+    #: offline jobs collected this long (or up to max_items) before one Batch API submission
+    collect_s: float = Field(5.0, ge=0)
+    max_items: int = Field(10000, ge=1)
+
+
+class TierConfig(_Strict):
+    provider: ProviderName
+    model: str = Field(min_length=1)
+    base_url: str | None = None
+    api_key_env: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float = Field(60.0, gt=0)
+    batching: BatchingConfig = BatchingConfig()
+    limiter: LimiterConfig = LimiterConfig()
+    retry: RetryConfig = RetryConfig()
+    offline: OfflineConfig = OfflineConfig()
+
+    @model_validator(mode="after")
+    def _check_provider(self) -> TierConfig:
+        if self.base_url is None and self.provider == "openai_compat":
+            raise ValueError("base_url is required for provider openai_compat")
+        if self.offline.enabled and self.provider == "openai_compat":
+            raise ValueError("offline.enabled: openai_compat has no Batch API; use online mode")
+        return self
+
+    @property
+    def resolved_base_url(self) -> str:
+        return (self.base_url or DEFAULT_BASE_URLS[self.provider]).rstrip("/")
+
+    def api_key(self) -> SecretStr | None:
+        """The key from the env var this tier names; None when the tier names none."""
+        if not self.api_key_env:
+            return None
+        value = os.environ.get(self.api_key_env)
+        return SecretStr(value) if value else None
+
+
+class TierFile(_Strict):
+    tiers: dict[str, TierConfig] = Field(min_length=1)
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(root)"
+
+
+def parse_tier_file(data: Any, *, source: str = "tier file") -> TierFile:
+    """Validate already-parsed YAML; raise ConfigError naming the first bad key."""
+    try:
+        return TierFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(_dotted(err["loc"]), f"{err['msg']} (in {source})") from None
+
+
+def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
+    """Read and validate a YAML tier file; raise ConfigError naming the bad key."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {p}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("(yaml)", f"{p} is not valid YAML: {exc}") from None
+    return parse_tier_file(data, source=str(p))
+
+
+class KafkaSecurity(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+
+
+class Settings(BaseSettings):
+    """Environment settings (PROMPTBUS_*, nested with __)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PROMPTBUS_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    kafka_bootstrap_servers: str = Field(
+        "127.0.0.1:9092",
+        validation_alias=AliasChoices("PROMPTBUS_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
+    )
+    group_id: str = "promptbus"
+    jobs_topic: str = "promptbus.jobs"
+    results_topic: str = "promptbus.results"
+    dlq_topic: str = "promptbus.dlq"
+    batches_topic: str = "promptbus.batches"
+    stats_topic: str = "promptbus.stats"
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    max_inflight: int = Field(2000, ge=1)
+    shutdown_timeout_s: float = Field(30.0, ge=0)
+    revoke_timeout_s: float = Field(10.0, ge=0)
+    topic_partitions: int = Field(4, ge=1)
+    topic_replication: int = Field(1, ge=1)
+    metrics_port: int | None = None
+    stats_interval_s: float = Field(2.0, gt=0)
+    config: str | None = None
+    kafka: KafkaSecurity = KafkaSecurity()
