@@ -1,0 +1,244 @@
+"""The messages promptbus reads and writes: Job, Result, DeadLetter (DESIGN.md "Messages").
+
+These pydantic models are the edge of the service and the source of `schemas/*.json`
+(`python -m consumer.core.schema_gen`). Everything inside the service works on the
+parsed, frozen models.
+
+Decoding (`decode_job`) never raises anything but `JobError(INVALID_JOB, message)`; the
+message names the offending field and the problem, e.g.
+``field 'variables.text': Input should be a valid string``, and never echoes the input
+value (a job may carry private data and can be megabytes long). Whether `tier` names a
+configured tier is checked by the caller, which knows the tiers (`unknown_tier`).
+
+Encoding (`encode`) is compact orjson; every datetime is written in UTC with a `Z`
+suffix (RFC 3339), because the models normalize datetimes to UTC when they are built.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from consumer.core.errors import ErrorKind, JobError
+
+__all__ = [
+    "BatchInfo",
+    "DeadLetter",
+    "ErrorInfo",
+    "Job",
+    "Message",
+    "Result",
+    "SourceRef",
+    "UsageInfo",
+    "decode_job",
+    "encode",
+    "validation_message",
+]
+
+#: How many validation problems one `invalid_job` message lists before "and N more".
+_MAX_REPORTED_ERRORS = 3
+
+
+def _require_rfc3339_string(value: Any) -> Any:
+    # pydantic would also take a Unix timestamp; the contract says RFC 3339 text.
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 date-time string")
+    return value
+
+
+def _require_aware_utc(value: datetime) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("must carry a time zone offset (e.g. 'Z' or '+02:00')")
+    return value.astimezone(UTC)
+
+
+def _assume_utc(value: datetime) -> datetime:
+    # Timestamps we produce ourselves: a naive datetime is taken to be UTC.
+    if value.tzinfo is None or value.utcoffset() is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+#: A job's deadline: RFC 3339 text with an offset; stored in UTC.
+DeadlineTime = Annotated[
+    datetime, BeforeValidator(_require_rfc3339_string), AfterValidator(_require_aware_utc)
+]
+#: A time promptbus stamps (completed_at, failed_at): naive means UTC; stored in UTC.
+UtcTime = Annotated[datetime, AfterValidator(_assume_utc)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Message(_Frozen):
+    """One chat message of a `messages` job."""
+
+    role: Literal["system", "user", "assistant"]
+    content: StrictStr
+
+
+class Job(_Frozen):
+    """A unit of LLM work read from the jobs topic (Kafka key: the job id).
+
+    Exactly one of `prompt` (a `${name}` template, optionally with `variables`) or
+    `messages` is given. Unknown fields are an error (a typo such as `varaibles` would
+    otherwise be silently ignored).
+    """
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["prompt"], "not": {"required": ["messages"]}},
+                {"required": ["messages"], "not": {"required": ["prompt"]}},
+            ]
+        },
+    )
+
+    id: StrictStr = Field(min_length=1, max_length=256, description="Unique per logical job.")
+    tier: StrictStr = Field(min_length=1, description="Must name a configured tier.")
+    prompt: StrictStr | None = Field(None, description="Template with ${name} placeholders.")
+    variables: dict[str, StrictStr] | None = Field(None, description="Values for the placeholders.")
+    messages: list[Message] | None = Field(None, min_length=1, description="A chat conversation.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Provider options, merged over the tier's options."
+    )
+    batch: StrictBool = Field(False, description="This job may share a prompt with others.")
+    mode: Literal["online", "offline"] = "online"
+    deadline: DeadlineTime | None = Field(None, description="RFC 3339; not done by then -> dead letter.")
+    metadata: dict[str, Any] | None = Field(None, description="Echoed back untouched.")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> Job:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' or 'messages' is required")
+        if self.variables is not None and self.prompt is None:
+            raise ValueError("'variables' is only allowed with 'prompt'")
+        return self
+
+
+class SourceRef(_Frozen):
+    """Where a job was read from."""
+
+    topic: StrictStr
+    partition: StrictInt = Field(ge=0)
+    offset: StrictInt = Field(ge=0)
+
+
+class UsageInfo(_Frozen):
+    """Token usage; a batched job gets its share of the request's usage."""
+
+    input_tokens: StrictInt = Field(0, ge=0)
+    output_tokens: StrictInt = Field(0, ge=0)
+
+
+class BatchInfo(_Frozen):
+    """The shared request a batched job's answer came from."""
+
+    request_id: StrictStr | None = Field(None, description="The provider's request id, if any.")
+    size: StrictInt = Field(ge=1, description="Jobs in that request.")
+
+
+class ErrorInfo(_Frozen):
+    """Why a job failed: `kind` is the closed list of `ErrorKind`."""
+
+    kind: ErrorKind
+    message: StrictStr
+    retryable: StrictBool = False
+    status_code: StrictInt | None = None
+    provider: StrictStr | None = None
+
+
+class Result(_Frozen):
+    """One answer per job id, published to the results topic (Kafka key: the job id)."""
+
+    id: StrictStr
+    tier: StrictStr
+    status: Literal["ok"] = "ok"
+    output: StrictStr
+    provider: StrictStr
+    model: StrictStr
+    finish_reason: StrictStr
+    usage: UsageInfo = Field(default_factory=UsageInfo)
+    batch: BatchInfo | None = None
+    attempts: StrictInt = Field(1, ge=0, description="Provider requests that carried this job.")
+    latency_ms: float = Field(ge=0, description="From intake to the answer.")
+    metadata: dict[str, Any] | None = None
+    source: SourceRef
+    completed_at: UtcTime
+
+
+class DeadLetter(_Frozen):
+    """A job that could not be served, published to the dead-letter topic."""
+
+    id: StrictStr | None = Field(None, description="The job id when it could be read.")
+    status: Literal["failed"] = "failed"
+    error: ErrorInfo
+    attempts: StrictInt = Field(0, ge=0)
+    job: Job | None = Field(None, description="The parsed job, when it could be parsed.")
+    raw: StrictStr | None = Field(None, description="Base64 of the original bytes when unparsable.")
+    source: SourceRef
+    failed_at: UtcTime
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def validation_message(exc: ValidationError, *, what: str = "job") -> str:
+    """A short, value-free description of a pydantic error: "field 'a.b': problem; ..."."""
+    parts: list[str] = []
+    errors = exc.errors(include_url=False, include_input=False)
+    for err in errors[:_MAX_REPORTED_ERRORS]:
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        loc = _loc(err["loc"])
+        parts.append(f"field '{loc}': {msg}" if loc else f"{what}: {msg}")
+    if len(errors) > _MAX_REPORTED_ERRORS:
+        parts.append(f"and {len(errors) - _MAX_REPORTED_ERRORS} more")
+    return "; ".join(parts)
+
+
+def decode_job(raw: bytes) -> Job:
+    """Parse one record value into a Job.
+
+    Raises `JobError(ErrorKind.INVALID_JOB, message)` when the bytes are not UTF-8, not
+    JSON, not a JSON object or do not match the Job schema.
+    """
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        # orjson reports invalid UTF-8 as a decode error too; tell the two apart for the user.
+        try:
+            bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            raise JobError(ErrorKind.INVALID_JOB, f"not UTF-8 (byte {uexc.start})") from None
+        raise JobError(ErrorKind.INVALID_JOB, f"not JSON: {exc.msg} at char {exc.pos}") from None
+    if not isinstance(data, dict):
+        raise JobError(ErrorKind.INVALID_JOB, f"not a JSON object (got {type(data).__name__})")
+    try:
+        return Job.model_validate(data)
+    except ValidationError as exc:
+        raise JobError(ErrorKind.INVALID_JOB, validation_message(exc)) from None
+
+
+def encode(model: BaseModel) -> bytes:
+    """Serialize a message model as compact JSON (orjson); datetimes in UTC with `Z`."""
+    return orjson.dumps(model.model_dump(mode="python"), option=orjson.OPT_UTC_Z)
