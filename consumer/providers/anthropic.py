@@ -1,0 +1,215 @@
+"""Anthropic messages over httpx (`POST {base_url}/v1/messages`).
+
+`x-api-key` and `anthropic-version` headers; system messages go to the top-level `system`
+field; `max_tokens` is always set (the API requires it). With an `answer_schema` in `tool` mode
+the request forces one tool whose `input_schema` is the schema, and the `tool_use` block's input
+becomes the Completion text (compact JSON).
+
+`build_messages_body` and `parse_message` also serve the Message Batches API (`batch_anthropic.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from consumer.core.completion import Completion, CompletionRequest, Usage
+from consumer.core.errors import MalformedResponse
+from consumer.providers.httpapi import ProviderHttp
+from consumer.providers.structured import (
+    SCHEMA_NAME,
+    TOOL_DESCRIPTION,
+    StructuredMode,
+    answer_text,
+    root_schema,
+)
+
+log = logging.getLogger(__name__)
+
+ANTHROPIC_VERSION = "2023-06-01"
+#: used when neither the job nor the tier sets max_tokens (the API requires one)
+DEFAULT_MAX_TOKENS = 1024
+ANTHROPIC_STRUCTURED_MODES: tuple[str, ...] = ("tool", "off")
+
+#: options Anthropic accepts as they are; `stop` is renamed; others (seed, response_format, ...) dropped
+_PASSTHROUGH_OPTIONS = frozenset(
+    {"temperature", "top_p", "top_k", "stop_sequences", "metadata", "service_tier"}
+)
+
+_STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_use",
+    "refusal": "content_filter",
+}
+
+
+def anthropic_auth(secret: str) -> dict[str, str]:
+    return {"x-api-key": secret}
+
+
+def build_messages_body(
+    request: CompletionRequest,
+    *,
+    structured_mode: StructuredMode,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> dict[str, Any]:
+    """The JSON body of one Messages call (also a Message Batches `params`)."""
+    system = "\n\n".join(m.content for m in request.messages if m.role == "system")
+    body: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": int(request.options.get("max_tokens") or default_max_tokens),
+        "messages": [{"role": m.role, "content": m.content} for m in request.messages if m.role != "system"],
+    }
+    if system:
+        body["system"] = system
+    dropped = []
+    for key, value in request.options.items():
+        if value is None or key == "max_tokens":
+            continue
+        if key in _PASSTHROUGH_OPTIONS:
+            body[key] = value
+        elif key == "stop":
+            body["stop_sequences"] = [value] if isinstance(value, str) else list(value)
+        else:
+            dropped.append(key)
+    if dropped:
+        log.debug("anthropic: options not sent (no Anthropic equivalent): %s", sorted(dropped))
+    if request.answer_schema is not None and structured_mode != "off":
+        if structured_mode != "tool":
+            raise ValueError(f"anthropic supports structured modes {ANTHROPIC_STRUCTURED_MODES}")
+        root, _ = root_schema(request.answer_schema)
+        body["tools"] = [{"name": SCHEMA_NAME, "description": TOOL_DESCRIPTION, "input_schema": root}]
+        body["tool_choice"] = {"type": "tool", "name": SCHEMA_NAME}
+    return body
+
+
+def parse_message(
+    payload: Any,
+    *,
+    request: CompletionRequest,
+    structured_mode: StructuredMode,
+    provider: str,
+    request_id: str | None = None,
+    latency_ms: float = 0.0,
+) -> Completion:
+    """A Message body -> Completion; MalformedResponse when it is not one.
+
+    Text blocks are concatenated; in tool mode the forced tool's input is the answer.
+    """
+    try:
+        if not isinstance(payload, Mapping) or payload.get("type", "message") != "message":
+            raise TypeError("not a message")
+        blocks = payload["content"]
+        if not isinstance(blocks, list):
+            raise TypeError("content is not a list")
+        texts: list[str] = []
+        tool_input: Any = None
+        for block in blocks:
+            if block.get("type") == "text":
+                texts.append(str(block["text"]))
+            elif block.get("type") == "tool_use" and tool_input is None:
+                tool_input = block["input"]
+        forced = structured_mode == "tool" and request.answer_schema is not None
+        if tool_input is not None and (forced or not texts):
+            wrapped = request.answer_schema is not None and root_schema(request.answer_schema)[1]
+            text = answer_text(tool_input, wrapped=wrapped)
+        else:
+            text = "".join(texts)
+        usage_raw = payload.get("usage") or {}
+        usage = Usage(
+            input_tokens=int(usage_raw.get("input_tokens") or 0),
+            output_tokens=int(usage_raw.get("output_tokens") or 0),
+        )
+        raw_stop = payload.get("stop_reason") or "end_turn"
+        model = str(payload.get("model") or request.model)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise MalformedResponse(
+            f"{provider}: 2xx body is not a message ({type(exc).__name__})", provider=provider
+        ) from None
+    return Completion(
+        text=text,
+        finish_reason=_STOP_REASONS.get(str(raw_stop), str(raw_stop)),
+        usage=usage,
+        provider=provider,
+        model=model,
+        request_id=request_id or (str(payload["id"]) if payload.get("id") else None),
+        latency_ms=latency_ms,
+    )
+
+
+def anthropic_http(
+    client: httpx.AsyncClient, *, base_url: str, api_key: SecretStr | None, name: str
+) -> ProviderHttp:
+    """The HTTP path for Anthropic: a base URL given with a trailing `/v1` is accepted too."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    return ProviderHttp(
+        client,
+        base_url=base,
+        provider=name,
+        api_key=api_key,
+        auth_headers=anthropic_auth,
+        extra_headers={"anthropic-version": ANTHROPIC_VERSION},
+    )
+
+
+class AnthropicProvider:
+    """Anthropic Messages API.
+
+    base_url: the API root (`https://api.anthropic.com`); `/v1/messages` is appended.
+    structured_mode: `tool` (forced tool) or `off`.
+    default_max_tokens: sent when the request's options carry no max_tokens.
+    owns_client: `aclose()` closes the client.
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        base_url: str,
+        api_key: SecretStr | None,
+        name: str = "anthropic",
+        structured_mode: StructuredMode = "tool",
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        owns_client: bool = True,
+    ) -> None:
+        if structured_mode not in ANTHROPIC_STRUCTURED_MODES:
+            raise ValueError(f"anthropic structured_mode must be one of {ANTHROPIC_STRUCTURED_MODES}")
+        self.name = name
+        self.structured_mode: StructuredMode = structured_mode
+        self.default_max_tokens = default_max_tokens
+        self.owns_client = owns_client
+        self.http = anthropic_http(client, base_url=base_url, api_key=api_key, name=name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
+
+    def build_body(self, request: CompletionRequest) -> dict[str, Any]:
+        return build_messages_body(
+            request, structured_mode=self.structured_mode, default_max_tokens=self.default_max_tokens
+        )
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        """One Messages call; raises only consumer.core.errors classes."""
+        reply = await self.http.request("POST", "/v1/messages", json_body=self.build_body(request))
+        return parse_message(
+            reply.json,
+            request=request,
+            structured_mode=self.structured_mode,
+            provider=self.name,
+            request_id=reply.request_id,
+            latency_ms=reply.latency_ms,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client when this provider owns it (idempotent)."""
+        if self.owns_client:
+            await self.http.client.aclose()

@@ -1,0 +1,234 @@
+"""Anthropic Message Batches API.
+
+    submit   POST {base}/v1/messages/batches {requests: [{custom_id, params}]}
+             (several provider batches when over max_requests / max_bytes per request body)
+    status   GET  {base}/v1/messages/batches/{id}
+    results  GET  the batch's `results_url` (JSONL: succeeded | errored | canceled | expired)
+    cancel   POST {base}/v1/messages/batches/{id}/cancel
+
+Status mapping: `in_progress` and `canceling` -> running; `ended` -> cancelled when a cancel was
+initiated, expired when every request expired, else completed. completed = succeeded,
+failed = errored + canceled + expired. `params` are built by the same `build_messages_body` the
+online adapter uses. The key is only sent to a `results_url` on the base URL's origin; any other
+results_url is replaced by the documented `/results` route on the base URL.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import SecretStr
+
+from consumer.core.completion import CompletionRequest
+from consumer.core.errors import MalformedResponse, ProviderError
+from consumer.providers.anthropic import (
+    ANTHROPIC_STRUCTURED_MODES,
+    DEFAULT_MAX_TOKENS,
+    anthropic_http,
+    build_messages_body,
+    parse_message,
+)
+from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
+from consumer.providers.batchsplit import check_custom_ids, split_by_limits
+from consumer.providers.structured import StructuredMode
+
+log = logging.getLogger(__name__)
+
+ANTHROPIC_MAX_REQUESTS = 100_000
+ANTHROPIC_MAX_BYTES = 256 * 1024 * 1024
+#: Anthropic's documented custom_id format
+CUSTOM_ID_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_ENVELOPE = b'{"requests":[]}'
+
+
+class AnthropicBatchProvider:
+    """Anthropic's Message Batches API behind the `BatchProvider` Protocol.
+
+    max_requests / max_bytes: per provider batch (Anthropic: 100,000 / 256 MB); tests pass small ones.
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        base_url: str,
+        api_key: SecretStr | None,
+        name: str = "anthropic",
+        structured_mode: StructuredMode = "tool",
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_requests: int = ANTHROPIC_MAX_REQUESTS,
+        max_bytes: int = ANTHROPIC_MAX_BYTES,
+        owns_client: bool = True,
+    ) -> None:
+        if structured_mode not in ANTHROPIC_STRUCTURED_MODES:
+            raise ValueError(f"anthropic structured_mode must be one of {ANTHROPIC_STRUCTURED_MODES}")
+        self.name = name
+        self.structured_mode: StructuredMode = structured_mode
+        self.default_max_tokens = default_max_tokens
+        self.max_requests = max_requests
+        self.max_bytes = max_bytes
+        self.owns_client = owns_client
+        self.http = anthropic_http(client, base_url=base_url, api_key=api_key, name=name)
+        self._submitted: dict[str, dict[str, BatchRequest]] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
+
+    def batch_item(self, item: BatchRequest) -> dict[str, Any]:
+        return {
+            "custom_id": item.custom_id,
+            "params": build_messages_body(
+                item.request, structured_mode=self.structured_mode, default_max_tokens=self.default_max_tokens
+            ),
+        }
+
+    async def submit(self, requests: Sequence[BatchRequest]) -> list[BatchJob]:
+        """Create one provider batch per chunk within the limits.
+
+        Raises ValueError (missing, malformed or duplicate custom_id; an item over the size
+        limit) before anything is sent.
+        """
+        check_custom_ids(requests, pattern=CUSTOM_ID_PATTERN)
+        items = [self.batch_item(r) for r in requests]
+        sizes = [len(orjson.dumps(i)) + 1 for i in items]  # + the separating comma
+        chunks = split_by_limits(
+            sizes, max_requests=self.max_requests, max_bytes=self.max_bytes, overhead_bytes=len(_ENVELOPE)
+        )
+        jobs: list[BatchJob] = []
+        for chunk in chunks:
+            try:
+                reply = await self.http.request(
+                    "POST", "/v1/messages/batches", json_body={"requests": [items[i] for i in chunk]}
+                )
+            except ProviderError:
+                if jobs:
+                    log.warning(
+                        "%s: batch submit failed after %d batches were created: %s",
+                        self.name,
+                        len(jobs),
+                        [j.id for j in jobs],
+                    )
+                raise
+            job = self._job(reply.json)
+            self._submitted[job.id] = {requests[i].custom_id: requests[i] for i in chunk}
+            log.info("%s: created batch %s with %d requests", self.name, job.id, len(chunk))
+            jobs.append(job)
+        return jobs
+
+    def _job(self, payload: Any) -> BatchJob:
+        try:
+            counts = payload.get("request_counts") or {}
+            succeeded = int(counts.get("succeeded") or 0)
+            errored = int(counts.get("errored") or 0)
+            canceled = int(counts.get("canceled") or 0)
+            expired = int(counts.get("expired") or 0)
+            processing = int(counts.get("processing") or 0)
+            total = succeeded + errored + canceled + expired + processing
+            raw = str(payload["processing_status"])
+            if raw in ("in_progress", "canceling"):
+                status = BatchStatus.RUNNING
+            elif raw == "ended":
+                if payload.get("cancel_initiated_at"):
+                    status = BatchStatus.CANCELLED
+                elif total and expired == total:
+                    status = BatchStatus.EXPIRED
+                else:
+                    status = BatchStatus.COMPLETED
+            else:
+                raise ValueError(raw)
+            return BatchJob(
+                id=str(payload["id"]),
+                provider=self.name,
+                status=status,
+                total=total,
+                completed=succeeded,
+                failed=errored + canceled + expired,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self.http.malformed(f"not a message batch object ({type(exc).__name__})") from None
+
+    async def status(self, batch_id: str) -> BatchJob:
+        reply = await self.http.request("GET", f"/v1/messages/batches/{batch_id}")
+        return self._job(reply.json)
+
+    async def cancel(self, batch_id: str) -> BatchJob:
+        reply = await self.http.request("POST", f"/v1/messages/batches/{batch_id}/cancel")
+        return self._job(reply.json)
+
+    async def results(self, batch_id: str) -> list[BatchItemResult]:
+        """Every item of an ended batch (an unfinished batch has no results yet: [])."""
+        reply = await self.http.request("GET", f"/v1/messages/batches/{batch_id}")
+        self._job(reply.json)
+        url = reply.json.get("results_url")
+        if not url:
+            return []
+        if not self.http.same_origin(url):
+            log.warning("%s: results_url is on another origin; using the API's results route", self.name)
+            url = f"/v1/messages/batches/{batch_id}/results"
+        content = await self.http.request("GET", url, decode_json=False)
+        submitted = self._submitted.get(batch_id, {})
+        out: list[BatchItemResult] = []
+        for raw in content.content.splitlines():
+            if raw.strip():
+                out.append(self._parse_line(raw, submitted))
+        return out
+
+    def _parse_line(self, raw: bytes, submitted: Mapping[str, BatchRequest]) -> BatchItemResult:
+        try:
+            line = orjson.loads(raw)
+            cid = str(line["custom_id"])
+            result = line["result"]
+            kind = str(result["type"])
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise self.http.malformed(f"batch result line is not a result ({type(exc).__name__})") from None
+        if kind == "succeeded":
+            original = submitted.get(cid)
+            request = original.request if original else CompletionRequest(messages=(), model="")
+            try:
+                completion = parse_message(
+                    result.get("message"),
+                    request=request,
+                    structured_mode=self.structured_mode,
+                    provider=self.name,
+                )
+            except MalformedResponse as exc:
+                return BatchItemResult(cid, error=exc)
+            return BatchItemResult(cid, completion=completion)
+        if kind == "errored":
+            envelope = result.get("error") or {}
+            nested = envelope.get("error") if isinstance(envelope, Mapping) else None
+            inner: Mapping[str, Any] = nested if isinstance(nested, Mapping) else envelope
+            etype = str(inner.get("type") or "")
+            # Anthropic gives no HTTP status per item; the error type says which class applies
+            status_code = _STATUS_FOR_TYPE.get(etype, 400)
+            return BatchItemResult(cid, error=self.http.error_for(status_code, {"error": inner}, None))
+        if kind == "expired":
+            return BatchItemResult(
+                cid,
+                error=ProviderError(f"{self.name}: batch request expired", provider=self.name),
+                expired=True,
+            )
+        return BatchItemResult(
+            cid, error=ProviderError(f"{self.name}: batch request {kind}", provider=self.name)
+        )
+
+    async def aclose(self) -> None:
+        if self.owns_client:
+            await self.http.client.aclose()
+
+
+_STATUS_FOR_TYPE = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}

@@ -1,0 +1,247 @@
+"""OpenAI Batch API: JSONL upload, batch create, poll, read the output AND the error file.
+
+    submit   POST {base}/files (multipart, purpose=batch; lines {custom_id, method, url, body})
+             POST {base}/batches {input_file_id, endpoint: /v1/chat/completions, completion_window}
+             (several provider batches when over max_requests / max_bytes per file)
+    status   GET  {base}/batches/{id}
+    results  GET  {base}/files/{output_file_id}/content and .../{error_file_id}/content
+    cancel   POST {base}/batches/{id}/cancel
+
+Status mapping: validating -> pending; in_progress, finalizing, cancelling -> running;
+completed, failed, expired, cancelled as named. Each line's `body` is built by the same
+`build_chat_body` the online adapter uses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import SecretStr
+
+from consumer.core.completion import CompletionRequest
+from consumer.core.errors import MalformedResponse, ProviderError, Rejected
+from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
+from consumer.providers.batchsplit import check_custom_ids, split_by_limits
+from consumer.providers.httpapi import ProviderHttp
+from consumer.providers.openai import bearer_auth, build_chat_body, parse_chat_completion
+from consumer.providers.structured import STRUCTURED_MODES, StructuredMode
+
+log = logging.getLogger(__name__)
+
+OPENAI_MAX_REQUESTS = 50_000
+OPENAI_MAX_BYTES = 200 * 1024 * 1024
+CHAT_ENDPOINT = "/v1/chat/completions"
+
+_STATUS = {
+    "validating": BatchStatus.PENDING,
+    "in_progress": BatchStatus.RUNNING,
+    "finalizing": BatchStatus.RUNNING,
+    "cancelling": BatchStatus.RUNNING,
+    "completed": BatchStatus.COMPLETED,
+    "failed": BatchStatus.FAILED,
+    "expired": BatchStatus.EXPIRED,
+    "cancelled": BatchStatus.CANCELLED,
+}
+
+
+class OpenAIBatchProvider:
+    """OpenAI's Batch API behind the `BatchProvider` Protocol.
+
+    max_requests / max_bytes: per input file (OpenAI: 50,000 / 200 MB); tests pass small ones.
+    completion_window: sent as is (OpenAI accepts "24h").
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        base_url: str,
+        api_key: SecretStr | None,
+        name: str = "openai",
+        structured_mode: StructuredMode = "json_schema",
+        completion_window: str = "24h",
+        max_requests: int = OPENAI_MAX_REQUESTS,
+        max_bytes: int = OPENAI_MAX_BYTES,
+        owns_client: bool = True,
+    ) -> None:
+        if structured_mode not in STRUCTURED_MODES:
+            raise ValueError(f"structured_mode must be one of {STRUCTURED_MODES}")
+        self.name = name
+        self.structured_mode: StructuredMode = structured_mode
+        self.completion_window = completion_window
+        self.max_requests = max_requests
+        self.max_bytes = max_bytes
+        self.owns_client = owns_client
+        self.http = ProviderHttp(
+            client, base_url=base_url, provider=name, api_key=api_key, auth_headers=bearer_auth
+        )
+        # custom_id -> request for batches submitted by this process: parses answers with the
+        # right structured mode and reports items the provider never mentions
+        self._submitted: dict[str, dict[str, BatchRequest]] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
+
+    def jsonl_line(self, item: BatchRequest) -> bytes:
+        """One input-file line (newline included)."""
+        line = {
+            "custom_id": item.custom_id,
+            "method": "POST",
+            "url": CHAT_ENDPOINT,
+            "body": build_chat_body(item.request, structured_mode=self.structured_mode),
+        }
+        return orjson.dumps(line) + b"\n"
+
+    async def submit(self, requests: Sequence[BatchRequest]) -> list[BatchJob]:
+        """Upload and create one provider batch per chunk within the limits.
+
+        Raises ValueError (missing/duplicate custom_id, an item over the size limit) before
+        anything is sent. If a later chunk fails, earlier chunks stay submitted (their ids are
+        logged); the error is raised.
+        """
+        check_custom_ids(requests)
+        lines = [self.jsonl_line(item) for item in requests]
+        chunks = split_by_limits(
+            [len(line) for line in lines], max_requests=self.max_requests, max_bytes=self.max_bytes
+        )
+        jobs: list[BatchJob] = []
+        for chunk in chunks:
+            content = b"".join(lines[i] for i in chunk)
+            try:
+                upload = await self.http.request(
+                    "POST",
+                    "/files",
+                    files={"file": ("batch.jsonl", content, "application/jsonl")},
+                    data={"purpose": "batch"},
+                )
+                file_id = _field(upload.json, "id", self.http)
+                created = await self.http.request(
+                    "POST",
+                    "/batches",
+                    json_body={
+                        "input_file_id": file_id,
+                        "endpoint": CHAT_ENDPOINT,
+                        "completion_window": self.completion_window,
+                    },
+                )
+            except ProviderError:
+                if jobs:
+                    log.warning(
+                        "%s: batch submit failed after %d batches were created: %s",
+                        self.name,
+                        len(jobs),
+                        [j.id for j in jobs],
+                    )
+                raise
+            job = self._job(created.json)
+            self._submitted[job.id] = {requests[i].custom_id: requests[i] for i in chunk}
+            log.info("%s: created batch %s with %d requests", self.name, job.id, len(chunk))
+            jobs.append(job)
+        return jobs
+
+    def _job(self, payload: Any) -> BatchJob:
+        try:
+            counts = payload.get("request_counts") or {}
+            return BatchJob(
+                id=str(payload["id"]),
+                provider=self.name,
+                status=_STATUS[str(payload["status"])],
+                total=int(counts.get("total") or 0),
+                completed=int(counts.get("completed") or 0),
+                failed=int(counts.get("failed") or 0),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self.http.malformed(f"not a batch object ({type(exc).__name__})") from None
+
+    async def status(self, batch_id: str) -> BatchJob:
+        reply = await self.http.request("GET", f"/batches/{batch_id}")
+        return self._job(reply.json)
+
+    async def cancel(self, batch_id: str) -> BatchJob:
+        reply = await self.http.request("POST", f"/batches/{batch_id}/cancel")
+        return self._job(reply.json)
+
+    async def results(self, batch_id: str) -> list[BatchItemResult]:
+        """Every item of the batch: the output file's lines, the error file's lines and, for a
+        batch submitted by this process, one error per request neither file mentions
+        (expired when the batch expired, else failed)."""
+        reply = await self.http.request("GET", f"/batches/{batch_id}")
+        job = self._job(reply.json)
+        payload = reply.json
+        submitted = self._submitted.get(batch_id, {})
+        results: dict[str, BatchItemResult] = {}
+        for key in ("output_file_id", "error_file_id"):
+            file_id = payload.get(key)
+            if not file_id:
+                continue
+            content = await self.http.request("GET", f"/files/{file_id}/content", decode_json=False)
+            for raw in content.content.splitlines():
+                if not raw.strip():
+                    continue
+                item = self._parse_line(raw, submitted)
+                results[item.custom_id] = item
+        for cid in submitted:
+            if cid not in results:
+                expired = job.status is BatchStatus.EXPIRED
+                what = "expired before it ran" if expired else f"not answered (batch {job.status.value})"
+                results[cid] = BatchItemResult(
+                    cid,
+                    error=ProviderError(f"{self.name}: batch {batch_id}: request {what}", provider=self.name),
+                    expired=expired,
+                )
+        return list(results.values())
+
+    def _parse_line(self, raw: bytes, submitted: Mapping[str, BatchRequest]) -> BatchItemResult:
+        try:
+            line = orjson.loads(raw)
+            cid = str(line["custom_id"])
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise self.http.malformed(
+                f"batch result line is not JSON with custom_id ({type(exc).__name__})"
+            ) from None
+        response = line.get("response")
+        error = line.get("error")
+        if isinstance(response, Mapping) and response.get("status_code") is not None:
+            status_code = int(response["status_code"])
+            body = response.get("body")
+            if 200 <= status_code < 300:
+                original = submitted.get(cid)
+                request = original.request if original else CompletionRequest(messages=(), model="")
+                try:
+                    completion = parse_chat_completion(
+                        body,
+                        request=request,
+                        structured_mode=self.structured_mode,
+                        provider=self.name,
+                        request_id=response.get("request_id"),
+                    )
+                except MalformedResponse as exc:
+                    return BatchItemResult(cid, error=exc)
+                return BatchItemResult(cid, completion=completion)
+            return BatchItemResult(cid, error=self.http.error_for(status_code, body, None))
+        code = str((error or {}).get("code") or "") if isinstance(error, Mapping) else ""
+        message = str((error or {}).get("message") or "") if isinstance(error, Mapping) else ""
+        if code == "batch_expired":
+            return BatchItemResult(
+                cid,
+                error=ProviderError(f"{self.name}: batch_expired: {message[:200]}", provider=self.name),
+                expired=True,
+            )
+        return BatchItemResult(
+            cid,
+            error=Rejected(f"{self.name}: batch item failed: {code}: {message[:200]}", provider=self.name),
+        )
+
+    async def aclose(self) -> None:
+        if self.owns_client:
+            await self.http.client.aclose()
+
+
+def _field(payload: Any, key: str, http: ProviderHttp) -> str:
+    if isinstance(payload, Mapping) and payload.get(key):
+        return str(payload[key])
+    raise http.malformed(f"answer has no {key!r}")

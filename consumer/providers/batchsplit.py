@@ -1,0 +1,52 @@
+"""Shared Batch API bookkeeping: custom_id checks and splitting over a provider's limits."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from consumer.providers.base import BatchRequest
+
+
+def check_custom_ids(requests: Sequence[BatchRequest], *, pattern: re.Pattern[str] | None = None) -> None:
+    """Raise ValueError on an empty batch, a missing/blank, malformed or duplicate custom_id.
+
+    Called before anything is sent, so a bad submission costs no request.
+    """
+    if not requests:
+        raise ValueError("a batch needs at least one request")
+    seen: set[str] = set()
+    for index, item in enumerate(requests):
+        cid = item.custom_id
+        if not isinstance(cid, str) or not cid.strip():
+            raise ValueError(f"request #{index} has no custom_id")
+        if pattern is not None and not pattern.fullmatch(cid):
+            raise ValueError(f"custom_id {cid!r} does not match {pattern.pattern}")
+        if cid in seen:
+            raise ValueError(f"duplicate custom_id {cid!r}")
+        seen.add(cid)
+
+
+def split_by_limits(
+    sizes_bytes: Sequence[int], *, max_requests: int, max_bytes: int, overhead_bytes: int = 0
+) -> list[range]:
+    """Consecutive index ranges, each within `max_requests` items and `max_bytes` bytes.
+
+    `sizes_bytes[i]` is item i's encoded size (separators included); `overhead_bytes` is the
+    fixed cost of one provider batch (an envelope). An item too big on its own raises ValueError.
+    """
+    if max_requests < 1 or max_bytes < 1:
+        raise ValueError("limits must be positive")
+    chunks: list[range] = []
+    start = 0
+    used = overhead_bytes
+    for i, size in enumerate(sizes_bytes):
+        if size + overhead_bytes > max_bytes:
+            raise ValueError(f"request #{i} alone is {size} bytes, over the {max_bytes}-byte batch limit")
+        if i > start and (i - start >= max_requests or used + size > max_bytes):
+            chunks.append(range(start, i))
+            start, used = i, overhead_bytes
+        used += size
+    if start < len(sizes_bytes):
+        chunks.append(range(start, len(sizes_bytes)))
+    return chunks

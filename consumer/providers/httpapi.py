@@ -1,0 +1,139 @@
+"""The one HTTP call path every adapter uses: send, time, map failures, decode JSON.
+
+Adapters (online and batch) hold a `ProviderHttp`; it owns nothing but the injected
+`httpx.AsyncClient`, the base URL, the auth headers (built from a `SecretStr` at call time, never
+stored as plain text on the object) and the provider name used in errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import SecretStr
+
+from consumer.core.errors import MalformedResponse, ProviderError
+from consumer.providers.errormap import error_for_exception, error_for_status, redact
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpReply:
+    """A 2xx answer: raw content, decoded JSON (when asked), request id and wall time."""
+
+    status_code: int
+    content: bytes
+    headers: httpx.Headers
+    latency_ms: float
+    json: Any = None
+
+    @property
+    def request_id(self) -> str | None:
+        return self.headers.get("x-request-id") or self.headers.get("request-id")
+
+
+class ProviderHttp:
+    """Sends requests for one provider and raises only `consumer.core.errors` classes."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        base_url: str,
+        provider: str,
+        api_key: SecretStr | None,
+        auth_headers: Callable[[str], Mapping[str, str]],
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.client = client
+        self.base_url = base_url.rstrip("/")
+        self.provider = provider
+        self._api_key = api_key
+        self._auth_headers = auth_headers
+        self._extra_headers = dict(extra_headers or {})
+
+    def __repr__(self) -> str:
+        return f"ProviderHttp(provider={self.provider!r}, base_url={self.base_url!r})"
+
+    def _secret(self) -> str | None:
+        return self._api_key.get_secret_value() if self._api_key is not None else None
+
+    def _headers(self) -> dict[str, str]:
+        headers = dict(self._extra_headers)
+        secret = self._secret()
+        if secret:
+            headers.update(self._auth_headers(secret))
+        return headers
+
+    def url(self, path: str) -> str:
+        """`path` joined to the base URL; absolute URLs pass through."""
+        if path.startswith(("http://", "https://")):
+            return path
+        return self.base_url + "/" + path.lstrip("/")
+
+    def same_origin(self, url: str) -> bool:
+        """True when `url` is on the base URL's scheme/host/port (so our key may be sent there)."""
+        a, b = httpx.URL(self.base_url), httpx.URL(url)
+        return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        files: Any = None,
+        data: Mapping[str, str] | None = None,
+        decode_json: bool = True,
+    ) -> HttpReply:
+        """One HTTP call. Non-2xx and transport failures raise ProviderError subclasses;
+        a 2xx that is not JSON (when `decode_json`) raises MalformedResponse."""
+        url = self.url(path)
+        headers = self._headers()
+        content: bytes | None = None
+        if json_body is not None:
+            content = orjson.dumps(json_body)
+            headers["content-type"] = "application/json"
+        started = time.perf_counter()
+        try:
+            response = await self.client.request(
+                method, url, content=content, files=files, data=data, headers=headers
+            )
+            body = await response.aread()
+        except httpx.HTTPError as exc:
+            error = error_for_exception(self.provider, exc, secret=self._secret())
+            log.debug("%s %s failed: %s", method, url, error.message)
+            raise error from None
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        log.debug("%s %s -> %d in %.1f ms", method, url, response.status_code, latency_ms)
+        if not 200 <= response.status_code < 300:
+            raise self.error_for(response.status_code, body, response.headers)
+        decoded: Any = None
+        if decode_json:
+            try:
+                decoded = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                raise self.malformed(f"HTTP {response.status_code} body is not JSON") from None
+        return HttpReply(response.status_code, body, response.headers, latency_ms, decoded)
+
+    def error_for(self, status_code: int, body: Any, headers: Mapping[str, str] | None) -> ProviderError:
+        """Map one non-2xx answer (also used for per-item statuses inside batch result files)."""
+        parsed: Any = body
+        if isinstance(body, (bytes, bytearray)):
+            try:
+                parsed = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                parsed = bytes(body).decode("utf-8", "replace")
+        return error_for_status(
+            self.provider, status_code, parsed, headers, now_s=time.time(), secret=self._secret()
+        )
+
+    def malformed(self, what: str) -> MalformedResponse:
+        """A 2xx whose body is not the provider's format."""
+        return MalformedResponse(f"{self.provider}: {redact(what, self._secret())}", provider=self.provider)

@@ -1,0 +1,189 @@
+"""OpenAI chat completions over httpx (`POST {base_url}/chat/completions`).
+
+`build_chat_body` and `parse_chat_completion` are shared by the online adapter, the
+OpenAI-compatible adapter (`openai_compat.py`) and the Batch API (`batch_openai.py`), so a request
+looks the same whichever way it is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import SecretStr
+
+from consumer.core.completion import Completion, CompletionRequest, Usage
+from consumer.core.errors import MalformedResponse
+from consumer.providers.httpapi import ProviderHttp
+from consumer.providers.structured import (
+    SCHEMA_NAME,
+    STRUCTURED_MODES,
+    TOOL_DESCRIPTION,
+    StructuredMode,
+    answer_text,
+    root_schema,
+    unwrap_json_text,
+)
+
+log = logging.getLogger(__name__)
+
+_FINISH_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "content_filter",
+}
+
+
+def bearer_auth(secret: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {secret}"}
+
+
+def build_chat_body(request: CompletionRequest, *, structured_mode: StructuredMode) -> dict[str, Any]:
+    """The JSON body of one chat completion (also the `body` of a Batch API line).
+
+    Options pass through verbatim (None values dropped). With an `answer_schema` and a mode
+    other than `off`, the schema is enforced as the mode says (it overrides any
+    `response_format` option).
+    """
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+    }
+    body.update({k: v for k, v in request.options.items() if v is not None})
+    schema = request.answer_schema
+    if schema is None or structured_mode == "off":
+        return body
+    if structured_mode == "json_object":
+        body["response_format"] = {"type": "json_object", "schema": dict(schema)}
+    elif structured_mode == "json_schema":
+        root, _ = root_schema(schema)
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": SCHEMA_NAME, "schema": root, "strict": True},
+        }
+    elif structured_mode == "tool":
+        root, _ = root_schema(schema)
+        body.pop("response_format", None)
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {"name": SCHEMA_NAME, "description": TOOL_DESCRIPTION, "parameters": root},
+            }
+        ]
+        body["tool_choice"] = {"type": "function", "function": {"name": SCHEMA_NAME}}
+    else:
+        raise ValueError(f"unknown structured mode {structured_mode!r}; expected one of {STRUCTURED_MODES}")
+    return body
+
+
+def parse_chat_completion(
+    payload: Any,
+    *,
+    request: CompletionRequest,
+    structured_mode: StructuredMode,
+    provider: str,
+    request_id: str | None = None,
+    latency_ms: float = 0.0,
+) -> Completion:
+    """A chat completion body -> Completion; MalformedResponse when it is not one."""
+    try:
+        choice = payload["choices"][0]
+        message = choice["message"]
+        if not isinstance(message, Mapping):
+            raise TypeError("message is not an object")
+        raw_finish = choice.get("finish_reason") or "stop"
+        text: str
+        wrapped = request.answer_schema is not None and root_schema(request.answer_schema)[1]
+        tool_calls = message.get("tool_calls") or []
+        content = message.get("content")
+        # a forced tool's arguments are the answer; also read them when the request is unknown
+        # (batch results after a restart) and there is no text
+        if tool_calls and ((structured_mode == "tool" and request.answer_schema is not None) or not content):
+            arguments = tool_calls[0]["function"]["arguments"]
+            value = orjson.loads(arguments) if isinstance(arguments, str) else arguments
+            text = answer_text(value, wrapped=wrapped)
+        else:
+            if content is None:
+                content = ""
+            if not isinstance(content, str):
+                raise TypeError("content is not a string")
+            text = content
+            if structured_mode == "json_schema" and request.answer_schema is not None:
+                text = unwrap_json_text(text, wrapped=wrapped)
+        usage_raw = payload.get("usage") or {}
+        usage = Usage(
+            input_tokens=int(usage_raw.get("prompt_tokens") or 0),
+            output_tokens=int(usage_raw.get("completion_tokens") or 0),
+        )
+        model = str(payload.get("model") or request.model)
+    except (KeyError, IndexError, TypeError, ValueError, orjson.JSONDecodeError) as exc:
+        raise MalformedResponse(
+            f"{provider}: 2xx body is not a chat completion ({type(exc).__name__})", provider=provider
+        ) from None
+    return Completion(
+        text=text,
+        finish_reason=_FINISH_REASONS.get(str(raw_finish), str(raw_finish)),
+        usage=usage,
+        provider=provider,
+        model=model,
+        request_id=request_id or (str(payload["id"]) if payload.get("id") else None),
+        latency_ms=latency_ms,
+    )
+
+
+class OpenAIProvider:
+    """OpenAI chat completions. Also the code behind `OpenAICompatProvider`.
+
+    client: injected (timeouts and pool limits come from the tier).
+    base_url: up to and including `/v1` (e.g. `https://host/v1`).
+    api_key: sent as `Authorization: Bearer`; None sends no auth header.
+    structured_mode: how `answer_schema` is enforced (see `structured.py`).
+    owns_client: `aclose()` closes the client (the factory hands each provider its own).
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        base_url: str,
+        api_key: SecretStr | None,
+        name: str = "openai",
+        structured_mode: StructuredMode = "json_schema",
+        owns_client: bool = True,
+    ) -> None:
+        if structured_mode not in STRUCTURED_MODES:
+            raise ValueError(f"structured_mode must be one of {STRUCTURED_MODES}")
+        self.name = name
+        self.structured_mode: StructuredMode = structured_mode
+        self.owns_client = owns_client
+        self.http = ProviderHttp(
+            client, base_url=base_url, provider=name, api_key=api_key, auth_headers=bearer_auth
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
+
+    def build_body(self, request: CompletionRequest) -> dict[str, Any]:
+        return build_chat_body(request, structured_mode=self.structured_mode)
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        """One chat completion; raises only consumer.core.errors classes."""
+        reply = await self.http.request("POST", "/chat/completions", json_body=self.build_body(request))
+        return parse_chat_completion(
+            reply.json,
+            request=request,
+            structured_mode=self.structured_mode,
+            provider=self.name,
+            request_id=reply.request_id,
+            latency_ms=reply.latency_ms,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client when this provider owns it (idempotent)."""
+        if self.owns_client:
+            await self.http.client.aclose()

@@ -1,0 +1,37 @@
+"""OpenAI-compatible local servers (vLLM, llama.cpp server, Ollama's `/v1`, TGI).
+
+The same code as `OpenAIProvider`; the differences are defaults: the key is optional and the
+natural structured mode is llama.cpp's `json_object` + schema (vLLM users set `json_schema`).
+These servers have no Batch API (see `factory.build_batch_provider`).
+"""
+
+from __future__ import annotations
+
+import httpx
+from pydantic import SecretStr
+
+from consumer.providers.openai import OpenAIProvider
+from consumer.providers.structured import StructuredMode
+
+
+class OpenAICompatProvider(OpenAIProvider):
+    """Chat completions on any OpenAI-compatible base URL (up to and including `/v1`)."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        base_url: str,
+        api_key: SecretStr | None = None,
+        name: str = "openai_compat",
+        structured_mode: StructuredMode = "json_object",
+        owns_client: bool = True,
+    ) -> None:
+        super().__init__(
+            client,
+            base_url=base_url,
+            api_key=api_key,
+            name=name,
+            structured_mode=structured_mode,
+            owns_client=owns_client,
+        )
