@@ -117,7 +117,10 @@ class ProviderError(PromptbusError):
         super().__init__(message)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.message!r}, status_code={self.status_code}, provider={self.provider!r})"
+        return (
+            f"{type(self).__name__}({self.message!r}, status_code={self.status_code}, "
+            f"provider={self.provider!r})"
+        )
 
 
 class RateLimited(ProviderError):

@@ -115,16 +115,18 @@ class Job(_Frozen):
 
     id: StrictStr = Field(min_length=1, max_length=256, description="Unique per logical job.")
     tier: StrictStr = Field(min_length=1, description="Must name a configured tier.")
-    prompt: StrictStr | None = Field(None, description="Template with ${name} placeholders.")
-    variables: dict[str, StrictStr] | None = Field(None, description="Values for the placeholders.")
-    messages: list[Message] | None = Field(None, min_length=1, description="A chat conversation.")
+    prompt: StrictStr | None = Field(default=None, description="Template with ${name} placeholders.")
+    variables: dict[str, StrictStr] | None = Field(default=None, description="Values for the placeholders.")
+    messages: list[Message] | None = Field(default=None, min_length=1, description="A chat conversation.")
     options: dict[str, Any] = Field(
         default_factory=dict, description="Provider options, merged over the tier's options."
     )
-    batch: StrictBool = Field(False, description="This job may share a prompt with others.")
+    batch: StrictBool = Field(default=False, description="This job may share a prompt with others.")
     mode: Literal["online", "offline"] = "online"
-    deadline: DeadlineTime | None = Field(None, description="RFC 3339; not done by then -> dead letter.")
-    metadata: dict[str, Any] | None = Field(None, description="Echoed back untouched.")
+    deadline: DeadlineTime | None = Field(
+        default=None, description="RFC 3339; not done by then -> dead letter."
+    )
+    metadata: dict[str, Any] | None = Field(default=None, description="Echoed back untouched.")
 
     @model_validator(mode="after")
     def _one_input(self) -> Job:
@@ -146,14 +148,14 @@ class SourceRef(_Frozen):
 class UsageInfo(_Frozen):
     """Token usage; a batched job gets its share of the request's usage."""
 
-    input_tokens: StrictInt = Field(0, ge=0)
-    output_tokens: StrictInt = Field(0, ge=0)
+    input_tokens: StrictInt = Field(default=0, ge=0)
+    output_tokens: StrictInt = Field(default=0, ge=0)
 
 
 class BatchInfo(_Frozen):
     """The shared request a batched job's answer came from."""
 
-    request_id: StrictStr | None = Field(None, description="The provider's request id, if any.")
+    request_id: StrictStr | None = Field(default=None, description="The provider's request id, if any.")
     size: StrictInt = Field(ge=1, description="Jobs in that request.")
 
 
@@ -177,9 +179,9 @@ class Result(_Frozen):
     provider: StrictStr
     model: StrictStr
     finish_reason: StrictStr
-    usage: UsageInfo = Field(default_factory=UsageInfo)
+    usage: UsageInfo = UsageInfo()
     batch: BatchInfo | None = None
-    attempts: StrictInt = Field(1, ge=0, description="Provider requests that carried this job.")
+    attempts: StrictInt = Field(default=1, ge=0, description="Provider requests that carried this job.")
     latency_ms: float = Field(ge=0, description="From intake to the answer.")
     metadata: dict[str, Any] | None = None
     source: SourceRef
@@ -189,12 +191,12 @@ class Result(_Frozen):
 class DeadLetter(_Frozen):
     """A job that could not be served, published to the dead-letter topic."""
 
-    id: StrictStr | None = Field(None, description="The job id when it could be read.")
+    id: StrictStr | None = Field(default=None, description="The job id when it could be read.")
     status: Literal["failed"] = "failed"
     error: ErrorInfo
-    attempts: StrictInt = Field(0, ge=0)
-    job: Job | None = Field(None, description="The parsed job, when it could be parsed.")
-    raw: StrictStr | None = Field(None, description="Base64 of the original bytes when unparsable.")
+    attempts: StrictInt = Field(default=0, ge=0)
+    job: Job | None = Field(default=None, description="The parsed job, when it could be parsed.")
+    raw: StrictStr | None = Field(default=None, description="Base64 of the original bytes when unparsable.")
     source: SourceRef
     failed_at: UtcTime
 
