@@ -1,29 +1,269 @@
-"""The `promptbus` command. Subcommands are thin: they parse arguments and call into the app."""
+"""The `promptbus` command. Subcommands parse arguments and call into the app; no logic here."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
 import sys
-from collections.abc import Sequence
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from consumer.core.errors import ConfigError
 
 
+def _settings(args: argparse.Namespace) -> Any:
+    from consumer.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "bootstrap", None):
+        overrides["kafka_bootstrap_servers"] = args.bootstrap
+    return Settings(**overrides)
+
+
+def _tier_file(args: argparse.Namespace) -> Any:
+    from consumer.settings import load_tier_file
+
+    path = args.config or os.environ.get("PROMPTBUS_CONFIG")
+    if not path:
+        raise ConfigError("--config", "no tier file given (use --config FILE or PROMPTBUS_CONFIG)")
+    return load_tier_file(path)
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+
+# ---------------------------------------------------------------- run / check-config
+def cmd_run(args: argparse.Namespace) -> int:
+    from consumer.app import run_service, validate_keys
+
+    _configure_logging(args.log_level)
+    settings = _settings(args)
+    tier_file = _tier_file(args)
+    validate_keys(tier_file)
+    return asyncio.run(run_service(settings, tier_file))
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from consumer.app import validate_keys
+
+    tier_file = _tier_file(args)
+    problems = validate_keys(tier_file, strict=False)
+    for name, tier in tier_file.tiers.items():
+        flags = []
+        if tier.batching.enabled:
+            flags.append(f"batching max_items={tier.batching.max_items}")
+        if tier.offline.enabled:
+            flags.append("offline")
+        print(f"tier {name}: {tier.provider} {tier.model} limiter={tier.limiter.algorithm} {' '.join(flags)}")
+    for p in problems:
+        print(f"warning: {p}", file=sys.stderr)
+    print(f"ok: {len(tier_file.tiers)} tier(s)")
+    return 0
+
+
+# ---------------------------------------------------------------- submit
+def _jobs_from_args(args: argparse.Namespace) -> Iterator[bytes]:
+    if args.file:
+        path = Path(args.file)
+        with path.open("rb") as fh:
+            for n, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{n}", f"not JSON: {exc}") from None
+                yield line
+        return
+    if not args.tier or args.prompt is None:
+        raise ConfigError("submit", "give --file FILE, or --tier and --prompt")
+    variables: dict[str, str] = {}
+    for pair in args.var or []:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError("--var", f"expected name=value, got {pair!r}")
+        variables[name] = value
+    job: dict[str, Any] = {"id": args.id or uuid.uuid4().hex, "tier": args.tier, "prompt": args.prompt}
+    if variables:
+        job["variables"] = variables
+    if args.batch:
+        job["batch"] = True
+    if args.offline:
+        job["mode"] = "offline"
+    print(job["id"])
+    yield orjson.dumps(job)
+
+
+def _key_of(value: bytes) -> bytes | None:
+    try:
+        jid = orjson.loads(value).get("id")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return jid.encode() if isinstance(jid, str) else None
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from consumer.kafka.admin import ensure_topics
+    from consumer.kafka.clients import submit_jobs
+
+    settings = _settings(args)
+    started = time.monotonic()
+    last = [0.0]
+
+    def progress(n: int) -> None:
+        now = time.monotonic()
+        if args.file and (now - last[0] > 0.5):
+            last[0] = now
+            print(
+                f"\rsubmitted {n} jobs ({n / max(now - started, 1e-6):.0f}/s)",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    async def go() -> int:
+        await ensure_topics(settings)
+        return await submit_jobs(settings, _jobs_from_args(args), progress=progress, key_of=_key_of)
+
+    n = asyncio.run(go())
+    if args.file:
+        print(f"\rsubmitted {n} jobs in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------- results / stats
+def cmd_results(args: argparse.Namespace) -> int:
+    from consumer.kafka.clients import read_topic
+
+    settings = _settings(args)
+    topic = settings.dlq_topic if args.dlq else settings.results_topic
+
+    async def go() -> None:
+        async for _, value in read_topic(
+            settings, topic, from_beginning=args.from_beginning or not args.follow, follow=args.follow
+        ):
+            if value is not None:
+                sys.stdout.write(value.decode("utf-8") + "\n")
+                sys.stdout.flush()
+
+    try:
+        asyncio.run(go())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def format_stats(merged: dict[str, Any]) -> str:
+    lines = [
+        f"instances: {merged['instances_live']} live, {merged['instances_seen']} seen",
+        f"items in: {merged['items_in']}   results: {merged['results']}   in flight: {merged['inflight']}",
+        "dead letters: "
+        + (", ".join(f"{k}={v}" for k, v in sorted(merged["dead_letters"].items())) or "none"),
+    ]
+    for name, t in sorted(merged["tiers"].items()):
+        lines.append(
+            f"tier {name}: requests={t.get('provider_requests', 0)} batched={t.get('batched_requests', 0)} "
+            f"saved={t.get('requests_saved', 0)} reasks={t.get('reasks', 0)} splits={t.get('splits', 0)} "
+            f"retries={t.get('retries', 0)} 429s={t.get('rate_limited', 0)} limit={t.get('limit', 0)} "
+            f"batch_size={t.get('batch_size', 0)}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from consumer.kafka.clients import read_stats_snapshots
+    from consumer.runtime.stats import merge_snapshots
+
+    settings = _settings(args)
+    snapshots = asyncio.run(read_stats_snapshots(settings))
+    merged = merge_snapshots(snapshots, now_s=time.time(), live_within_s=3 * settings.stats_interval_s + 5)
+    if args.json:
+        print(orjson.dumps(merged, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(format_stats(merged))
+    return 0
+
+
+# ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="promptbus", description=__doc__)
+    parser = argparse.ArgumentParser(prog="promptbus", description="A Kafka consumer service for LLM work.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def kafka_opt(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: KAFKA_BOOTSTRAP_SERVERS)")
+
+    run = sub.add_parser("run", help="run the service until SIGTERM/SIGINT (graceful drain)")
+    run.add_argument("--config", help="tier file (YAML); default PROMPTBUS_CONFIG")
+    run.add_argument("--log-level", default=os.environ.get("PROMPTBUS_LOG_LEVEL", "INFO"))
+    kafka_opt(run)
+    run.set_defaults(func=cmd_run)
+
+    submit = sub.add_parser("submit", help="publish one job, or many from a JSONL file")
+    submit.add_argument("--tier")
+    submit.add_argument("--prompt")
+    submit.add_argument("--var", action="append", metavar="NAME=VALUE", help="template variable (repeatable)")
+    submit.add_argument("--batch", action="store_true", help="the job may share a prompt with others")
+    submit.add_argument("--offline", action="store_true", help="mode offline (provider Batch API)")
+    submit.add_argument("--id", help="job id (default: random)")
+    submit.add_argument("--file", help="JSONL file, one job per line")
+    kafka_opt(submit)
+    submit.set_defaults(func=cmd_submit)
+
+    results = sub.add_parser("results", help="print results (or dead letters) as JSON lines")
+    results.add_argument("--follow", action="store_true", help="keep printing new records")
+    results.add_argument("--dlq", action="store_true", help="read the dead-letter topic")
+    results.add_argument(
+        "--from-beginning", action="store_true", help="with --follow: start at the beginning"
+    )
+    kafka_opt(results)
+    results.set_defaults(func=cmd_results)
+
+    stats = sub.add_parser("stats", help="items, requests, requests saved by batching, 429s, limits")
+    stats.add_argument("--json", action="store_true")
+    kafka_opt(stats)
+    stats.set_defaults(func=cmd_stats)
+
+    check = sub.add_parser("check-config", help="validate a tier file")
+    check.add_argument("--config", help="tier file (YAML); default PROMPTBUS_CONFIG")
+    check.set_defaults(func=cmd_check_config)
 
     from consumer.testing import simulator
 
     sim = sub.add_parser("simulate", help="run the fake provider server (OpenAI + Anthropic wire formats)")
     simulator.add_arguments(sim)
     sim.set_defaults(func=simulator.run_from_args)
+
+    from consumer import localmodel
+
+    local = sub.add_parser(
+        "local-model", help="the local llama.cpp server with SmolLM2 (serve, stop, status)"
+    )
+    localmodel.add_arguments(local)
+    local.set_defaults(func=localmodel.run_from_args)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    result = args.func(args)
-    return int(result or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"promptbus: config error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -185,6 +185,7 @@ class Settings(BaseSettings):
     topic_partitions: int = Field(4, ge=1)
     topic_replication: int = Field(1, ge=1)
     metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
     stats_interval_s: float = Field(2.0, gt=0)
     config: str | None = None
     kafka: KafkaSecurity = KafkaSecurity()

@@ -1,0 +1,143 @@
+"""Composition root: builds every part from Settings and the tier file and wires them. No logic."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumer.core.errors import ConfigError
+from consumer.kafka.admin import ensure_topics
+from consumer.kafka.intake import KafkaIntake
+from consumer.kafka.publisher import StatsPublisher
+from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
+from consumer.providers.factory import build_provider, make_http_client
+from consumer.runtime.metrics import MetricsServer, build_app
+from consumer.runtime.pipeline import Pipeline
+from consumer.runtime.stats import ServiceStats
+from consumer.runtime.tiers import TierRuntime
+from consumer.settings import Settings, TierFile
+from consumer.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+def instance_id() -> str:
+    """Unique per process run: stats snapshots of each run add up to lifetime totals."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Service:
+    """Everything one running promptbus instance owns, for orderly start and stop."""
+
+    settings: Settings
+    tier_file: TierFile
+    stats: ServiceStats
+    pipeline: Pipeline
+    sink: OutcomeSink
+    closers: list[Any] = field(default_factory=list)
+
+
+def validate_keys(tier_file: TierFile, *, strict: bool = True) -> list[str]:
+    """Every tier that names an API key env var must find it set. Strict: raise ConfigError."""
+    problems = []
+    for name, tier in tier_file.tiers.items():
+        if tier.api_key_env and tier.api_key() is None:
+            problem = ConfigError(
+                f"tiers.{name}.api_key_env", f"environment variable {tier.api_key_env} is not set"
+            )
+            if strict:
+                raise problem
+            problems.append(str(problem))
+    return problems
+
+
+def build_tiers(tier_file: TierFile, stats: ServiceStats) -> tuple[dict[str, TierRuntime], list[Any]]:
+    """One TierRuntime per configured tier; also returns the HTTP clients to close."""
+    tiers: dict[str, TierRuntime] = {}
+    clients: list[Any] = []
+    for name, config in tier_file.tiers.items():
+        client = make_http_client(config)
+        clients.append(client)
+        provider = build_provider(name, config, client)
+        tiers[name] = TierRuntime.build(name, config, provider, stats.tier(name))
+    return tiers, clients
+
+
+async def run_service(
+    settings: Settings,
+    tier_file: TierFile,
+    *,
+    stop: asyncio.Event | None = None,
+    tracer_provider: Any = None,
+    install_signal_handlers: bool = True,
+) -> int:
+    """Run until SIGTERM/SIGINT (or `stop`), drain, commit, return 0."""
+    stop = stop or asyncio.Event()
+    instance = instance_id()
+    stats = ServiceStats(instance=instance)
+    telemetry = Telemetry(tracer_provider)
+
+    report = await ensure_topics(settings)
+    for topic, state in report.items():
+        log.info("topic %s: %s", topic, state)
+
+    tiers, clients = build_tiers(tier_file, stats)
+    intake = KafkaIntake(settings, client_id=f"promptbus-{instance}")
+    make_producer = kafka_producer_factory(settings, client_id=f"promptbus-{instance}")
+    sink: OutcomeSink
+    if settings.processing_guarantee == "exactly_once":
+        sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit)
+    else:
+        sink = AtLeastOnceSink(make_producer(transactional_id=None), intake.commit)
+    side_producer = make_producer(transactional_id=None)
+
+    pipeline = Pipeline(settings, tiers, intake, sink, stats, telemetry, rng=random.Random())
+    stats_publisher = StatsPublisher(
+        side_producer, settings.stats_topic, instance, stats.snapshot, settings.stats_interval_s
+    )
+    metrics: MetricsServer | None = None
+
+    if install_signal_handlers:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+
+    await sink.start()
+    await side_producer.start()
+    try:
+        stats_publisher.start()
+        if settings.metrics_port is not None:
+            metrics = MetricsServer(
+                build_app(stats, pipeline.ready.is_set), settings.metrics_port, host=settings.metrics_host
+            )
+            await metrics.start()
+        log.info(
+            "promptbus %s running: group %s, %s, tiers %s",
+            instance,
+            settings.group_id,
+            settings.processing_guarantee,
+            ", ".join(sorted(tiers)),
+        )
+        await pipeline.run(stop)
+    finally:
+        await stats_publisher.stop()
+        if metrics is not None:
+            await metrics.stop()
+        await intake.stop()
+        await sink.stop()
+        await side_producer.stop()
+        for tier in tiers.values():
+            await tier.provider.aclose()
+        for client in clients:
+            await client.aclose()
+        telemetry.shutdown()
+    log.info("promptbus %s stopped", instance)
+    return 0

@@ -1,0 +1,68 @@
+"""Topic administration: create promptbus's topics at start when they are missing."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
+from consumer.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Kafka error code for "topic already exists" (another instance created it first)
+TOPIC_ALREADY_EXISTS = 36
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication: int
+    compacted: bool = False
+
+    def configs(self) -> dict[str, str]:
+        cfg = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+        if self.compacted:
+            cfg["cleanup.policy"] = "compact"
+        return cfg
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    """Every topic promptbus reads or writes. batches and stats are compacted (latest per key)."""
+    p, r = settings.topic_partitions, settings.topic_replication
+    return [
+        TopicSpec(settings.jobs_topic, p, r),
+        TopicSpec(settings.results_topic, p, r),
+        TopicSpec(settings.dlq_topic, p, r),
+        TopicSpec(settings.batches_topic, 1, r, compacted=True),
+        TopicSpec(settings.stats_topic, 1, r, compacted=True),
+    ]
+
+
+async def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> dict[str, str]:
+    """Create missing topics; return {topic: "created" | "exists"} for the startup report."""
+    specs = specs if specs is not None else topic_specs(settings)
+    admin = AIOKafkaAdminClient(**client_kwargs(settings))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        report = {s.name: "exists" for s in specs if s.name in existing}
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            response = await admin.create_topics(
+                [NewTopic(s.name, s.partitions, s.replication, topic_configs=s.configs()) for s in missing]
+            )
+            for name, code, *rest in response.topic_errors:
+                if code == 0:
+                    report[name] = "created"
+                elif code == TOPIC_ALREADY_EXISTS:
+                    report[name] = "exists"
+                else:
+                    message = rest[0] if rest else ""
+                    raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
+        return report
+    finally:
+        await admin.close()

@@ -1,0 +1,107 @@
+"""Kafka clients the CLI uses: submit jobs, read results/dead letters, read stats snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
+from consumer.kafka.records import TopicPartition
+from consumer.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def job_producer(settings: Settings) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=10,
+        max_request_size=MAX_MESSAGE_BYTES,
+        **client_kwargs(settings),
+    )
+
+
+async def submit_jobs(
+    settings: Settings, jobs: Iterable[bytes], *, progress: Any = None, key_of: Any = None
+) -> int:
+    """Produce job records (key: the job id) and wait until all are acknowledged; return the count."""
+    producer = job_producer(settings)
+    await producer.start()
+    sent = 0
+    try:
+        pending: list[asyncio.Future[Any]] = []
+        for value in jobs:
+            key = key_of(value) if key_of else None
+            pending.append(await producer.send(settings.jobs_topic, value, key=key))
+            sent += 1
+            if len(pending) >= 1000:
+                await asyncio.gather(*pending)
+                pending.clear()
+                if progress:
+                    progress(sent)
+        await asyncio.gather(*pending)
+        if progress:
+            progress(sent)
+    finally:
+        await producer.stop()
+    return sent
+
+
+async def read_topic(
+    settings: Settings, topic: str, *, from_beginning: bool, follow: bool, idle_stop_s: float = 1.0
+) -> AsyncIterator[tuple[bytes | None, bytes | None]]:
+    """Yield (key, value) of a topic, read_committed, without joining a consumer group.
+
+    Without `follow`, stop at the end offsets seen at start.
+    """
+    consumer = AIOKafkaConsumer(
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        **client_kwargs(settings),
+    )
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        if not partitions:
+            await consumer.topics()  # refresh metadata once
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            return
+        consumer.assign(tps)
+        if from_beginning:
+            await consumer.seek_to_beginning(*tps)
+        else:
+            await consumer.seek_to_end(*tps)
+        end = await consumer.end_offsets(tps)
+        while True:
+            batch = await consumer.getmany(timeout_ms=int(idle_stop_s * 1000))
+            for _, records in batch.items():
+                for r in records:
+                    yield r.key, r.value
+            if not follow:
+                positions = {tp: await consumer.position(tp) for tp in tps}
+                if all(positions[tp] >= end[tp] for tp in tps):
+                    return
+    finally:
+        await consumer.stop()
+
+
+async def read_stats_snapshots(settings: Settings) -> list[dict[str, Any]]:
+    """The latest snapshot of every instance in the compacted stats topic."""
+    latest: dict[bytes, dict[str, Any]] = {}
+    async for key, value in read_topic(settings, settings.stats_topic, from_beginning=True, follow=False):
+        if key is None:
+            continue
+        if value is None:
+            latest.pop(key, None)
+        else:
+            latest[key] = orjson.loads(value)
+    return list(latest.values())

@@ -1,0 +1,44 @@
+"""Records promptbus produces, and the headers every one of them carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# aiokafka's own NamedTuple: its transactional API checks isinstance, so we key every map by it
+from aiokafka.structs import TopicPartition
+
+__all__ = ["OutRecord", "SourceOffset", "TopicPartition"]
+
+SOURCE_HEADER = "promptbus-source"
+ERROR_KIND_HEADER = "promptbus-error-kind"
+TRACEPARENT_HEADER = "traceparent"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOffset:
+    """Where an input record came from."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    def header_value(self) -> bytes:
+        return f"{self.topic}/{self.partition}/{self.offset}".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    """One record to produce: topic, key, value bytes and headers."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = field(default=())
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.value or b"") + len(self.key or b"")

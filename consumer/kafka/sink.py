@@ -1,0 +1,332 @@
+"""Delivery: makes each job's outcome durable, then commits its input offset.
+
+    at_least_once  `AtLeastOnceSink`: one idempotent producer (acks=all). An offset becomes
+                   committable when the outcomes of it and of every offset below it are acked
+                   (the contiguous watermark of `OffsetTracker`); a commit loop commits it.
+    exactly_once   `ExactlyOnceSink`: one transactional producer per input partition
+                   (transactional.id = group.topic.partition, so a restarted or rebalanced owner
+                   fences the zombie). Outcomes wait in memory until their offsets are contiguous;
+                   then outcomes and the input offset commit in ONE transaction, so a
+                   read_committed reader never sees an outcome whose input will be read again.
+
+A `Ticket` is issued per input record on intake; it carries the partition's assignment
+epoch, so completions that arrive after the partition was revoked are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiokafka import AIOKafkaProducer
+
+from consumer.core.offsets import OffsetTracker
+from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
+from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
+from consumer.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CommitFn = Callable[[dict[TopicPartition, int]], Awaitable[None]]
+
+#: how often ready offsets are committed (at_least_once) or transactions closed (exactly_once)
+COMMIT_INTERVAL_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """Proof that an input record was taken in under a given assignment of its partition."""
+
+    source: SourceOffset
+    epoch: int
+
+
+class OutcomeSink(Protocol):
+    """Where finished jobs go. Owns producing outcomes and committing input offsets."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def track(self, source: SourceOffset) -> Ticket: ...
+
+    def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
+        """The job's outcome is decided: make `records` durable, then its offset committable."""
+        ...
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None: ...
+
+    async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        """Commit what is done for these partitions (waiting up to timeout_s), then forget them."""
+        ...
+
+    async def flush(self, timeout_s: float) -> None:
+        """Make everything ready durable and commit it (shutdown)."""
+        ...
+
+    def inflight(self, partition: TopicPartition | None = None) -> int:
+        """Input records taken in whose offsets are not committable yet."""
+        ...
+
+
+class ProducerFactory(Protocol):
+    def __call__(self, *, transactional_id: str | None) -> AIOKafkaProducer: ...
+
+
+def kafka_producer_factory(settings: Settings, client_id: str) -> ProducerFactory:
+    """Producers with acks=all and idempotence; transactional when given a transactional_id."""
+
+    def make(*, transactional_id: str | None) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            client_id=client_id,
+            acks="all",
+            enable_idempotence=True,
+            transactional_id=transactional_id,
+            linger_ms=5,
+            max_request_size=MAX_MESSAGE_BYTES,
+            **client_kwargs(settings),
+        )
+
+    return make
+
+
+class _SinkBase:
+    """Ticket, epoch and watermark bookkeeping shared by both guarantees."""
+
+    def __init__(self, commit: CommitFn) -> None:
+        self._commit = commit
+        self._tracker: OffsetTracker = OffsetTracker()
+        self._epochs: dict[TopicPartition, int] = {}
+        self._next_epoch = 1
+        self._commit_task: asyncio.Task[None] | None = None
+        self._wakeup = asyncio.Event()
+        self._dropped_late = 0
+
+    # -- intake side
+    def track(self, source: SourceOffset) -> Ticket:
+        tp = source.tp
+        epoch = self._epochs.get(tp)
+        if epoch is None:  # records can only come from assigned partitions; be safe anyway
+            epoch = self._assign(tp)
+        self._tracker.track(tp, source.offset)
+        return Ticket(source, epoch)
+
+    def inflight(self, partition: TopicPartition | None = None) -> int:
+        return self._tracker.pending_count(partition)
+
+    @property
+    def dropped_late(self) -> int:
+        return self._dropped_late
+
+    def _current(self, ticket: Ticket) -> bool:
+        if self._epochs.get(ticket.source.tp) != ticket.epoch:
+            self._dropped_late += 1
+            log.debug("dropping late completion for %s (partition revoked)", ticket.source)
+            return False
+        return True
+
+    def _assign(self, tp: TopicPartition) -> int:
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        self._epochs[tp] = epoch
+        return epoch
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp not in self._epochs:
+                self._assign(tp)
+
+    async def start(self) -> None:
+        self._commit_task = asyncio.create_task(self._commit_loop(), name="promptbus-commit")
+
+    async def _stop_loop(self) -> None:
+        if self._commit_task:
+            self._commit_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._commit_task
+            self._commit_task = None
+
+    async def _commit_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), COMMIT_INTERVAL_S)
+            self._wakeup.clear()
+            try:
+                await self._commit_ready(None)
+            except Exception:  # a failed commit is retried next round; the offsets stay uncommitted
+                log.exception("commit failed; will retry")
+
+    async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
+        raise NotImplementedError
+
+    async def _wait_done(self, partitions: set[TopicPartition] | None, timeout_s: float) -> None:
+        """Wait (bounded) until nothing is pending for these partitions."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            pending = (
+                self._tracker.pending_count(None)
+                if partitions is None
+                else sum(self._tracker.pending_count(tp) for tp in partitions)
+            )
+            if pending == 0:
+                return
+            await self._commit_ready(partitions)
+            await asyncio.sleep(0.05)
+
+    def _forget(self, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            self._tracker.forget(tp)
+            self._epochs.pop(tp, None)
+
+
+class AtLeastOnceSink(_SinkBase):
+    """Idempotent producer; commit the contiguous watermark of acked outcomes."""
+
+    def __init__(self, producer: AIOKafkaProducer, commit: CommitFn) -> None:
+        super().__init__(commit)
+        self._producer = producer
+        self._sends: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await self._producer.start()
+        await super().start()
+
+    async def stop(self) -> None:
+        await self._stop_loop()
+        for t in list(self._sends):
+            t.cancel()
+        await self._producer.stop()
+
+    def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
+        if not self._current(ticket):
+            return
+        if not records:
+            self._complete(ticket)
+            return
+        task = asyncio.create_task(self._send(ticket, records))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    def _complete(self, ticket: Ticket) -> None:
+        if self._epochs.get(ticket.source.tp) == ticket.epoch:
+            self._tracker.complete(ticket.source.tp, ticket.source.offset)
+
+    async def _send(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
+        # The idempotent producer retries internally; if it still fails (broker gone longer than
+        # delivery timeout) we try again: the offset stays uncommitted until the outcome is acked.
+        delay_s = 0.5
+        while True:
+            try:
+                futures = [
+                    await self._producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
+                    for r in records
+                ]
+                await asyncio.gather(*futures)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("producing outcome for %s failed (%s); retrying", ticket.source, exc)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 10.0)
+        self._complete(ticket)
+
+    async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
+        ready = self._tracker.committable()
+        if partitions is not None:
+            ready = {tp: off for tp, off in ready.items() if tp in partitions}
+        if ready:
+            await self._commit(ready)
+            self._tracker.mark_committed(ready)
+
+    async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        await self._wait_done(partitions, timeout_s)
+        await self._commit_ready(partitions)
+        self._forget(partitions)
+
+    async def flush(self, timeout_s: float) -> None:
+        await self._wait_done(None, timeout_s)
+        await self._commit_ready(None)
+
+
+class ExactlyOnceSink(_SinkBase):
+    """Per-input-partition transactional producers; outcomes and offsets in one transaction."""
+
+    def __init__(self, make_producer: ProducerFactory, group_id: str, commit: CommitFn) -> None:
+        super().__init__(commit)
+        self._make_producer = make_producer
+        self._group_id = group_id
+        self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
+        self._ready: dict[TopicPartition, dict[int, Sequence[OutRecord]]] = {}
+        self._locks: dict[TopicPartition, asyncio.Lock] = {}
+
+    def transactional_id(self, tp: TopicPartition) -> str:
+        return f"{self._group_id}.{tp.topic}.{tp.partition}"
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        await super().on_assigned(partitions)
+        for tp in partitions:
+            if tp not in self._producers:
+                producer = self._make_producer(transactional_id=self.transactional_id(tp))
+                # start() registers the transactional id and fences any older owner of it
+                await producer.start()
+                self._producers[tp] = producer
+                self._locks[tp] = asyncio.Lock()
+
+    def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
+        if not self._current(ticket):
+            return
+        tp = ticket.source.tp
+        self._ready.setdefault(tp, {})[ticket.source.offset] = records
+        self._tracker.complete(tp, ticket.source.offset)
+
+    async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
+        ready = self._tracker.committable()
+        for tp, next_offset in ready.items():
+            if partitions is not None and tp not in partitions:
+                continue
+            await self._commit_partition(tp, next_offset)
+
+    async def _commit_partition(self, tp: TopicPartition, next_offset: int) -> None:
+        producer = self._producers.get(tp)
+        if producer is None:
+            return
+        async with self._locks[tp]:
+            waiting = self._ready.get(tp, {})
+            offsets = sorted(o for o in waiting if o < next_offset)
+            # Step 1: open the transaction. Step 2: outcomes in input order.
+            # Step 3: the input offset joins the transaction. Step 4: commit all of it at once.
+            async with producer.transaction():
+                for o in offsets:
+                    for r in waiting[o]:
+                        await producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
+                await producer.send_offsets_to_transaction({tp: next_offset}, self._group_id)
+            for o in offsets:
+                del waiting[o]
+            self._tracker.mark_committed({tp: next_offset})
+
+    async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        await self._wait_done(partitions, timeout_s)
+        await self._commit_ready(partitions)
+        for tp in partitions:
+            self._ready.pop(tp, None)
+            producer = self._producers.pop(tp, None)
+            self._locks.pop(tp, None)
+            if producer is not None:
+                await producer.stop()
+        self._forget(partitions)
+
+    async def flush(self, timeout_s: float) -> None:
+        await self._wait_done(None, timeout_s)
+        await self._commit_ready(None)
+
+    async def stop(self) -> None:
+        await self._stop_loop()
+        for producer in self._producers.values():
+            await producer.stop()
+        self._producers.clear()

@@ -1,0 +1,118 @@
+"""Async concurrency limiter around a pure limit algorithm (`consumer.core.limit`).
+
+A caller acquires a `Token` before a provider call and ends it exactly once:
+`success()` (the call returned; its RTT feeds the algorithm), `dropped()` (overload:
+429/529/503/timeout — the algorithm shrinks), or `ignore()` (a failure that says nothing
+about load, e.g. a 400). Waiters are served first-in first-out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+
+class LimitAlgorithm(Protocol):
+    @property
+    def limit(self) -> int: ...
+
+    def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int: ...
+
+
+class Token:
+    """One slot of the limiter; end it exactly once."""
+
+    __slots__ = ("_done", "_limiter", "_started_s")
+
+    def __init__(self, limiter: AsyncLimiter, started_s: float) -> None:
+        self._limiter = limiter
+        self._started_s = started_s
+        self._done = False
+
+    def success(self) -> None:
+        self._end(dropped=False, sample=True)
+
+    def dropped(self) -> None:
+        self._end(dropped=True, sample=True)
+
+    def ignore(self) -> None:
+        self._end(dropped=False, sample=False)
+
+    def _end(self, *, dropped: bool, sample: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._limiter._release(self._started_s, dropped=dropped, sample=sample)
+
+
+class AsyncLimiter:
+    """Admits at most `limit` concurrent calls; the limit moves with the algorithm's samples."""
+
+    def __init__(self, algorithm: LimitAlgorithm, clock: Callable[[], float] = time.monotonic) -> None:
+        self._algorithm = algorithm
+        self._clock = clock
+        self._inflight = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._paused_until_s = 0.0
+
+    @property
+    def limit(self) -> int:
+        return self._algorithm.limit
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def paused_for_s(self) -> float:
+        return max(0.0, self._paused_until_s - self._clock())
+
+    def pause(self, duration_s: float) -> None:
+        """Admit nothing new for duration_s (quota exhausted): calls already running go on."""
+        self._paused_until_s = max(self._paused_until_s, self._clock() + duration_s)
+
+    async def acquire(self) -> Token:
+        while True:
+            pause_s = self.paused_for_s
+            if pause_s > 0:
+                await asyncio.sleep(pause_s)
+                continue
+            if self._inflight < self.limit and not self._waiters:
+                self._inflight += 1
+                return Token(self, self._clock())
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+                elif fut.done() and not fut.cancelled():
+                    self._wake()  # we were handed a wake-up we will not use: pass it on
+                raise
+            # woken: take the slot if it is still free (the limit may have shrunk meanwhile)
+            if self._inflight < self.limit and self.paused_for_s <= 0:
+                self._inflight += 1
+                self._wake()
+                return Token(self, self._clock())
+
+    def _release(self, started_s: float, *, dropped: bool, sample: bool) -> None:
+        now_s = self._clock()
+        if sample:
+            self._algorithm.update((now_s - started_s) * 1000.0, self._inflight, dropped, now_s)
+        self._inflight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._inflight < self.limit:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return

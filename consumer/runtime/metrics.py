@@ -1,0 +1,114 @@
+"""Prometheus `/metrics`, `/healthz`, `/readyz`, served in the service's own event loop.
+
+The collector reads `ServiceStats` at scrape time, so counters have one source of truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from consumer.runtime.stats import ServiceStats
+
+log = logging.getLogger(__name__)
+
+_TIER_COUNTERS = {
+    "items": "Jobs routed to the tier",
+    "provider_requests": "Provider requests sent",
+    "batched_requests": "Provider requests that carried more than one job",
+    "requests_saved": "Ordinary requests that would have been sent minus requests sent",
+    "reasks": "Requests re-asking single jobs missing from a batched answer",
+    "splits": "Requests re-sent as halves after a malformed, truncated or rejected batch",
+    "retries": "Requests re-sent after a retryable error",
+    "rate_limited": "429 responses",
+    "provider_errors": "Provider requests that failed",
+    "verify_requests": "Extra single requests sent to verify batched answers",
+}
+_TIER_GAUGES = {
+    "limit": "Current concurrency limit",
+    "inflight": "Provider requests in flight",
+    "batch_size": "Current adaptive batch size",
+    "paused_s": "Seconds left in a quota pause",
+}
+
+
+class StatsCollector(Collector):
+    def __init__(self, stats: ServiceStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        s = self._stats
+        yield CounterMetricFamily("promptbus_items_in", "Input records read", value=s.items_in)
+        yield CounterMetricFamily("promptbus_results", "Results published", value=s.results)
+        dl = CounterMetricFamily("promptbus_dead_letters", "Dead letters published", labels=["kind"])
+        for kind, n in sorted(s.dead_letters.items()):
+            dl.add_metric([kind], n)
+        yield dl
+        yield GaugeMetricFamily(
+            "promptbus_inflight_items", "Input records not yet committable", value=s.inflight
+        )
+        yield GaugeMetricFamily(
+            "promptbus_paused_partitions", "Partitions paused by backpressure", value=s.paused_partitions
+        )
+        for name, help_text in _TIER_COUNTERS.items():
+            fam = CounterMetricFamily(f"promptbus_tier_{name}", help_text, labels=["tier"])
+            for tier, ts in sorted(s.tiers.items()):
+                fam.add_metric([tier], getattr(ts, name))
+            yield fam
+        for name, help_text in _TIER_GAUGES.items():
+            gfam = GaugeMetricFamily(f"promptbus_tier_{name}", help_text, labels=["tier"])
+            for tier, ts in sorted(s.tiers.items()):
+                gfam.add_metric([tier], getattr(ts, name))
+            yield gfam
+
+
+def build_app(stats: ServiceStats, is_ready: Callable[[], bool]) -> Starlette:
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(stats))
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(_: Request) -> Response:
+        ready = is_ready()
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    return Starlette(
+        routes=[Route("/metrics", metrics), Route("/healthz", healthz), Route("/readyz", readyz)]
+    )
+
+
+class MetricsServer:
+    """uvicorn in the current loop; `stop()` shuts it down."""
+
+    def __init__(self, app: Starlette, port: int, host: str = "0.0.0.0") -> None:
+        self._server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._server.serve(), name="promptbus-metrics")
+        while not self._server.started and not self._task.done():  # noqa: ASYNC110 - uvicorn offers no event
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

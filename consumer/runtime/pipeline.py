@@ -1,0 +1,486 @@
+"""The pipeline: intake -> decode -> per-tier windows -> request plans under the limiter -> outcomes.
+
+One asyncio task polls the jobs topic; every flushed window (or unbatched job) becomes a
+`RequestPlan` run in its own task. Outcomes go to the `OutcomeSink`, which makes them durable
+and commits input offsets. Step by step for one record:
+
+    1. track its offset (a Ticket) so the commit watermark waits for it;
+    2. decode and validate; poison -> dead letter with the original bytes;
+    3. offline jobs -> the offline collector; batch-eligible jobs -> a collection window;
+       everything else -> a one-member plan (an ordinary request);
+    4. plans send requests through the tier's limiter and provider; answers are validated and
+       split/re-asked by the pure planner until each member has an answer or a failure;
+    5. each outcome -> a result or dead letter record -> the sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from consumer.core.completion import ChatMessage, Completion, CompletionRequest
+from consumer.core.errors import ErrorKind, JobError, ProviderError, ServerError
+from consumer.core.jobs import Job, decode_job
+from consumer.core.packing import answer_schema
+from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
+from consumer.core.templates import render, split_batchable
+from consumer.core.window import BatchKey, CollectionWindows, Flush, batch_key_for
+from consumer.kafka.intake import InRecord, JobIntake
+from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
+from consumer.kafka.sink import OutcomeSink, Ticket
+from consumer.runtime.outcomes import dead_letter_record, job_id_hint, result_record
+from consumer.runtime.stats import ServiceStats
+from consumer.runtime.tiers import TierRuntime
+from consumer.settings import Settings
+from consumer.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+#: records taken per poll; the loop comes back at least every POLL_INTERVAL_S
+MAX_POLL_RECORDS = 500
+POLL_INTERVAL_S = 0.05
+
+
+@dataclass(eq=False)
+class JobContext:
+    """One job from intake to outcome. Identity-hashed: it is a Member's `ref`."""
+
+    job: Job
+    ticket: Ticket
+    tier: TierRuntime
+    received_s: float
+    input: str  # the batch variable's value (or the rendered prompt / last message when unbatched)
+    messages: tuple[ChatMessage, ...]
+    options: dict[str, Any]
+    deadline_s: float | None
+    trace: Any = None
+    done: bool = field(default=False)
+
+    @property
+    def source(self) -> SourceOffset:
+        return self.ticket.source
+
+
+class Pipeline:
+    """Runs until `stop` is set, then drains within `settings.shutdown_timeout_s`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        tiers: dict[str, TierRuntime],
+        intake: JobIntake,
+        sink: OutcomeSink,
+        stats: ServiceStats,
+        telemetry: Telemetry,
+        *,
+        offline: Any = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._tiers = tiers
+        self._intake = intake
+        self._sink = sink
+        self._stats = stats
+        self._telemetry = telemetry
+        self._offline = offline
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._windows: CollectionWindows[JobContext] = CollectionWindows()
+        self._plans: set[asyncio.Task[None]] = set()
+        self._live: set[JobContext] = set()
+        self._paused = False
+        self.ready = asyncio.Event()
+
+    # ------------------------------------------------------------------ main loop
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._intake.start(self)
+        self.ready.set()
+        try:
+            while not stop.is_set():
+                timeout_s = POLL_INTERVAL_S
+                next_due = self._windows.next_deadline_s()
+                if next_due is not None:
+                    timeout_s = max(0.0, min(timeout_s, next_due - self._clock()))
+                records = await self._intake.poll(timeout_s, MAX_POLL_RECORDS)
+                now_s = self._clock()
+                for record in records:
+                    self._take(record, now_s)
+                self._dispatch(self._windows.due(now_s, can_still_join=self._can_still_join))
+                self._apply_backpressure()
+                self._refresh_gauges()
+        finally:
+            await self._drain()
+
+    def _can_still_join(self, key: BatchKey) -> bool:
+        # Rule 3: a window waits only while records that could join it are still unfetched.
+        return self._intake.has_unfetched()
+
+    async def _drain(self) -> None:
+        """Stop intake, send what windows hold, wait (bounded) for plans, commit."""
+        self.ready.clear()
+        self._intake.pause(self._intake.assignment())
+        self._dispatch(self._windows.drain_all())
+        if self._offline is not None:
+            await self._offline.flush_now()
+        timeout_s = self._settings.shutdown_timeout_s
+        if self._plans:
+            _, pending = await asyncio.wait(set(self._plans), timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning(
+                    "shutdown: abandoned %d unfinished requests (their offsets stay uncommitted)",
+                    len(pending),
+                )
+                await asyncio.gather(*pending, return_exceptions=True)
+        await self._sink.flush(timeout_s=min(timeout_s, 10.0))
+
+    # ------------------------------------------------------------------ rebalance
+    async def on_revoked(self, partitions: set[TopicPartition]) -> None:
+        """Stop taking work for these partitions; finish in-flight work within a bound; commit."""
+        abandoned = self._windows.drain_partitions(partitions)
+        for ctx in abandoned:
+            self._forget(ctx)
+        if self._offline is not None:
+            self._offline.drop_partitions(partitions)
+        log.info("revoked %s: %d windowed jobs abandoned (not committed)", sorted(partitions), len(abandoned))
+        await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        log.info("assigned %s", sorted(partitions))
+        await self._sink.on_assigned(partitions)
+
+    # ------------------------------------------------------------------ intake
+    def _take(self, record: InRecord, now_s: float) -> None:
+        ticket = self._sink.track(record.source)
+        self._stats.items_in += 1
+        raw = record.value if record.value is not None else b""
+        try:
+            job = decode_job(raw)
+        except JobError as exc:
+            self._reject(ticket, exc.kind, str(exc), raw=raw, job_id=job_id_hint(raw))
+            return
+        tier = self._tiers.get(job.tier)
+        if tier is None:
+            known = ", ".join(sorted(self._tiers))
+            self._reject(
+                ticket,
+                ErrorKind.UNKNOWN_TIER,
+                f"tier '{job.tier}' is not configured (known: {known})",
+                raw=raw,
+                job=job,
+            )
+            return
+        try:
+            ctx = self._context(job, ticket, tier, record, now_s)
+        except JobError as exc:
+            self._reject(ticket, exc.kind, str(exc), raw=raw, job=job)
+            return
+        tier.stats.items += 1
+        if ctx.deadline_s is not None and ctx.deadline_s <= now_s:
+            self._fail(
+                ctx, ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the job was read", attempts=0
+            )
+            return
+        self._live.add(ctx)
+        if job.mode == "offline":
+            if self._offline is None or not tier.config.offline.enabled:
+                self._fail(
+                    ctx,
+                    ErrorKind.INVALID_JOB,
+                    f"tier '{tier.name}' does not allow mode 'offline' (offline.enabled is false)",
+                    attempts=0,
+                )
+                return
+            self._offline.add(ctx)
+            return
+        batchable = (
+            split_batchable(job.prompt)
+            if (job.prompt is not None and job.batch and tier.config.batching.enabled)
+            else None
+        )
+        if batchable is None:
+            self._start_plan(tier, [ctx], prefix="", variable="")
+            return
+        key = batch_key_for(job, batchable)
+        flushes = self._windows.add(
+            key,
+            ctx,
+            input_chars=len(ctx.input),
+            partition=ticket.source.tp,
+            limits=tier.window_limits,
+            now_s=now_s,
+        )
+        self._dispatch(flushes)
+
+    def _context(
+        self, job: Job, ticket: Ticket, tier: TierRuntime, record: InRecord, now_s: float
+    ) -> JobContext:
+        options = {**tier.config.options, **job.options}
+        if job.messages is not None:
+            messages = tuple(ChatMessage(m.role, m.content) for m in job.messages)
+            text = job.messages[-1].content
+        else:
+            assert job.prompt is not None
+            variables = job.variables or {}
+            rendered = render(job.prompt, variables)
+            messages = (ChatMessage("user", rendered),)
+            batchable = split_batchable(job.prompt)
+            text = variables.get(batchable.variable, rendered) if batchable else rendered
+        deadline_s = None
+        if job.deadline is not None:
+            deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
+        trace = self._telemetry.start_job(job, record.headers)
+        return JobContext(job, ticket, tier, now_s, text, messages, options, deadline_s, trace)
+
+    # ------------------------------------------------------------------ plans
+    def _dispatch(self, flushes: list[Flush[JobContext]]) -> None:
+        for flush in flushes:
+            members = [c for c in flush.items if not c.done]
+            if not members:
+                continue
+            first = members[0]
+            self._start_plan(first.tier, members, prefix=flush.key.prefix, variable=flush.key.variable)
+
+    def _start_plan(
+        self, tier: TierRuntime, members: list[JobContext], *, prefix: str, variable: str
+    ) -> None:
+        task = asyncio.create_task(self._run_plan(tier, members, prefix, variable))
+        self._plans.add(task)
+        task.add_done_callback(self._plans.discard)
+
+    async def _run_plan(self, tier: TierRuntime, ctxs: list[JobContext], prefix: str, variable: str) -> None:
+        plan = RequestPlan(
+            [Member(ref=c, input=c.input, max_tokens=_max_tokens(c.options)) for c in ctxs],
+            prefix=prefix,
+            variable=variable,
+            retry=tier.retry_policy,
+            rng=self._rng,
+            tier_max_tokens=_max_tokens(tier.config.options),
+        )
+        batched = len(ctxs) > 1
+        if batched:
+            tier.stats.items_in_batched_plans += len(ctxs)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for req in plan.start():
+                    group.create_task(self._send(tier, plan, req, group, batched))
+        except BaseException:
+            # cancelled (shutdown) or a bug: members without an outcome stay uncommitted and
+            # are read again after restart; never publish a guess
+            for c in ctxs:
+                if not c.done:
+                    self._forget(c)
+            raise
+
+    async def _send(
+        self,
+        tier: TierRuntime,
+        plan: RequestPlan,
+        req: PlannedRequest,
+        group: asyncio.TaskGroup,
+        batched_plan: bool,
+    ) -> None:
+        if req.delay_s > 0:
+            await asyncio.sleep(req.delay_s)
+        request = self._build_request(tier, req)
+        token = await tier.limiter.acquire()
+        tier.stats.provider_requests += 1
+        if batched_plan:
+            tier.stats.requests_for_batched_plans += 1
+        if len(req.members) > 1:
+            tier.stats.batched_requests += 1
+        if req.attempt > 1:
+            tier.stats.retries += 1
+        completion: Completion | None = None
+        with self._telemetry.provider_call(tier.name, [_ctx(m).trace for m in req.members]) as span:
+            try:
+                completion = await tier.provider.complete(request)
+            except ProviderError as exc:
+                if exc.overload:
+                    token.dropped()
+                else:
+                    token.ignore()
+                tier.stats.provider_errors += 1
+                if exc.status_code == 429:
+                    tier.stats.rate_limited += 1
+                self._telemetry.record_error(span, exc)
+                step = plan.on_error(req, exc)
+            except Exception as exc:  # an adapter bug must not lose jobs: treat as a retryable failure
+                token.ignore()
+                log.exception("provider %s raised unexpectedly", tier.name)
+                step = plan.on_error(req, ServerError(f"unexpected {type(exc).__name__}", provider=tier.name))
+            else:
+                token.success()
+                step = plan.on_answer(req, completion.text, completion.finish_reason)
+        self._apply_step(tier, plan, req, step, completion)
+        for nxt in step.requests:
+            if len(nxt.members) < len(req.members) and len(req.members) > 1:
+                if nxt.packed is None:
+                    tier.stats.reasks += 1
+                else:
+                    tier.stats.splits += 1
+            group.create_task(self._send(tier, plan, nxt, group, batched_plan))
+
+    def _build_request(self, tier: TierRuntime, req: PlannedRequest) -> CompletionRequest:
+        first = _ctx(req.members[0])
+        if req.packed is None:
+            return CompletionRequest(first.messages, tier.config.model, first.options)
+        options = dict(first.options)
+        if req.max_tokens is not None:
+            options["max_tokens"] = req.max_tokens
+        schema = None
+        if tier.config.batching.structured != "off":
+            schema = answer_schema(req.packed.aliases)
+        return CompletionRequest((ChatMessage("user", req.packed.text),), tier.config.model, options, schema)
+
+    def _apply_step(
+        self,
+        tier: TierRuntime,
+        plan: RequestPlan,
+        req: PlannedRequest,
+        step: Step,
+        completion: Completion | None,
+    ) -> None:
+        if step.pause_tier_s:
+            tier.limiter.pause(step.pause_tier_s)
+            log.warning("tier %s: quota exhausted, paused %.1fs", tier.name, step.pause_tier_s)
+        now_s = self._clock()
+        for member, answer, answered_by in step.answered:
+            ctx = _ctx(member)
+            if ctx.deadline_s is not None and now_s > ctx.deadline_s:
+                self._fail(
+                    ctx,
+                    ErrorKind.DEADLINE_EXCEEDED,
+                    "answered after the job's deadline",
+                    attempts=plan.attempts(member),
+                )
+                continue
+            assert completion is not None
+            record = result_record(
+                self._settings.results_topic,
+                job=ctx.job,
+                source=ctx.source,
+                completion=completion,
+                output=answer,
+                batch_size=len(answered_by.members),
+                attempts=plan.attempts(member),
+                latency_ms=(now_s - ctx.received_s) * 1000.0,
+                traceparent=self._telemetry.traceparent(ctx.trace),
+            )
+            self._finish(ctx, record, ok=True)
+        for member, kind, message in step.failed:
+            ctx = _ctx(member)
+            self._fail(ctx, kind, message, attempts=plan.attempts(member), error=plan.last_error(member))
+
+    # ------------------------------------------------------------------ outcomes
+    def _reject(
+        self,
+        ticket: Ticket,
+        kind: ErrorKind,
+        message: str,
+        *,
+        raw: bytes,
+        job: Job | None = None,
+        job_id: str | None = None,
+    ) -> None:
+        """An input that cannot even become a job context: dead letter with the original bytes."""
+        record = dead_letter_record(
+            self._settings.dlq_topic,
+            source=ticket.source,
+            kind=kind,
+            message=message,
+            job=job,
+            job_id=job_id,
+            raw=raw,
+        )
+        self._stats.dead_letters[kind.value] += 1
+        self._sink.deliver(ticket, [record])
+
+    def _fail(
+        self,
+        ctx: JobContext,
+        kind: ErrorKind,
+        message: str,
+        *,
+        attempts: int,
+        error: ProviderError | None = None,
+    ) -> None:
+        record = dead_letter_record(
+            self._settings.dlq_topic,
+            source=ctx.source,
+            kind=kind,
+            message=message,
+            job=ctx.job,
+            attempts=attempts,
+            retryable=bool(error and error.retryable),
+            status_code=error.status_code if error else None,
+            provider=error.provider if error else None,
+            traceparent=self._telemetry.traceparent(ctx.trace),
+        )
+        self._stats.dead_letters[kind.value] += 1
+        self._finish(ctx, record, ok=False)
+
+    def _finish(self, ctx: JobContext, record: OutRecord, *, ok: bool) -> None:
+        if ctx.done:
+            return
+        ctx.done = True
+        if ok:
+            self._stats.results += 1
+        self._live.discard(ctx)
+        self._telemetry.end_job(ctx.trace, ok=ok)
+        self._sink.deliver(ctx.ticket, [record])
+
+    def finish_offline(self, ctx: JobContext, records: list[OutRecord]) -> None:
+        """Offline jobs: the batch is recorded durably; their input offsets may commit."""
+        ctx.done = True
+        self._live.discard(ctx)
+        self._sink.deliver(ctx.ticket, records)
+
+    def _forget(self, ctx: JobContext) -> None:
+        ctx.done = True
+        self._live.discard(ctx)
+        self._telemetry.end_job(ctx.trace, ok=False)
+
+    # ------------------------------------------------------------------ backpressure
+    def _apply_backpressure(self) -> None:
+        inflight = self._sink.inflight()
+        if not self._paused and inflight >= self._settings.max_inflight:
+            self._intake.pause(self._intake.assignment())
+            self._paused = True
+            log.info(
+                "backpressure: %d items in flight >= max_inflight %d; partitions paused",
+                inflight,
+                self._settings.max_inflight,
+            )
+        elif self._paused and inflight < self._settings.max_inflight:
+            self._intake.resume(self._intake.assignment())
+            self._paused = False
+            log.info("backpressure released: %d items in flight", inflight)
+
+    def _refresh_gauges(self) -> None:
+        self._stats.inflight = self._sink.inflight()
+        self._stats.paused_partitions = len(self._intake.paused())
+        self._stats.dropped_late = getattr(self._sink, "dropped_late", 0)
+        for tier in self._tiers.values():
+            tier.stats.limit = tier.limiter.limit
+            tier.stats.inflight = tier.limiter.inflight
+            tier.stats.paused_s = round(tier.limiter.paused_for_s, 3)
+
+
+def _ctx(member: Member) -> JobContext:
+    ref = member.ref
+    assert isinstance(ref, JobContext)
+    return ref
+
+
+def _max_tokens(options: dict[str, Any]) -> int | None:
+    value = options.get("max_tokens")
+    return value if isinstance(value, int) and value > 0 else None
