@@ -105,10 +105,19 @@ class Job(_Frozen):
     model_config = ConfigDict(
         frozen=True,
         extra="forbid",
+        # "exactly one of prompt / messages", where an explicit null counts as absent
         json_schema_extra={
             "oneOf": [
-                {"required": ["prompt"], "not": {"required": ["messages"]}},
-                {"required": ["messages"], "not": {"required": ["prompt"]}},
+                {
+                    "required": ["prompt"],
+                    "properties": {"prompt": {"type": "string"}},
+                    "not": {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+                },
+                {
+                    "required": ["messages"],
+                    "properties": {"messages": {"type": "array"}},
+                    "not": {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+                },
             ]
         },
     )

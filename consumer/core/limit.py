@@ -1,0 +1,182 @@
+"""Concurrency limit algorithms: how many provider requests a tier may have in flight.
+
+Pure functions of samples, in the shape of Netflix/concurrency-limits: the async limiter in
+`consumer.runtime` hands out permits and reports every finished request with
+`update(rtt_ms, inflight, dropped, now_s)`; the algorithm returns the new limit.
+`dropped` is the overload signal: a 429, 529, 503 or a timeout.
+
+- `AIMDLimit`: additive increase, multiplicative decrease. For providers that say when they
+  are overloaded (429/529): halve on a drop, +1 on a success while at least half the limit
+  was in use (an idle limit proves nothing), always within min..max.
+- `GradientLimit`: for local servers that never send 429, in the spirit of Netflix's
+  Gradient2. It compares the short-term RTT with a slowly moving long-term RTT: when
+  latency grows (queueing on the server), the gradient long/short drops below 1 and the
+  limit shrinks; when latency is stable the limit grows by a queue allowance of
+  sqrt(limit). Changes are smoothed. A drop counts as the steepest allowed gradient.
+- `FixedLimit`: never changes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["AIMDLimit", "ConcurrencyLimit", "FixedLimit", "GradientLimit", "limit_for"]
+
+
+class ConcurrencyLimit(Protocol):
+    """A concurrency limit algorithm."""
+
+    @property
+    def limit(self) -> int: ...
+
+    def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int: ...
+
+
+def _check_bounds(initial: int, min_limit: int, max_limit: int) -> None:
+    if not 1 <= min_limit <= initial <= max_limit:
+        raise ValueError(f"need 1 <= min ({min_limit}) <= initial ({initial}) <= max ({max_limit})")
+
+
+class FixedLimit:
+    """A limit that never changes."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self._limit = limit
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int:
+        """Ignores the sample."""
+        return self._limit
+
+
+class AIMDLimit:
+    """Additive increase (+1), multiplicative decrease (x `backoff_ratio`) on drops.
+
+    timeout_ms: a success slower than this counts as a drop (None: never).
+    """
+
+    def __init__(
+        self,
+        initial: int = 4,
+        *,
+        min_limit: int = 1,
+        max_limit: int = 64,
+        backoff_ratio: float = 0.5,
+        timeout_ms: float | None = None,
+    ) -> None:
+        _check_bounds(initial, min_limit, max_limit)
+        if not 0.0 < backoff_ratio < 1.0:
+            raise ValueError("backoff_ratio must be in (0, 1)")
+        self._limit = initial
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.backoff_ratio = backoff_ratio
+        self.timeout_ms = timeout_ms
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int:
+        """Apply one finished request's sample; return the new limit."""
+        if dropped or (self.timeout_ms is not None and rtt_ms > self.timeout_ms):
+            self._limit = max(self.min_limit, int(self._limit * self.backoff_ratio))
+        elif inflight * 2 >= self._limit:
+            self._limit = min(self.max_limit, self._limit + 1)
+        return self._limit
+
+
+@dataclass(slots=True)
+class _ExpAverage:
+    """Exponential moving average after a plain-average warm-up (Gradient2's long RTT)."""
+
+    window: int
+    warmup: int
+    value: float = 0.0
+    count: int = 0
+
+    def add(self, sample: float) -> float:
+        if self.count < self.warmup:
+            self.count += 1
+            self.value += (sample - self.value) / self.count
+        else:
+            factor = 2.0 / (self.window + 1)
+            self.value = self.value * (1 - factor) + sample * factor
+        return self.value
+
+
+class GradientLimit:
+    """Latency-gradient limit (Netflix Gradient2 spirit) for servers that never say 429.
+
+    long_window: samples in the long-term RTT average; tolerance: how much slower than the
+    long-term RTT the short-term one may be before the limit shrinks; smoothing: weight of
+    a new estimate; the queue allowance is sqrt(limit).
+    """
+
+    def __init__(
+        self,
+        initial: int = 4,
+        *,
+        min_limit: int = 1,
+        max_limit: int = 64,
+        smoothing: float = 0.2,
+        tolerance: float = 1.5,
+        long_window: int = 600,
+        warmup: int = 10,
+    ) -> None:
+        _check_bounds(initial, min_limit, max_limit)
+        self._estimate = float(initial)
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.smoothing = smoothing
+        self.tolerance = tolerance
+        self._long_rtt = _ExpAverage(window=long_window, warmup=warmup)
+        self.last_gradient = 1.0
+
+    @property
+    def limit(self) -> int:
+        return int(self._estimate)
+
+    @property
+    def long_rtt_ms(self) -> float:
+        """The long-term RTT average (the no-load baseline estimate)."""
+        return self._long_rtt.value
+
+    def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int:
+        """Apply one finished request's sample; return the new limit."""
+        short_rtt = max(rtt_ms, 1e-3)
+        long_rtt = self._long_rtt.add(short_rtt)
+        # After a load spike the long average lags high; pull it down so it can recover.
+        if long_rtt / short_rtt > 2.0:
+            self._long_rtt.value *= 0.95
+        # Don't grow while the limit is not used (app-limited); a drop still shrinks.
+        if not dropped and inflight < self._estimate / 2:
+            return self.limit
+        if dropped:
+            gradient = 0.5
+        else:
+            gradient = max(0.5, min(1.0, self.tolerance * long_rtt / short_rtt))
+        self.last_gradient = gradient
+        queue_allowance = math.sqrt(self._estimate)
+        new_estimate = self._estimate * gradient + queue_allowance
+        new_estimate = self._estimate * (1 - self.smoothing) + new_estimate * self.smoothing
+        self._estimate = max(float(self.min_limit), min(float(self.max_limit), new_estimate))
+        return self.limit
+
+
+def limit_for(config: Any) -> ConcurrencyLimit:
+    """The algorithm a `consumer.settings.LimiterConfig` names (algorithm, initial, min, max)."""
+    if config.algorithm == "aimd":
+        return AIMDLimit(config.initial, min_limit=config.min, max_limit=config.max)
+    if config.algorithm == "gradient":
+        return GradientLimit(config.initial, min_limit=config.min, max_limit=config.max)
+    if config.algorithm == "fixed":
+        return FixedLimit(config.initial)
+    raise ValueError(f"unknown limiter algorithm {config.algorithm!r}")
