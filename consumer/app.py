@@ -17,8 +17,9 @@ from consumer.kafka.admin import ensure_topics
 from consumer.kafka.intake import KafkaIntake
 from consumer.kafka.publisher import StatsPublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
-from consumer.providers.factory import build_provider, make_http_client
+from consumer.providers.factory import build_batch_provider, build_provider, make_http_client
 from consumer.runtime.metrics import MetricsServer, build_app
+from consumer.runtime.offline import BatchTracker, OfflineCollector
 from consumer.runtime.pipeline import Pipeline
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
@@ -71,6 +72,59 @@ def build_tiers(tier_file: TierFile, stats: ServiceStats) -> tuple[dict[str, Tie
     return tiers, clients
 
 
+def build_offline(
+    settings: Settings,
+    tier_file: TierFile,
+    pipeline: Pipeline,
+    side_producer: Any,
+    make_producer: Any,
+    instance: str,
+    clients: list[Any],
+) -> list[Any]:
+    """Collector and tracker for tiers with offline.enabled (none when no tier allows it)."""
+    offline_tiers = {n: t for n, t in tier_file.tiers.items() if t.offline.enabled}
+    if not offline_tiers:
+        return []
+    batch_providers = {}
+    for name, config in offline_tiers.items():
+        client = make_http_client(config)
+        clients.append(client)
+        batch_providers[name] = build_batch_provider(name, config, client)
+    collector = OfflineCollector(
+        settings, batch_providers, side_producer, pipeline.offline_recorded, pipeline.offline_failed
+    )
+    pipeline.attach_offline(collector)
+    exactly_once = settings.processing_guarantee == "exactly_once"
+    tracker_producer = (
+        make_producer(transactional_id=f"{settings.group_id}.batch-tracker")
+        if exactly_once
+        else side_producer
+    )
+    tracker = BatchTracker(
+        settings,
+        batch_providers,
+        tracker_producer,
+        poll_s_by_tier={n: t.offline.poll_s for n, t in offline_tiers.items()},
+        transactional=exactly_once,
+        client_id=f"promptbus-{instance}-tracker",
+    )
+    parts: list[Any] = [collector, tracker]
+    if exactly_once:
+        parts.insert(0, _ProducerPart(tracker_producer))
+    return parts
+
+
+@dataclass
+class _ProducerPart:
+    producer: Any
+
+    async def start(self) -> None:
+        await self.producer.start()
+
+    async def stop(self) -> None:
+        await self.producer.stop()
+
+
 async def run_service(
     settings: Settings,
     tier_file: TierFile,
@@ -100,6 +154,9 @@ async def run_service(
     side_producer = make_producer(transactional_id=None)
 
     pipeline = Pipeline(settings, tiers, intake, sink, stats, telemetry, rng=random.Random())
+    offline_parts = build_offline(
+        settings, tier_file, pipeline, side_producer, make_producer, instance, clients
+    )
     stats_publisher = StatsPublisher(
         side_producer, settings.stats_topic, instance, stats.snapshot, settings.stats_interval_s
     )
@@ -113,6 +170,8 @@ async def run_service(
     await sink.start()
     await side_producer.start()
     try:
+        for part in offline_parts:
+            await part.start()
         stats_publisher.start()
         if settings.metrics_port is not None:
             metrics = MetricsServer(
@@ -128,6 +187,8 @@ async def run_service(
         )
         await pipeline.run(stop)
     finally:
+        for part in reversed(offline_parts):
+            await part.stop()
         await stats_publisher.stop()
         if metrics is not None:
             await metrics.stop()

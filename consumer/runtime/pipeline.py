@@ -438,11 +438,20 @@ class Pipeline:
         self._telemetry.end_job(ctx.trace, ok=ok)
         self._sink.deliver(ctx.ticket, [record])
 
-    def finish_offline(self, ctx: JobContext, records: list[OutRecord]) -> None:
-        """Offline jobs: the batch is recorded durably; their input offsets may commit."""
+    def attach_offline(self, collector: Any) -> None:
+        self._offline = collector
+
+    def offline_recorded(self, ctx: JobContext) -> None:
+        """An offline job's batch is recorded durably: its input offset may commit (no outcome yet)."""
+        if ctx.done:
+            return
         ctx.done = True
         self._live.discard(ctx)
-        self._sink.deliver(ctx.ticket, records)
+        self._telemetry.end_job(ctx.trace, ok=True)
+        self._sink.deliver(ctx.ticket, [])
+
+    def offline_failed(self, ctx: JobContext, kind: ErrorKind, message: str, error: ProviderError) -> None:
+        self._fail(ctx, kind, message, attempts=1, error=error)
 
     def _forget(self, ctx: JobContext) -> None:
         ctx.done = True

@@ -1,0 +1,359 @@
+"""Offline mode: jobs with `mode: offline` go through the provider's Batch API.
+
+    OfflineCollector  collects offline jobs per tier (up to `offline.max_items` or
+                      `offline.collect_s`), submits them as one provider batch, writes the batch
+                      id and its members (the full jobs) to the compacted batches topic, and only
+                      when that record is acknowledged lets the members' input offsets commit.
+    BatchTracker      owns polling. It joins its own consumer group on the batches topic (one
+                      partition), so exactly one instance tracks at a time and a restarted or
+                      surviving instance takes over: on assignment it reads the topic from the
+                      beginning (latest record per batch), polls each open batch every `poll_s`,
+                      publishes one result or dead letter per member when the batch ends, then a
+                      tombstone for the batch. In exactly_once mode those records and the
+                      tombstone commit in one transaction.
+
+Failed or expired members are dead-lettered (`batch_failed`, `batch_expired`), never retried
+online: the job asked for offline processing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from consumer.core.completion import CompletionRequest
+from consumer.core.errors import ErrorKind, ProviderError
+from consumer.core.jobs import Job
+from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
+from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
+from consumer.providers.base import BatchItemResult, BatchJob, BatchProvider, BatchRequest, BatchStatus
+from consumer.runtime.outcomes import dead_letter_record, result_record
+from consumer.settings import Settings
+
+if TYPE_CHECKING:
+    from consumer.runtime.pipeline import JobContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    items: list[JobContext] = field(default_factory=list)
+    first_s: float = 0.0
+
+
+class OfflineCollector:
+    """Collects offline jobs per tier and submits them as provider batches."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        batch_providers: dict[str, BatchProvider],
+        producer: AIOKafkaProducer,
+        on_recorded: Callable[[JobContext], None],
+        on_failed: Callable[[JobContext, ErrorKind, str, ProviderError], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._providers = batch_providers
+        self._producer = producer
+        self._on_recorded = on_recorded
+        self._on_failed = on_failed
+        self._clock = clock
+        self._pending: dict[str, _Pending] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.submitted_batches = 0
+
+    def add(self, ctx: JobContext) -> None:
+        pending = self._pending.setdefault(ctx.tier.name, _Pending())
+        if not pending.items:
+            pending.first_s = self._clock()
+        pending.items.append(ctx)
+        if len(pending.items) >= ctx.tier.config.offline.max_items:
+            self._submit(ctx.tier.name)
+
+    def drop_partitions(self, partitions: set[TopicPartition]) -> None:
+        """Revoked partitions: unsubmitted jobs are left to their new owner (not committed)."""
+        for pending in self._pending.values():
+            pending.items = [c for c in pending.items if c.source.tp not in partitions]
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop(), name="promptbus-offline-collector")
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+    async def flush_now(self) -> None:
+        for tier in list(self._pending):
+            self._submit(tier)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            now_s = self._clock()
+            for tier, pending in list(self._pending.items()):
+                if pending.items:
+                    collect_s = pending.items[0].tier.config.offline.collect_s
+                    if now_s - pending.first_s >= collect_s:
+                        self._submit(tier)
+
+    def _submit(self, tier: str) -> None:
+        pending = self._pending.pop(tier, None)
+        if pending is None or not pending.items:
+            return
+        task = asyncio.create_task(self._submit_batch(tier, pending.items))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _submit_batch(self, tier: str, ctxs: list[JobContext]) -> None:
+        provider = self._providers[tier]
+        model = ctxs[0].tier.config.model
+        requests = [
+            BatchRequest(f"pb-{i}", CompletionRequest(c.messages, model, c.options))
+            for i, c in enumerate(ctxs)
+        ]
+        delay_s = 1.0
+        while True:
+            try:
+                jobs = await provider.submit(requests)
+                break
+            except ProviderError as exc:
+                if not exc.retryable:
+                    log.error("offline submission for tier %s rejected: %s", tier, exc)
+                    for c in ctxs:
+                        self._on_failed(c, ErrorKind.BATCH_FAILED, f"batch submission rejected: {exc}", exc)
+                    return
+                log.warning("offline submission for tier %s failed (%s); retrying", tier, exc)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 30.0)
+        start = 0
+        for job in jobs:
+            members = list(
+                zip(requests[start : start + job.total], ctxs[start : start + job.total], strict=True)
+            )
+            start += job.total
+            record = batch_record(tier, job, [(r.custom_id, c) for r, c in members])
+            await self._producer.send_and_wait(
+                self._settings.batches_topic, orjson.dumps(record), key=batch_key(tier, job.id)
+            )
+            for _, c in members:
+                self._on_recorded(c)
+        self.submitted_batches += len(jobs)
+        log.info("tier %s: %d offline jobs submitted as %s", tier, len(ctxs), ", ".join(j.id for j in jobs))
+
+
+def batch_key(tier: str, batch_id: str) -> bytes:
+    return f"{tier}:{batch_id}".encode()
+
+
+def batch_record(tier: str, job: BatchJob, members: Sequence[tuple[str, JobContext]]) -> dict[str, Any]:
+    return {
+        "tier": tier,
+        "provider": job.provider,
+        "batch_id": job.id,
+        "submitted_at": time.time(),
+        "members": [
+            {
+                "custom_id": custom_id,
+                "job": c.job.model_dump(mode="json"),
+                "source": {
+                    "topic": c.source.topic,
+                    "partition": c.source.partition,
+                    "offset": c.source.offset,
+                },
+            }
+            for custom_id, c in members
+        ],
+    }
+
+
+class BatchTracker:
+    """Polls open provider batches and publishes their outcomes (one instance at a time)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        batch_providers: dict[str, BatchProvider],
+        producer: AIOKafkaProducer,
+        *,
+        poll_s_by_tier: dict[str, float],
+        transactional: bool,
+        client_id: str,
+    ) -> None:
+        self._settings = settings
+        self._providers = batch_providers
+        self._producer = producer
+        self._transactional = transactional
+        self._poll_s_by_tier = poll_s_by_tier
+        self._consumer = AIOKafkaConsumer(
+            group_id=f"{settings.group_id}.batches",
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            **client_kwargs(settings),
+        )
+        self._open: dict[bytes, dict[str, Any]] = {}
+        self._next_poll_s: dict[bytes, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.published = 0
+
+    @property
+    def open_batches(self) -> int:
+        return len(self._open)
+
+    async def start(self) -> None:
+        from aiokafka import ConsumerRebalanceListener
+
+        tracker = self
+
+        class _Rewind(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                tracker._open.clear()
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                tracker._open.clear()
+                if assigned:
+                    await tracker._consumer.seek_to_beginning(*assigned)
+
+        self._consumer.subscribe([self._settings.batches_topic], listener=_Rewind())
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._loop(), name="promptbus-batch-tracker")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._consumer.stop()
+
+    async def _loop(self) -> None:
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for r in records:
+                    if r.key is None:
+                        continue
+                    if r.value is None:
+                        self._open.pop(r.key, None)
+                    else:
+                        self._open[r.key] = orjson.loads(r.value)
+            now_s = time.monotonic()
+            for key, record in list(self._open.items()):
+                if self._next_poll_s.get(key, 0.0) > now_s:
+                    continue
+                self._next_poll_s[key] = now_s + self._poll_s_by_tier.get(record["tier"], 60.0)
+                try:
+                    await self._check(key, record)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # polling is retried next round; nothing was published
+                    log.warning("polling batch %s failed: %s", record.get("batch_id"), exc)
+
+    async def _check(self, key: bytes, record: dict[str, Any]) -> None:
+        provider = self._providers.get(record["tier"])
+        if provider is None:
+            log.error("batch %s belongs to unknown tier %s; left open", record["batch_id"], record["tier"])
+            return
+        job = await provider.status(record["batch_id"])
+        if not job.status.done:
+            return
+        items: list[BatchItemResult] = []
+        if job.status in (
+            BatchStatus.COMPLETED,
+            BatchStatus.EXPIRED,
+            BatchStatus.CANCELLED,
+            BatchStatus.FAILED,
+        ):
+            with contextlib.suppress(ProviderError):
+                items = await provider.results(record["batch_id"])
+        records = outcome_records(self._settings, record, job.status, items)
+        await self._publish(key, records)
+        self._open.pop(key, None)
+        self._next_poll_s.pop(key, None)
+        log.info("batch %s %s: %d outcomes published", record["batch_id"], job.status.value, len(records))
+
+    async def _publish(self, key: bytes, records: list[OutRecord]) -> None:
+        tombstone = OutRecord(self._settings.batches_topic, key, None)
+        if self._transactional:
+            async with self._producer.transaction():
+                for r in [*records, tombstone]:
+                    await self._producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
+        else:
+            futures = [
+                await self._producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
+                for r in records
+            ]
+            await asyncio.gather(*futures)
+            # the tombstone only after every outcome is acked: a crash in between re-publishes (at least once)
+            await self._producer.send_and_wait(tombstone.topic, None, key=key)
+        self.published += len(records)
+
+
+def outcome_records(
+    settings: Settings, record: dict[str, Any], status: BatchStatus, items: Sequence[BatchItemResult]
+) -> list[OutRecord]:
+    """One result or dead letter per member of a finished provider batch."""
+    by_id = {item.custom_id: item for item in items}
+    latency_ms = max(0.0, (time.time() - float(record.get("submitted_at", time.time()))) * 1000.0)
+    out: list[OutRecord] = []
+    for member in record["members"]:
+        job = Job.model_validate(member["job"])
+        src = member["source"]
+        source = SourceOffset(src["topic"], int(src["partition"]), int(src["offset"]))
+        item = by_id.get(member["custom_id"])
+        if item is not None and item.completion is not None:
+            out.append(
+                result_record(
+                    settings.results_topic,
+                    job=job,
+                    source=source,
+                    completion=item.completion,
+                    output=item.completion.text,
+                    batch_size=1,
+                    attempts=1,
+                    latency_ms=latency_ms,
+                )
+            )
+            continue
+        if (item is not None and item.expired) or (item is None and status is BatchStatus.EXPIRED):
+            kind, message = (
+                ErrorKind.BATCH_EXPIRED,
+                f"provider batch {record['batch_id']} expired before this item ran",
+            )
+        elif item is not None and item.error is not None:
+            kind, message = ErrorKind.BATCH_FAILED, f"batch item failed: {item.error.message}"
+        else:
+            kind, message = (
+                ErrorKind.BATCH_FAILED,
+                f"provider batch {record['batch_id']} ended {status.value} without this item",
+            )
+        error = item.error if item is not None else None
+        out.append(
+            dead_letter_record(
+                settings.dlq_topic,
+                source=source,
+                kind=kind,
+                message=message,
+                job=job,
+                attempts=1,
+                status_code=error.status_code if error else None,
+                provider=record.get("provider"),
+            )
+        )
+    return out
