@@ -210,8 +210,13 @@ class DeadLetter(_Frozen):
     failed_at: UtcTime
 
 
+#: Field paths can hold user-chosen keys (variables, extra fields): keep them short.
+_MAX_LOC_CHARS = 80
+
+
 def _loc(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc)
+    text = ".".join(str(p) for p in loc)
+    return text if len(text) <= _MAX_LOC_CHARS else text[: _MAX_LOC_CHARS - 3] + "..."
 
 
 def validation_message(exc: ValidationError, *, what: str = "job") -> str:
