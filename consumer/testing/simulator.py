@@ -542,9 +542,11 @@ class SimulatorApp:
         wanted = self.config.api_key
         if not wanted:
             return True
+        bearer = request.headers.get("authorization") == f"Bearer {wanted}"
         if kind == "openai":
-            return request.headers.get("authorization") == f"Bearer {wanted}"
-        return request.headers.get("x-api-key") == wanted
+            return bearer
+        # Anthropic: x-api-key; recent anthropic SDKs send the key as a bearer token instead
+        return request.headers.get("x-api-key") == wanted or bearer
 
     def _error(
         self,
