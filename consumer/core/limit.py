@@ -9,10 +9,11 @@ Pure functions of samples, in the shape of Netflix/concurrency-limits: the async
   are overloaded (429/529): halve on a drop, +1 on a success while at least half the limit
   was in use (an idle limit proves nothing), always within min..max.
 - `GradientLimit`: for local servers that never send 429, in the spirit of Netflix's
-  Gradient2. It compares the short-term RTT with a slowly moving long-term RTT: when
-  latency grows (queueing on the server), the gradient long/short drops below 1 and the
-  limit shrinks; when latency is stable the limit grows by a queue allowance of
-  sqrt(limit). Changes are smoothed. A drop counts as the steepest allowed gradient.
+  Gradient2. It compares the short-term RTT with a baseline (slow long-term average,
+  anchored by the lowest RTT since a periodic probe): when latency grows (queueing on the
+  server), the gradient baseline/short drops below 1 and the limit shrinks; when latency
+  is stable the limit grows by a queue allowance of sqrt(limit). Changes are smoothed. A
+  drop counts as the steepest allowed gradient.
 - `FixedLimit`: never changes.
 """
 
@@ -115,9 +116,19 @@ class _ExpAverage:
 class GradientLimit:
     """Latency-gradient limit (Netflix Gradient2 spirit) for servers that never say 429.
 
-    long_window: samples in the long-term RTT average; tolerance: how much slower than the
-    long-term RTT the short-term one may be before the limit shrinks; smoothing: weight of
-    a new estimate; the queue allowance is sqrt(limit).
+    gradient = tolerance * baseline_rtt / short_rtt, clamped to [0.5, 1]; the new estimate
+    is ``limit * gradient + sqrt(limit)`` (the queue allowance), smoothed by `smoothing`.
+
+    The baseline is the smaller of the long-term RTT average (Gradient2) and the lowest
+    RTT seen since the last probe. A long-term average alone drifts up under sustained
+    queueing (it learns the queueing delay as "normal") and the limit then runs away; the
+    probe minimum anchors it. Every `probe_interval` samples the limit drops to the queue
+    allowance for a moment and the minimum is measured afresh (Gradient1's probe), so a
+    genuine change of the server's no-load latency is learnt too.
+
+    long_window: samples in the long-term average; tolerance: how much slower than the
+    baseline the short-term RTT may be before the limit shrinks; smoothing: weight of a new
+    estimate.
     """
 
     def __init__(
@@ -130,6 +141,7 @@ class GradientLimit:
         tolerance: float = 1.5,
         long_window: int = 600,
         warmup: int = 10,
+        probe_interval: int = 1000,
     ) -> None:
         _check_bounds(initial, min_limit, max_limit)
         self._estimate = float(initial)
@@ -137,7 +149,10 @@ class GradientLimit:
         self.max_limit = max_limit
         self.smoothing = smoothing
         self.tolerance = tolerance
+        self.probe_interval = probe_interval
         self._long_rtt = _ExpAverage(window=long_window, warmup=warmup)
+        self._min_rtt = math.inf
+        self._samples_since_probe = 0
         self.last_gradient = 1.0
 
     @property
@@ -146,8 +161,16 @@ class GradientLimit:
 
     @property
     def long_rtt_ms(self) -> float:
-        """The long-term RTT average (the no-load baseline estimate)."""
+        """The long-term RTT average."""
         return self._long_rtt.value
+
+    @property
+    def baseline_rtt_ms(self) -> float:
+        """The RTT taken as "no queueing": min(long-term average, lowest since the last probe)."""
+        return min(self._long_rtt.value, self._min_rtt)
+
+    def _clamp(self, estimate: float) -> float:
+        return max(float(self.min_limit), min(float(self.max_limit), estimate))
 
     def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int:
         """Apply one finished request's sample; return the new limit."""
@@ -156,18 +179,24 @@ class GradientLimit:
         # After a load spike the long average lags high; pull it down so it can recover.
         if long_rtt / short_rtt > 2.0:
             self._long_rtt.value *= 0.95
+        self._min_rtt = min(self._min_rtt, short_rtt)
+        self._samples_since_probe += 1
+        if self._samples_since_probe >= self.probe_interval:
+            # Probe: drain the server's queue and re-measure its no-load latency.
+            self._samples_since_probe = 0
+            self._min_rtt = math.inf
+            self._estimate = self._clamp(min(self._estimate, math.sqrt(self._estimate)))
+            return self.limit
         # Don't grow while the limit is not used (app-limited); a drop still shrinks.
         if not dropped and inflight < self._estimate / 2:
             return self.limit
         if dropped:
             gradient = 0.5
         else:
-            gradient = max(0.5, min(1.0, self.tolerance * long_rtt / short_rtt))
+            gradient = max(0.5, min(1.0, self.tolerance * self.baseline_rtt_ms / short_rtt))
         self.last_gradient = gradient
-        queue_allowance = math.sqrt(self._estimate)
-        new_estimate = self._estimate * gradient + queue_allowance
-        new_estimate = self._estimate * (1 - self.smoothing) + new_estimate * self.smoothing
-        self._estimate = max(float(self.min_limit), min(float(self.max_limit), new_estimate))
+        new_estimate = self._estimate * gradient + math.sqrt(self._estimate)
+        self._estimate = self._clamp(self._estimate * (1 - self.smoothing) + new_estimate * self.smoothing)
         return self.limit
 
 

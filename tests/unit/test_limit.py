@@ -1,0 +1,151 @@
+"""Concurrency limit algorithms: AIMD, gradient, fixed (pure functions of samples)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from consumer.core.limit import AIMDLimit, FixedLimit, GradientLimit, limit_for
+
+
+def test_aimd_grows_by_one_only_while_busy() -> None:
+    limit = AIMDLimit(4, min_limit=1, max_limit=10)
+    assert limit.update(100, inflight=1, dropped=False, now_s=0) == 4  # idle: proves nothing
+    assert limit.update(100, inflight=2, dropped=False, now_s=1) == 5  # inflight >= limit/2
+    assert limit.update(100, inflight=5, dropped=False, now_s=2) == 6
+    for i in range(20):
+        limit.update(100, inflight=limit.limit, dropped=False, now_s=3 + i)
+    assert limit.limit == 10  # max
+
+
+def test_aimd_halves_on_drop_within_min() -> None:
+    limit = AIMDLimit(16, min_limit=3, max_limit=64)
+    assert limit.update(100, inflight=16, dropped=True, now_s=0) == 8
+    assert limit.update(100, inflight=8, dropped=True, now_s=1) == 4
+    assert limit.update(100, inflight=4, dropped=True, now_s=2) == 3
+    assert limit.update(100, inflight=3, dropped=True, now_s=3) == 3
+
+
+def test_aimd_timeout_counts_as_drop() -> None:
+    limit = AIMDLimit(8, timeout_ms=1000)
+    assert limit.update(1500, inflight=8, dropped=False, now_s=0) == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"initial": 0}, {"initial": 5, "max_limit": 4}, {"initial": 2, "min_limit": 3}]
+)
+def test_bounds_are_checked(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        AIMDLimit(**kwargs)
+    with pytest.raises(ValueError):
+        GradientLimit(**kwargs)
+
+
+def test_aimd_backoff_ratio_checked() -> None:
+    with pytest.raises(ValueError):
+        AIMDLimit(4, backoff_ratio=1.0)
+
+
+def test_fixed_never_moves() -> None:
+    limit = FixedLimit(7)
+    assert limit.update(1e6, inflight=100, dropped=True, now_s=0) == 7 and limit.limit == 7
+    with pytest.raises(ValueError):
+        FixedLimit(0)
+
+
+def _drive(limit: GradientLimit, rtt_of: object, steps: int, rng: random.Random) -> list[int]:
+    seen = []
+    for i in range(steps):
+        current = limit.limit
+        rtt = rtt_of(current)  # type: ignore[operator]
+        seen.append(limit.update(rtt * rng.uniform(0.95, 1.05), inflight=current, dropped=False, now_s=i))
+    return seen
+
+
+def test_gradient_grows_while_latency_is_flat() -> None:
+    limit = GradientLimit(4, max_limit=200)
+    seen = _drive(limit, lambda _c: 100.0, 200, random.Random(1))
+    assert seen[-1] > 40 and seen == sorted(seen)
+
+
+def test_gradient_settles_near_the_knee_of_a_queueing_server() -> None:
+    # A server with 16 slots: beyond them requests queue and latency grows linearly.
+    def rtt(concurrency: int) -> float:
+        return 100.0 * max(1.0, concurrency / 16)
+
+    limit = GradientLimit(4, max_limit=500)
+    seen = _drive(limit, rtt, 3000, random.Random(2))
+    tail = sorted(seen[-1000:])
+    assert 16 <= tail[len(tail) // 2] <= 16 * 3  # found the knee (plus the queue allowance)
+    assert max(seen) <= 16 * 3  # and never ran away as the long-term RTT learnt the queueing
+    assert min(tail) < 16  # the periodic probe drained the queue
+
+
+def test_gradient_relearns_a_changed_no_load_latency() -> None:
+    # The server becomes 3x slower for good (a bigger model): not queueing, the new normal.
+    def rtt(step: int, concurrency: int) -> float:
+        return (100.0 if step < 1500 else 300.0) * max(1.0, concurrency / 16)
+
+    limit = GradientLimit(4, max_limit=500)
+    rng = random.Random(5)
+    seen = []
+    for i in range(3000):
+        c = limit.limit
+        seen.append(limit.update(rtt(i, c) * rng.uniform(0.95, 1.05), inflight=c, dropped=False, now_s=i))
+    assert min(seen[1500:1700]) < 10  # first read as queueing: the limit shrinks ...
+    assert sorted(seen[-300:])[150] >= 16  # ... and after a probe it is back at the knee
+
+
+def test_gradient_shrinks_when_latency_jumps_and_on_drops() -> None:
+    limit = GradientLimit(50, max_limit=100)
+    _drive(limit, lambda _c: 50.0, 100, random.Random(3))
+    before = limit.limit
+    for i in range(30):
+        limit.update(400.0, inflight=limit.limit, dropped=False, now_s=100 + i)
+    assert limit.limit < before and limit.last_gradient == 0.5
+    low = limit.limit
+    limit.update(50.0, inflight=low, dropped=True, now_s=200)
+    assert limit.limit <= low
+
+
+def test_gradient_does_not_grow_when_idle() -> None:
+    limit = GradientLimit(20)
+    for i in range(50):
+        limit.update(10.0, inflight=2, dropped=False, now_s=i)
+    assert limit.limit == 20
+
+
+def test_gradient_long_rtt_recovers_after_a_spike() -> None:
+    limit = GradientLimit(10, warmup=5)
+    for i in range(20):
+        limit.update(1000.0, inflight=10, dropped=False, now_s=i)
+    high = limit.long_rtt_ms
+    for i in range(200):
+        limit.update(100.0, inflight=limit.limit, dropped=False, now_s=20 + i)
+    assert limit.long_rtt_ms < high / 3
+
+
+@given(
+    st.sampled_from(["aimd", "gradient"]),
+    st.lists(st.tuples(st.floats(0, 1e5), st.integers(0, 500), st.booleans()), max_size=200),
+)
+def test_limits_stay_within_bounds(algorithm: str, samples: list[tuple[float, int, bool]]) -> None:
+    limit = limit_for(SimpleNamespace(algorithm=algorithm, initial=5, min=2, max=40))
+    for i, (rtt, inflight, dropped) in enumerate(samples):
+        value = limit.update(rtt, inflight, dropped, float(i))
+        assert 2 <= value <= 40 and value == limit.limit
+
+
+def test_limit_for_config() -> None:
+    from consumer.settings import LimiterConfig
+
+    assert isinstance(limit_for(LimiterConfig(algorithm="aimd")), AIMDLimit)
+    assert isinstance(limit_for(LimiterConfig(algorithm="gradient")), GradientLimit)
+    fixed = limit_for(LimiterConfig(algorithm="fixed", initial=9, max=10))
+    assert isinstance(fixed, FixedLimit) and fixed.limit == 9
+    with pytest.raises(ValueError):
+        limit_for(SimpleNamespace(algorithm="vegas", initial=1, min=1, max=2))
