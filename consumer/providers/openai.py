@@ -113,7 +113,7 @@ def parse_chat_completion(
             if not isinstance(content, str):
                 raise TypeError("content is not a string")
             text = content
-            if structured_mode == "json_schema" and request.answer_schema is not None:
+            if structured_mode in ("json_schema", "json_object") and request.answer_schema is not None:
                 text = unwrap_json_text(text, wrapped=wrapped)
         usage_raw = payload.get("usage") or {}
         usage = Usage(

@@ -53,11 +53,13 @@ def answer_text(value: Any, *, wrapped: bool) -> str:
 
 
 def unwrap_json_text(text: str, *, wrapped: bool) -> str:
-    """The text of a json_schema/json_object answer with the wrapper (if we added one) removed."""
-    if not wrapped:
-        return text
+    """The text of a json_schema/json_object answer: the wrapper (if we added one) removed, and a
+    JSON string answer (llama.cpp json_object with a string schema answers `"positive"`) decoded.
+    Anything else, broken JSON included, is returned as it came (the caller's validation judges it)."""
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return text  # leave a broken answer for the caller's validation to judge
-    return answer_text(value, wrapped=True)
+        return text
+    if isinstance(value, str):
+        return value
+    return answer_text(value, wrapped=True) if wrapped else text
