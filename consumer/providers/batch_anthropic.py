@@ -163,7 +163,7 @@ class AnthropicBatchProvider:
     async def results(self, batch_id: str) -> list[BatchItemResult]:
         """Every item of an ended batch (an unfinished batch has no results yet: [])."""
         reply = await self.http.request("GET", f"/v1/messages/batches/{batch_id}")
-        self._job(reply.json)
+        job = self._job(reply.json)
         url = reply.json.get("results_url")
         if not url:
             return []
@@ -171,7 +171,8 @@ class AnthropicBatchProvider:
             log.warning("%s: results_url is on another origin; using the API's results route", self.name)
             url = f"/v1/messages/batches/{batch_id}/results"
         content = await self.http.request("GET", url, decode_json=False)
-        submitted = self._submitted.get(batch_id, {})
+        # an ended batch's requests are not needed again: forget them (bounded memory)
+        submitted = (self._submitted.pop if job.status.done else self._submitted.get)(batch_id, {})
         out: list[BatchItemResult] = []
         for raw in content.content.splitlines():
             if raw.strip():

@@ -172,7 +172,8 @@ class OpenAIBatchProvider:
         reply = await self.http.request("GET", f"/batches/{batch_id}")
         job = self._job(reply.json)
         payload = reply.json
-        submitted = self._submitted.get(batch_id, {})
+        # a finished batch's requests are not needed again: forget them (bounded memory)
+        submitted = (self._submitted.pop if job.status.done else self._submitted.get)(batch_id, {})
         results: dict[str, BatchItemResult] = {}
         for key in ("output_file_id", "error_file_id"):
             file_id = payload.get(key)

@@ -1192,6 +1192,15 @@ def _file_object(file_id: str, filename: str, size: int, purpose: str) -> dict[s
 # running it
 
 
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its SIGINT/SIGTERM capture: embedded in a test or a benchmark, the host
+    process keeps its own signal handling."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class SimulatorServer:
     """The simulator on 127.0.0.1 inside the running event loop.
 
@@ -1221,7 +1230,7 @@ class SimulatorServer:
             timeout_graceful_shutdown=1,
             access_log=False,
         )
-        server = uvicorn.Server(config)
+        server = _EmbeddedServer(config)
         self._server = server
         self.sim.server = server
         self.sim._stop = asyncio.Event()  # bound to this loop
@@ -1325,7 +1334,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             )
         else:
             conv: Any = int if kind == "int" else float if kind == "float" else str
-            parser.add_argument(flag, dest=f"sim_{knob.field}", type=conv, default=None, help=knob.help)
+            metavar = "N" if kind == "int" else "X" if kind == "float" else "VALUE"
+            parser.add_argument(
+                flag, dest=f"sim_{knob.field}", type=conv, default=None, metavar=metavar, help=knob.help
+            )
 
 
 def config_from_args(args: argparse.Namespace) -> SimulatorConfig:

@@ -457,3 +457,19 @@ def test_promptbus_simulate_command() -> None:
             proc.wait(timeout=10)
     assert proc.stdout is not None
     assert "promptbus simulator on" in proc.stdout.read().decode()
+
+
+async def test_stats_reset() -> None:
+    async with simulator(SimulatorConfig()) as (url, _):
+        provider = make("openai", url)
+        try:
+            await provider.complete(req("Classify:\nx"))
+            assert (await stats(url))["requests"] == 1
+            async with httpx.AsyncClient() as client:
+                assert (await client.post(url + "/_sim/reset")).json() == {"ok": True}
+            counters = await stats(url)
+            assert counters["requests"] == 0 and counters["routes"] == {}
+            await provider.complete(req("Classify:\ny"))
+            assert (await stats(url))["routes"] == {"POST /v1/chat/completions": 1}
+        finally:
+            await provider.aclose()

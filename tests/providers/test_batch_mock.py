@@ -464,3 +464,36 @@ async def test_malformed_batch_object() -> None:
     provider2, _ = openai_batch(fake2)
     with pytest.raises(MalformedResponse):
         await provider2.status("b")
+
+
+async def test_batch_adapters_never_leak_the_key(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    seen: list[str] = []
+    echo_openai = {"error": {"message": f"bad key {SECRET}", "type": "invalid_request_error"}}
+    echo_anthropic = {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": f"bad key {SECRET}"},
+    }
+    for cls, base, body in (
+        (OpenAIBatchProvider, "http://llm.test/v1", echo_openai),
+        (AnthropicBatchProvider, "http://llm.test", echo_anthropic),
+    ):
+        rec = Recorder(lambda _r, body=body: reply(401, body))
+        provider = cls(rec.client(), base_url=base, api_key=SecretStr(SECRET))
+        seen += [repr(provider), str(provider)]
+        for call in (
+            provider.submit(items(2)),
+            provider.status("b"),
+            provider.results("b"),
+            provider.cancel("b"),
+        ):
+            with pytest.raises(AuthFailed) as info:
+                await call
+            seen += [str(info.value), repr(info.value)]
+        sent = rec.requests[0].headers
+        assert SECRET in sent.get("authorization", "") + sent.get("x-api-key", "")
+    seen += [r.getMessage() for r in caplog.records] + [caplog.text]
+    assert caplog.records
+    assert all(SECRET not in text for text in seen)
