@@ -62,11 +62,25 @@ def structured_mode_for(tier_name: str, tier: TierConfig) -> StructuredMode:
     return mode
 
 
+def base_url_for(tier_name: str, tier: TierConfig) -> str:
+    """The tier's base URL; ConfigError when it is not an http(s) URL with a host."""
+    base_url = tier.resolved_base_url
+    try:
+        parsed = httpx.URL(base_url)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"tiers.{tier_name}.base_url", f"not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"tiers.{tier_name}.base_url", f"must be an http(s) URL with a host, got {base_url!r}"
+        )
+    return base_url
+
+
 def build_provider(tier_name: str, tier: TierConfig, client: httpx.AsyncClient) -> CompletionProvider:
     """The online adapter for a tier. Its `name` is the provider name (openai, anthropic, openai_compat)."""
     key = api_key_for(tier_name, tier)
     mode = structured_mode_for(tier_name, tier)
-    base_url = tier.resolved_base_url
+    base_url = base_url_for(tier_name, tier)
     if tier.provider == "openai":
         return OpenAIProvider(client, base_url=base_url, api_key=key, structured_mode=mode)
     if tier.provider == "anthropic":
@@ -80,7 +94,7 @@ def build_batch_provider(tier_name: str, tier: TierConfig, client: httpx.AsyncCl
         raise NotSupportedError(f"tier {tier_name}: provider openai_compat has no Batch API; use online mode")
     key = api_key_for(tier_name, tier)
     mode = structured_mode_for(tier_name, tier)
-    base_url = tier.resolved_base_url
+    base_url = base_url_for(tier_name, tier)
     if tier.provider == "openai":
         return OpenAIBatchProvider(
             client,

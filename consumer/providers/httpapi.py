@@ -17,7 +17,7 @@ import httpx
 import orjson
 from pydantic import SecretStr
 
-from consumer.core.errors import MalformedResponse, ProviderError
+from consumer.core.errors import MalformedResponse, ProviderError, Rejected
 from consumer.providers.errormap import error_for_exception, error_for_status, redact
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,9 @@ class ProviderHttp:
     ) -> None:
         self.client = client
         self.base_url = base_url.rstrip("/")
+        parsed = httpx.URL(self.base_url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"base_url must be an http(s) URL with a host, got {self.base_url!r}")
         self.provider = provider
         self._api_key = api_key
         self._auth_headers = auth_headers
@@ -98,7 +101,12 @@ class ProviderHttp:
         headers = self._headers()
         content: bytes | None = None
         if json_body is not None:
-            content = orjson.dumps(json_body)
+            try:
+                content = orjson.dumps(json_body)
+            except TypeError as exc:  # orjson.JSONEncodeError: an option value JSON cannot carry
+                raise Rejected(
+                    f"{self.provider}: request is not JSON-serializable: {exc}", provider=self.provider
+                ) from None
             headers["content-type"] = "application/json"
         started = time.perf_counter()
         try:

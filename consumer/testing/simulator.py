@@ -660,6 +660,8 @@ class SimulatorApp:
                 raise ValueError("messages")
         except (orjson.JSONDecodeError, ValueError):
             return self._error(kind, 400, "invalid_request_error", "body must be JSON with messages")
+        if body.get("stream"):
+            return self._error(kind, 400, "invalid_request_error", "stream: streaming is not simulated")
         if kind == "anthropic" and not isinstance(body.get("max_tokens"), int):
             return self._error(kind, 400, "invalid_request_error", "max_tokens: Field required")
         if self.rng.random() < cfg.billing_rate:

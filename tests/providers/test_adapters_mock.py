@@ -418,3 +418,10 @@ async def test_key_never_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixtur
     seen.append(caplog.text)
     assert caplog.records, "adapters log at DEBUG; nothing captured means the check is empty"
     assert all(SECRET not in text for text in seen)
+
+
+async def test_unserializable_option_is_rejected_without_sending() -> None:
+    rec = recorder(200, OPENAI_OK)
+    with pytest.raises(Rejected, match="JSON-serializable"):
+        await openai(rec).complete(make_request(options={"stop": {1, 2}}))
+    assert rec.requests == []

@@ -148,7 +148,9 @@ async def test_openai_split_by_count_and_bytes() -> None:
     assert [len(c.splitlines()) for _, c in fake.uploads] == [2, 2, 1]
 
     fake = FakeOpenAI()
-    one = len(OpenAIBatchProvider(httpx.AsyncClient(), base_url="x", api_key=None).jsonl_line(items(1)[0]))
+    one = len(
+        OpenAIBatchProvider(httpx.AsyncClient(), base_url="http://x/v1", api_key=None).jsonl_line(items(1)[0])
+    )
     provider, _ = openai_batch(fake, max_bytes=one * 3 + 5)
     jobs = await provider.submit(items(7))
     sizes = [len(c) for _, c in fake.uploads]

@@ -85,3 +85,10 @@ def test_openai_compat_has_no_batch_api() -> None:
         build_batch_provider(
             "local", tier(provider="openai_compat", base_url="http://127.0.0.1:9/v1"), NO_NET
         )
+
+
+@pytest.mark.parametrize("url", ["ftp://h/v1", "not a url", "http:///v1"])
+def test_bad_base_url_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_provider("t", tier(provider="openai_compat", base_url=url), NO_NET)
+    assert info.value.key == "tiers.t.base_url"
