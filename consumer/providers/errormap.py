@@ -6,11 +6,11 @@
     400 + "credit balance is too low" (Anthropic)         QuotaExhausted
     other 429                                             RateLimited (hint from the headers)
     503, 529                                              Overloaded
-    other 5xx                                             ServerError
+    other 5xx, 409                                        ServerError
     408, httpx.TimeoutException                           RequestTimeout
     httpx connect / read / write / protocol errors        ConnectionFailed
     401, 403                                              AuthFailed
-    other 4xx (400, 404, 409, 413, 422, ...)              Rejected
+    other 4xx (400, 404, 413, 422, ...)                   Rejected
     2xx whose body is not the provider's format           MalformedResponse (raised by the adapters)
 
 Messages carry the provider name, the status and the provider's error type/code/message
@@ -133,7 +133,8 @@ def error_for_status(
         cls = RateLimited
     elif status_code in (503, 529):
         cls = Overloaded
-    elif status_code >= 500:
+    elif status_code >= 500 or status_code == 409:
+        # 409 Conflict (OpenAI: a lock timeout) is transient; DESIGN.md keeps it out of provider_rejected
         cls = ServerError
     elif status_code == 408:
         cls = RequestTimeout

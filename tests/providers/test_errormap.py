@@ -74,7 +74,7 @@ ANTHROPIC_RATE = {
         (403, {}, AuthFailed),
         (400, {"error": {"message": "context too long", "type": "invalid_request_error"}}, Rejected),
         (404, {}, Rejected),
-        (409, {}, Rejected),
+        (409, {}, ServerError),
         (413, {}, Rejected),
         (422, {"object": "error", "message": "bad", "type": "BadRequestError", "code": 422}, Rejected),
     ],
