@@ -1,0 +1,142 @@
+"""Failover on the 3-node local cluster: what the broker acknowledged survives a SIGKILL.
+
+A producer with ``acks=all`` keeps writing while the partition leader is killed with
+SIGKILL; with replication factor 3 and ``min.insync.replicas=2`` every acknowledged record
+must still be readable from the new leader. The killed node then restarts on its data dir
+and rejoins the in-sync replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from tests.conftest import LocalKafka
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+log = logging.getLogger(__name__)
+
+ACKED_BEFORE_KILL = 2_000
+ACKED_TARGET = 6_000
+SEND_CHUNK = 100
+# bounds of the write loop: whichever comes first ends it
+MAX_SENDS = 60_000
+MAX_WRITE_S = 180.0
+MAX_POLLS = 600
+POLL_MS = 500
+STATE_POLLS = 240
+STATE_POLL_S = 0.5
+
+
+async def _wait_for_isr(cluster: LocalKafka, topic: str, size: int) -> list[int]:
+    """Poll the partition's ISR (bounded) until it has ``size`` members; returns the last ISR seen."""
+    isr: list[int] = []
+    for _ in range(STATE_POLLS):
+        isr = await cluster.isr_of(topic, 0)
+        if len(isr) >= size:
+            break
+        await asyncio.sleep(STATE_POLL_S)
+    return isr
+
+
+async def test_acked_records_survive_leader_sigkill(kafka_cluster: LocalKafka, topic_name: str) -> None:
+    await kafka_cluster.create_topic(topic_name, partitions=1, rf=3)
+    assert await _wait_for_isr(kafka_cluster, topic_name, 3) == [1, 2, 3]
+    leader = await kafka_cluster.leader_of(topic_name, 0)
+    assert leader in (1, 2, 3)
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_cluster.bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        retry_backoff_ms=100,
+    )
+    acked: set[int] = set()
+    failed = 0
+    acked_when_killed = -1
+    killed = asyncio.Event()
+
+    async def write() -> None:
+        nonlocal failed
+        sent = 0
+        deadline = time.monotonic() + MAX_WRITE_S
+        while len(acked) < ACKED_TARGET and sent < MAX_SENDS and time.monotonic() < deadline:
+            values = range(sent, sent + SEND_CHUNK)
+            futures = [await producer.send(topic_name, value=str(v).encode()) for v in values]
+            sent += SEND_CHUNK
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            for v, result in zip(values, results, strict=True):
+                if isinstance(result, BaseException):
+                    failed += 1  # not acknowledged: no promise was made for this record
+                else:
+                    acked.add(v)
+            # keep writing through the failover: the kill happens while sends are in flight
+            if len(acked) >= ACKED_TARGET and not killed.is_set():
+                deadline = min(deadline, time.monotonic() + 1)
+
+    async def kill_leader_mid_write() -> None:
+        nonlocal acked_when_killed
+        for _ in range(int(MAX_WRITE_S / 0.05)):
+            if len(acked) >= ACKED_BEFORE_KILL:
+                break
+            await asyncio.sleep(0.05)
+        acked_when_killed = len(acked)
+        await asyncio.to_thread(kafka_cluster.kill, leader)
+        killed.set()
+
+    await producer.start()
+    try:
+        await asyncio.gather(write(), kill_leader_mid_write())
+    finally:
+        await producer.stop()
+
+    log.info(
+        "killed node %d after %d acks; %d acked in all, %d sends failed",
+        leader,
+        acked_when_killed,
+        len(acked),
+        failed,
+    )
+    try:
+        assert killed.is_set()
+        assert acked_when_killed >= ACKED_BEFORE_KILL
+        # writes went on being acknowledged after the leader died: a new leader took over
+        assert len(acked) >= ACKED_TARGET, f"only {len(acked)} acked ({failed} failed) after the kill"
+        new_leader = await kafka_cluster.leader_of(topic_name, 0)
+        assert new_leader not in (leader, -1)
+
+        read = await _read_everything(kafka_cluster.bootstrap, topic_name)
+        missing = acked - read
+        assert not missing, f"{len(missing)} acknowledged records lost, e.g. {sorted(missing)[:10]}"
+    finally:
+        # the cluster outlives this test: always bring the node back
+        await asyncio.to_thread(kafka_cluster.restart, leader)
+
+    assert await _wait_for_isr(kafka_cluster, topic_name, 3) == [1, 2, 3]
+
+
+async def _read_everything(bootstrap: str, topic: str) -> set[int]:
+    """Every value in partition 0 of ``topic`` up to its log end (bounded polling)."""
+    tp = TopicPartition(topic, 0)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        values: set[int] = set()
+        for _ in range(MAX_POLLS):
+            if await consumer.position(tp) >= end:
+                break
+            for batch in (await consumer.getmany(tp, timeout_ms=POLL_MS)).values():
+                values.update(int(r.value) for r in batch if r.value is not None)
+        assert await consumer.position(tp) >= end, "did not reach the end of the partition"
+        return values
+    finally:
+        await consumer.stop()
