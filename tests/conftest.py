@@ -32,6 +32,11 @@ KAFKA_SCRIPT = REPO_DIR / "deploy" / "kafka-local" / "kafka"
 # the 1-node broker shares its state dir with `make broker-start`; the 3-node cluster has its own
 SINGLE_NODE_HOME = Path(os.environ.get("KAFKA_LOCAL_HOME", REPO_DIR / ".local" / "kafka"))
 CLUSTER_HOME = REPO_DIR / ".local" / "kafka-cluster"
+# explicit, so that port overrides meant for the 1-node broker never move the cluster onto it
+CLUSTER_PORTS = (
+    int(os.environ.get("KAFKA_CLUSTER_BROKER_PORT", "19092")),
+    int(os.environ.get("KAFKA_CLUSTER_CONTROLLER_PORT", "19192")),
+)
 # first start on a fresh machine fetches the jars, then formats and boots the nodes
 SCRIPT_TIMEOUT_S = 600.0
 DOCKER_PING_TIMEOUT_S = 3.0
@@ -47,12 +52,16 @@ class LocalKafka:
 
     home: Path
     nodes: int
+    ports: tuple[int, int] | None = None  # (first broker port, first controller port)
     bootstrap: str = ""
     started_here: bool = False
     _env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._env = {**os.environ, "KAFKA_LOCAL_HOME": str(self.home)}
+        if self.ports is not None:
+            self._env["KAFKA_LOCAL_BROKER_PORT"] = str(self.ports[0])
+            self._env["KAFKA_LOCAL_CONTROLLER_PORT"] = str(self.ports[1])
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
@@ -196,7 +205,7 @@ def kafka_bootstrap() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def kafka_cluster() -> Iterator[LocalKafka]:
     """The 3-node local cluster (RF 3, min ISR 2), in its own state dir and on its own ports."""
-    cluster = LocalKafka(CLUSTER_HOME, nodes=3)
+    cluster = LocalKafka(CLUSTER_HOME, nodes=3, ports=CLUSTER_PORTS)
     cluster.start()
     try:
         yield cluster

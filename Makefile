@@ -1,0 +1,62 @@
+# promptbus developer and CI entry points. `make test` is what .ci/run runs.
+#
+#   make venv          create .venv (if missing) and install promptbus with dev extras;
+#                      re-installs when pyproject.toml changes
+#   make lint          ruff check + mypy
+#   make test          venv, start the local Kafka broker unless KAFKA_BOOTSTRAP_SERVERS is
+#                      set, run lint and pytest, stop the broker it started (always)
+#   make broker-start  start the 1-node local broker (deploy/kafka-local/kafka start)
+#   make broker-stop   stop it
+#   make broker-status show it
+#
+# PYTEST_ARGS passes extra pytest arguments, e.g. make test PYTEST_ARGS='-k broker -x'.
+
+PYTHON ?= python3
+VENV := .venv
+VENV_STAMP := $(VENV)/.promptbus-installed
+PY := $(VENV)/bin/python
+KAFKA := deploy/kafka-local/kafka
+PYTEST_ARGS ?=
+
+.PHONY: venv lint test broker-start broker-stop broker-status
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "promptbus needs Python 3.11 or newer (PYTHON=$(PYTHON) is older)" >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy tests/conftest.py $(wildcard tests/integration/test_broker_*.py)
+
+# One shell for the whole recipe so that the EXIT trap stops the broker this run started,
+# whether lint or the tests fail or the run is interrupted; the exit code is kept.
+test: venv
+	@started=0; \
+	stop_started() { if [ "$$started" = 1 ]; then $(KAFKA) stop; fi; }; \
+	trap stop_started EXIT; trap 'exit 130' INT TERM; \
+	if [ -z "$${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then \
+		$(KAFKA) status >/dev/null 2>&1 || started=1; \
+		out=$$($(KAFKA) start) || exit $$?; \
+		KAFKA_BOOTSTRAP_SERVERS=$$(printf '%s\n' "$$out" | tail -n 1); \
+		export KAFKA_BOOTSTRAP_SERVERS; \
+	fi; \
+	echo "make test: Kafka at $$KAFKA_BOOTSTRAP_SERVERS"; \
+	lint_rc=0; $(MAKE) --no-print-directory lint || lint_rc=$$?; \
+	test_rc=0; $(PY) -m pytest -ra $(PYTEST_ARGS) || test_rc=$$?; \
+	if [ "$$test_rc" != 0 ]; then exit $$test_rc; fi; \
+	exit $$lint_rc
+
+broker-start:
+	@$(KAFKA) start
+
+broker-stop:
+	@$(KAFKA) stop
+
+broker-status:
+	@$(KAFKA) status
