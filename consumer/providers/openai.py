@@ -105,8 +105,13 @@ def parse_chat_completion(
         # (batch results after a restart) and there is no text
         if tool_calls and ((structured_mode == "tool" and request.answer_schema is not None) or not content):
             arguments = tool_calls[0]["function"]["arguments"]
-            value = orjson.loads(arguments) if isinstance(arguments, str) else arguments
-            text = answer_text(value, wrapped=wrapped)
+            try:
+                value = orjson.loads(arguments) if isinstance(arguments, str) else arguments
+                text = answer_text(value, wrapped=wrapped)
+            except orjson.JSONDecodeError:
+                # arguments cut by max_tokens are broken JSON: hand them on as text, so the
+                # caller's validation can keep what is complete (finish_reason says "length")
+                text = str(arguments)
         else:
             if content is None:
                 content = ""

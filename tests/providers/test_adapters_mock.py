@@ -425,3 +425,30 @@ async def test_unserializable_option_is_rejected_without_sending() -> None:
     with pytest.raises(Rejected, match="JSON-serializable"):
         await openai(rec).complete(make_request(options={"stop": {1, 2}}))
     assert rec.requests == []
+
+
+async def test_openai_cut_tool_arguments_are_text_not_an_error() -> None:
+    answer = {
+        **OPENAI_OK,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "answer", "arguments": '{"a1": "x", "b2'},
+                        }
+                    ],
+                },
+            }
+        ],
+    }
+    completion = await openai(recorder(200, answer), structured_mode="tool").complete(
+        make_request(answer_schema=SCHEMA)
+    )
+    assert completion.text == '{"a1": "x", "b2' and completion.finish_reason == "length"
