@@ -184,7 +184,7 @@ def test_dead_letter_with_parsed_job_roundtrips() -> None:
 
 def test_error_kind_is_a_closed_list() -> None:
     with pytest.raises(ValueError):
-        ErrorInfo(kind="teapot", message="x")  # type: ignore[arg-type]
+        ErrorInfo(kind="teapot", message="x")
 
 
 _text = st.text(max_size=40)

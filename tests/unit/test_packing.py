@@ -106,6 +106,8 @@ ALIASES = ("ka1b", "zz9q", "m0nx")
         '{"answers": {"ka1b": "pos", "zz9q": "neg", "m0nx": "neu"}}',
         '[{"id": "ka1b", "answer": "pos"}, {"id": "zz9q", "answer": "neg"}, {"id": "m0nx", "answer": "neu"}]',
         '{"ka1b": "\\"pos\\"", "zz9q": "neg", "m0nx": "neu"}',
+        'Answers:\n```json\n[{"id": "ka1b", "answer": "pos"}, {"id": "zz9q", "answer": "neg"},'
+        ' {"id": "m0nx", "answer": "neu"}]\n```',
     ],
 )
 def test_complete_answer_forms(text: str) -> None:
@@ -162,6 +164,7 @@ def test_malformed(text: str) -> None:
         ('{"answers": {"ka1b": "pos", "zz9q": {"x": 1}, "m0nx": "n', {"ka1b": "pos", "zz9q": '{"x":1}'}),
         ("Here are the answers: {", {}),
         ('{"ka1b"', {}),
+        ('{"ka1b": "pos" "zz9q": "neg"', {}),  # no separator: nothing is trusted
         ("", {}),
     ],
 )

@@ -314,7 +314,7 @@ def _model(req: PlannedRequest, rnd: random.Random) -> tuple[str, str] | Provide
     elif behaviour == "garbage":
         return rnd.choice(["", "sorry", "{", "[]", '{"a":'] ), "stop"
     elif behaviour == "null":
-        answers = dict.fromkeys(answers)  # type: ignore[arg-type]
+        answers = dict.fromkeys(answers, None)  # type: ignore[assignment]
     text = orjson.dumps(answers).decode()
     if behaviour == "truncate":
         return text[: rnd.randrange(len(text) + 1)], "length"
