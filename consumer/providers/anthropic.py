@@ -51,6 +51,7 @@ _STOP_REASONS = {
 
 
 def anthropic_auth(secret: str) -> dict[str, str]:
+    """Anthropic's auth header for a key."""
     return {"x-api-key": secret}
 
 
@@ -193,6 +194,7 @@ class AnthropicProvider:
         return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
 
     def build_body(self, request: CompletionRequest) -> dict[str, Any]:
+        """The JSON body this adapter sends for `request`."""
         return build_messages_body(
             request, structured_mode=self.structured_mode, default_max_tokens=self.default_max_tokens
         )

@@ -80,6 +80,7 @@ class AnthropicBatchProvider:
         return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
 
     def batch_item(self, item: BatchRequest) -> dict[str, Any]:
+        """One `{custom_id, params}` entry of a Message Batches request."""
         return {
             "custom_id": item.custom_id,
             "params": build_messages_body(
@@ -153,10 +154,12 @@ class AnthropicBatchProvider:
             raise self.http.malformed(f"not a message batch object ({type(exc).__name__})") from None
 
     async def status(self, batch_id: str) -> BatchJob:
+        """The batch as the provider reports it now."""
         reply = await self.http.request("GET", f"/v1/messages/batches/{batch_id}")
         return self._job(reply.json)
 
     async def cancel(self, batch_id: str) -> BatchJob:
+        """Ask the provider to cancel; returns the batch as it is then."""
         reply = await self.http.request("POST", f"/v1/messages/batches/{batch_id}/cancel")
         return self._job(reply.json)
 
@@ -219,6 +222,7 @@ class AnthropicBatchProvider:
         )
 
     async def aclose(self) -> None:
+        """Close the HTTP client when this provider owns it (idempotent)."""
         if self.owns_client:
             await self.http.client.aclose()
 

@@ -158,10 +158,12 @@ class OpenAIBatchProvider:
             raise self.http.malformed(f"not a batch object ({type(exc).__name__})") from None
 
     async def status(self, batch_id: str) -> BatchJob:
+        """The batch as the provider reports it now."""
         reply = await self.http.request("GET", f"/batches/{batch_id}")
         return self._job(reply.json)
 
     async def cancel(self, batch_id: str) -> BatchJob:
+        """Ask the provider to cancel; returns the batch as it is then."""
         reply = await self.http.request("POST", f"/batches/{batch_id}/cancel")
         return self._job(reply.json)
 
@@ -238,6 +240,7 @@ class OpenAIBatchProvider:
         )
 
     async def aclose(self) -> None:
+        """Close the HTTP client when this provider owns it (idempotent)."""
         if self.owns_client:
             await self.http.client.aclose()
 

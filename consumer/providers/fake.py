@@ -53,6 +53,7 @@ class FakeProvider:
         return f"FakeProvider(name={self.name!r}, calls={len(self.requests)})"
 
     async def complete(self, request: CompletionRequest) -> Completion:
+        """Record the request and answer it from the handler."""
         self.requests.append(request)
         answer = await _resolve(self.handler, request)
         if isinstance(answer, BaseException):
@@ -62,6 +63,7 @@ class FakeProvider:
         return answer
 
     async def aclose(self) -> None:
+        """Nothing to close; records that it was called."""
         self.closed = True
 
 
@@ -101,6 +103,7 @@ class FakeBatchProvider:
         self._ids = itertools.count(1)
 
     async def submit(self, requests: Sequence[BatchRequest]) -> list[BatchJob]:
+        """Validate custom_ids, split by max_requests, store the batches (RUNNING)."""
         check_custom_ids(requests)
         jobs = []
         for chunk in split_by_limits([1] * len(requests), max_requests=self.max_requests, max_bytes=1 << 62):
@@ -158,6 +161,7 @@ class FakeBatchProvider:
         await self._settle(self._get(batch_id), BatchStatus.EXPIRED)
 
     async def status(self, batch_id: str) -> BatchJob:
+        """Counts a poll; settles the batch once polled more than `polls_until_done` times."""
         batch = self._get(batch_id)
         if batch.results is None:
             batch.polls += 1
@@ -166,14 +170,17 @@ class FakeBatchProvider:
         return batch.job
 
     async def results(self, batch_id: str) -> list[BatchItemResult]:
+        """The settled items ([] while the batch runs)."""
         batch = self._get(batch_id)
         return list(batch.results or [])
 
     async def cancel(self, batch_id: str) -> BatchJob:
+        """Cancel a running batch: every item ends cancelled."""
         batch = self._get(batch_id)
         if batch.results is None:
             await self._settle(batch, BatchStatus.CANCELLED)
         return batch.job
 
     async def aclose(self) -> None:
+        """Nothing to close; records that it was called."""
         return None

@@ -35,6 +35,7 @@ class HttpReply:
 
     @property
     def request_id(self) -> str | None:
+        """The provider's request id header, when sent."""
         return self.headers.get("x-request-id") or self.headers.get("request-id")
 
 

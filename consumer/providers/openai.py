@@ -40,6 +40,7 @@ _FINISH_REASONS = {
 
 
 def bearer_auth(secret: str) -> dict[str, str]:
+    """OpenAI-style auth header for a key."""
     return {"authorization": f"Bearer {secret}"}
 
 
@@ -174,6 +175,7 @@ class OpenAIProvider:
         return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
 
     def build_body(self, request: CompletionRequest) -> dict[str, Any]:
+        """The JSON body this adapter sends for `request`."""
         return build_chat_body(request, structured_mode=self.structured_mode)
 
     async def complete(self, request: CompletionRequest) -> Completion:

@@ -452,6 +452,7 @@ class _Stats:
         self.max_inflight = 0
 
     def snapshot(self) -> dict[str, Any]:
+        """The counters as a JSON-ready dict."""
         keys = (
             "requests",
             "items_answered",
@@ -524,9 +525,11 @@ class SimulatorApp:
     # -------- control routes
 
     async def stats(self, request: Request) -> Response:
+        """GET /_sim/stats."""
         return JSONResponse(self.stats_.snapshot())
 
     async def reset_route(self, request: Request) -> Response:
+        """POST /_sim/reset."""
         self.reset()
         return JSONResponse({"ok": True})
 
@@ -760,12 +763,14 @@ class SimulatorApp:
         return JSONResponse(payload, headers=headers)
 
     async def openai_chat(self, request: Request) -> Response:
+        """POST /v1/chat/completions."""
         try:
             return await self._chat(request, "openai")
         except _Dropped:
             return Response(status_code=500)
 
     async def anthropic_messages(self, request: Request) -> Response:
+        """POST /v1/messages."""
         try:
             return await self._chat(request, "anthropic")
         except _Dropped:
@@ -774,6 +779,7 @@ class SimulatorApp:
     # -------- OpenAI files and batches
 
     async def openai_upload(self, request: Request) -> Response:
+        """POST /v1/files (multipart, purpose=batch)."""
         self._count(request)
         if not self._authorized(request, "openai"):
             return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
@@ -786,6 +792,7 @@ class SimulatorApp:
         return JSONResponse(_file_object(file_id, filename or "upload.jsonl", len(content), "batch"))
 
     async def openai_file_content(self, request: Request) -> Response:
+        """GET /v1/files/{file_id}/content."""
         self._count(request)
         if not self._authorized(request, "openai"):
             return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
@@ -795,6 +802,7 @@ class SimulatorApp:
         return Response(self.files[file_id][1], media_type="application/octet-stream")
 
     async def openai_create_batch(self, request: Request) -> Response:
+        """POST /v1/batches."""
         self._count(request)
         if not self._authorized(request, "openai"):
             return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
@@ -839,6 +847,7 @@ class SimulatorApp:
         return batch
 
     async def openai_get_batch(self, request: Request) -> Response:
+        """GET /v1/batches/{batch_id}."""
         self._count(request)
         if not self._authorized(request, "openai"):
             return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
@@ -846,6 +855,7 @@ class SimulatorApp:
         return batch if isinstance(batch, Response) else JSONResponse(self._openai_batch(batch))
 
     async def openai_cancel_batch(self, request: Request) -> Response:
+        """POST /v1/batches/{batch_id}/cancel."""
         self._count(request)
         if not self._authorized(request, "openai"):
             return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
@@ -888,6 +898,7 @@ class SimulatorApp:
     # -------- Anthropic message batches
 
     async def anthropic_create_batch(self, request: Request) -> Response:
+        """POST /v1/messages/batches."""
         self._count(request)
         if not self._authorized(request, "anthropic"):
             return self._error("anthropic", 401, "authentication_error", "invalid x-api-key")
@@ -911,6 +922,7 @@ class SimulatorApp:
         return JSONResponse(self._anthropic_batch(batch, request))
 
     async def anthropic_get_batch(self, request: Request) -> Response:
+        """GET /v1/messages/batches/{batch_id}."""
         self._count(request)
         if not self._authorized(request, "anthropic"):
             return self._error("anthropic", 401, "authentication_error", "invalid x-api-key")
@@ -918,6 +930,7 @@ class SimulatorApp:
         return batch if isinstance(batch, Response) else JSONResponse(self._anthropic_batch(batch, request))
 
     async def anthropic_cancel_batch(self, request: Request) -> Response:
+        """POST /v1/messages/batches/{batch_id}/cancel."""
         self._count(request)
         if not self._authorized(request, "anthropic"):
             return self._error("anthropic", 401, "authentication_error", "invalid x-api-key")
@@ -935,6 +948,7 @@ class SimulatorApp:
         return JSONResponse(self._anthropic_batch(batch, request))
 
     async def anthropic_results(self, request: Request) -> Response:
+        """GET /v1/messages/batches/{batch_id}/results (JSONL)."""
         self._count(request)
         if not self._authorized(request, "anthropic"):
             return self._error("anthropic", 401, "authentication_error", "invalid x-api-key")
@@ -1200,6 +1214,7 @@ class _EmbeddedServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
+        """Leave signal handling to the host process."""
         yield
 
 
