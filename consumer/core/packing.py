@@ -7,7 +7,9 @@ Layout of a batched prompt (DESIGN.md rule 6; the simulator parses exactly this)
 where `before, marker, after` is the prompt prefix split at its data-marker line (see
 `templates.find_data_marker`; with no marker, before = "" and after = the whole prefix)
 and ITEMS is one line of compact JSON: ``[{"id":"k3f9","input":"..."}, ...]``. The
-instruction therefore always sits before the data section, never inside it.
+instruction therefore always sits before the data section, never inside it. When `after`
+is not empty and does not end with a newline (``Translate to French ${text}``), a newline
+is added to it so ITEMS stays a line of its own.
 
 Aliases are short random tokens drawn per request from the injected rng (never the job
 ids), so an input cannot address another job and a stale answer cannot match a new request.
@@ -154,6 +156,9 @@ def pack(prefix: str, variable: str, inputs: Sequence[str], rng: random.Random) 
     """
     aliases = make_aliases(len(inputs), rng)
     before, marker, after = _split_at_marker(prefix)
+    if after and not after.endswith("\n"):
+        # "Translate to French ${text}": the items must still be a line of their own
+        after += "\n"
     head = before + BATCH_INSTRUCTION + "\n" + (marker + "\n" if marker is not None else "") + after
     return PackedPrompt(text=head + items_line(aliases, inputs), aliases=aliases)
 

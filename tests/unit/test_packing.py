@@ -42,6 +42,11 @@ def test_layout_without_marker_puts_instruction_first() -> None:
     assert packed.text == BATCH_INSTRUCTION + "\n" + "Translate to French.\n" + items
 
 
+def test_layout_items_get_their_own_line_after_an_unterminated_prefix() -> None:
+    packed = pack("Translate to French ", "t", ["a", "b"], random.Random(4))
+    assert packed.text.startswith(BATCH_INSTRUCTION + "\nTranslate to French \n[{")
+
+
 def test_layout_marker_on_the_placeholder_line() -> None:
     packed = pack("Be terse.\nClassify: ", "t", ["x", "y"], random.Random(3))
     assert packed.text.startswith("Be terse.\n" + BATCH_INSTRUCTION + "\nClassify: \n[")
