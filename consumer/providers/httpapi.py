@@ -110,15 +110,19 @@ class ProviderHttp:
                 ) from None
             headers["content-type"] = "application/json"
         started = time.perf_counter()
+        failure: ProviderError | None = None
         try:
             response = await self.client.request(
                 method, url, content=content, files=files, data=data, headers=headers
             )
             body = await response.aread()
         except httpx.HTTPError as exc:
-            error = error_for_exception(self.provider, exc, secret=self._secret())
-            log.debug("%s %s failed: %s", method, url, error.message)
-            raise error from None
+            failure = error_for_exception(self.provider, exc, secret=self._secret())
+        if failure is not None:
+            # raised outside the except block: no __context__ chains back to the httpx error,
+            # whose request object carries our auth headers
+            log.debug("%s %s failed: %s", method, url, failure.message)
+            raise failure
         latency_ms = (time.perf_counter() - started) * 1000.0
         log.debug("%s %s -> %d in %.1f ms", method, url, response.status_code, latency_ms)
         if not 200 <= response.status_code < 300:

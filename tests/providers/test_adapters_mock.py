@@ -246,7 +246,8 @@ async def test_transport_errors(name: str, exc: Exception, cls: type[ProviderErr
     with pytest.raises(cls) as info:
         await PROVIDERS[name](raising(exc)).complete(make_request())
     assert info.value.provider == name
-    assert info.value.__cause__ is None  # the httpx exception (and its request) is not chained
+    # the httpx exception (and its request, which carries the auth header) is not chained
+    assert info.value.__cause__ is None and info.value.__context__ is None
 
 
 @pytest.mark.parametrize("name", PROVIDERS)
