@@ -17,7 +17,7 @@ suffix (RFC 3339), because the models normalize datetimes to UTC when they are b
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from pydantic import (
@@ -27,11 +27,14 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
     model_validator,
+    with_config,
 )
+from typing_extensions import TypedDict
 
 from consumer.core.errors import ErrorKind, JobError
 
@@ -40,6 +43,7 @@ __all__ = [
     "DeadLetter",
     "ErrorInfo",
     "Job",
+    "JobOptions",
     "Message",
     "Result",
     "SourceRef",
@@ -81,6 +85,30 @@ DeadlineTime = Annotated[
 ]
 #: A time promptbus stamps (completed_at, failed_at): naive means UTC; stored in UTC.
 UtcTime = Annotated[datetime, AfterValidator(_assume_utc)]
+
+
+Number = StrictInt | StrictFloat
+
+
+@with_config(ConfigDict(extra="allow"))
+class JobOptions(TypedDict, total=False):
+    """Provider options of a job. The common ones are type-checked at intake, so a typo
+    such as ``"max_tokens": "50"`` is an `invalid_job` instead of a wasted provider call;
+    any other key passes through to the provider as is."""
+
+    max_tokens: Annotated[StrictInt, Field(ge=1)]
+    temperature: Annotated[Number, Field(ge=0)]
+    top_p: Annotated[Number, Field(ge=0, le=1)]
+    seed: StrictInt
+    stop: StrictStr | list[StrictStr]
+    response_format: dict[str, Any]
+
+
+if TYPE_CHECKING:
+    # For type checkers the options stay a plain dict (callers use .get and dict()).
+    OptionsField = dict[str, Any]
+else:
+    OptionsField = JobOptions
 
 
 class _Frozen(BaseModel):
@@ -127,7 +155,7 @@ class Job(_Frozen):
     prompt: StrictStr | None = Field(default=None, description="Template with ${name} placeholders.")
     variables: dict[str, StrictStr] | None = Field(default=None, description="Values for the placeholders.")
     messages: list[Message] | None = Field(default=None, min_length=1, description="A chat conversation.")
-    options: dict[str, Any] = Field(
+    options: OptionsField = Field(
         default_factory=dict, description="Provider options, merged over the tier's options."
     )
     batch: StrictBool = Field(default=False, description="This job may share a prompt with others.")

@@ -25,7 +25,7 @@ Answer parsing (`parse_answer`) is forgiving about form and strict about content
 - verdicts, in this order: MALFORMED (no JSON object found), UNEXPECTED (a key that is no
   alias of this request; the answer is discarded whole), TRUNCATED (finish_reason
   "length"; complete key/value pairs are recovered from the cut object and kept), MISSING
-  (some aliases absent), COMPLETE.
+  (some aliases absent; an object answering none of them counts as MALFORMED), COMPLETE.
 """
 
 from __future__ import annotations
@@ -348,6 +348,9 @@ def parse_answer(text: str, aliases: Sequence[str], finish_reason: str | None) -
     missing = tuple(a for a in aliases if a not in answers)
     if truncated:
         return AnswerVerdict(AnswerKind.TRUNCATED, answers=answers, missing=missing)
+    if not answers and aliases:
+        # "{}" or all nulls: the model did not do the task; halving beats N single re-asks
+        return AnswerVerdict(AnswerKind.MALFORMED, missing=missing)
     if missing:
         return AnswerVerdict(AnswerKind.MISSING, answers=answers, missing=missing)
     return AnswerVerdict(AnswerKind.COMPLETE, answers=answers)

@@ -16,6 +16,7 @@ from consumer.core.jobs import (
     DeadLetter,
     ErrorInfo,
     Job,
+    JobOptions,
     Result,
     SourceRef,
     UsageInfo,
@@ -88,6 +89,14 @@ def test_undecodable_bytes(raw: bytes, expected: str) -> None:
         ({"deadline": "2026-01-01T00:00:00"}, "field 'deadline': must carry a time zone offset"),
         ({"deadline": "tomorrow"}, "field 'deadline'"),
         ({"options": []}, "field 'options'"),
+        ({"options": {"max_tokens": "50"}}, "field 'options.max_tokens': Input should be a valid integer"),
+        ({"options": {"max_tokens": 0}}, "field 'options.max_tokens': Input should be greater than or equal"),
+        ({"options": {"max_tokens": True}}, "field 'options.max_tokens'"),
+        ({"options": {"temperature": "hot"}}, "field 'options.temperature"),
+        ({"options": {"top_p": 2}}, "field 'options.top_p"),
+        ({"options": {"stop": ["a", 1]}}, "field 'options.stop"),
+        ({"options": {"seed": 1.5}}, "field 'options.seed'"),
+        ({"options": {"response_format": "json"}}, "field 'options.response_format'"),
         ({"metadata": "x"}, "field 'metadata'"),
     ],
 )
@@ -100,6 +109,13 @@ def test_error_message_never_echoes_values_and_is_bounded() -> None:
     message = _error(_raw(id=secret * 2, tier=5, variables={"a": 1, "b": 2, "c": 3, "d": 4}))
     assert "s3cr3t" not in message
     assert "and 3 more" in message and len(message) < 400
+
+
+def test_known_options_are_checked_and_others_pass_through() -> None:
+    options = {"max_tokens": 50, "temperature": 0.5, "top_p": 1, "seed": 7, "stop": "\n",
+               "response_format": {"type": "json_object"}, "logit_bias": {"50256": -100}, "n": 1}
+    job = decode_job(_raw(options=options))
+    assert job.options == options and isinstance(job.options, dict)
 
 
 def test_deadline_is_normalized_to_utc_and_encoded_with_z() -> None:
@@ -195,7 +211,11 @@ _jobs = st.builds(
     prompt=_text,
     variables=st.none() | st.dictionaries(_text, _text, max_size=3),
     # orjson reads integers beyond 64 bits as floats, so a decoded job never holds one
-    options=st.dictionaries(_text, st.integers(-(2**63), 2**63 - 1) | _text | st.booleans(), max_size=3),
+    options=st.dictionaries(
+        _text.filter(lambda k: k not in JobOptions.__annotations__),  # known keys are type-checked
+        st.integers(-(2**63), 2**63 - 1) | _text | st.booleans(),
+        max_size=3,
+    ),
     batch=st.booleans(),
     mode=st.sampled_from(["online", "offline"]),
     deadline=st.none() | st.datetimes(timezones=st.just(UTC)),

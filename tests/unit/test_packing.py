@@ -151,7 +151,10 @@ def test_unexpected_alias_discards_everything() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "I cannot help with that.", "{not json}", '"just a string"', "[1, 2, 3]", '[{"id": "ka1b"}]', "42"],
+    [
+        "", "I cannot help with that.", "{not json}", '"just a string"', "[1, 2, 3]", '[{"id": "ka1b"}]',
+        "42", "{}", '{"ka1b": null, "zz9q": null, "m0nx": null}', '{"answers": {}}',
+    ],
 )
 def test_malformed(text: str) -> None:
     verdict = parse_answer(text, ALIASES, "stop")
