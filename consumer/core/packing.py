@@ -44,11 +44,13 @@ from consumer.core.templates import find_data_marker
 
 __all__ = [
     "BATCH_INSTRUCTION",
+    "DEFAULT_PER_ITEM_OVERHEAD_TOKENS",
     "AnswerKind",
     "AnswerVerdict",
     "PackedPrompt",
     "answer_schema",
     "batch_max_tokens",
+    "items_line",
     "make_aliases",
     "pack",
     "parse_answer",

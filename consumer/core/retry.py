@@ -31,6 +31,7 @@ __all__ = [
     "JITTER_FRACTION",
     "MAX_HINTED_DELAY_S",
     "RetryPolicy",
+    "backoff_s",
     "error_kind_for",
     "retry_delay_s",
 ]
