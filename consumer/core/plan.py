@@ -17,7 +17,9 @@ Decisions:
 - a retryable `ProviderError` (rate limit, 5xx, 408, timeouts, connection errors,
   malformed responses) -> the same request again after `retry_delay_s`, until
   `max_attempts`, then every member fails `retries_exhausted`; a retry reuses the packed
-  prompt and its aliases (the answer to a failed request never reaches us);
+  prompt and its aliases (the answer to a failed request never reaches us). Exception: a
+  BATCHED request whose attempts all timed out is split in halves, each half getting one
+  last attempt (a too-big batch on a slow local server should not fail every member);
 - `AuthFailed` -> every member fails `auth_failed`;
 - `QuotaExhausted` -> `Step.pause_tier_s` asks the caller to pause the tier, and the same
   request is planned again with that delay (not counted as an attempt); once the pauses for
@@ -37,7 +39,7 @@ import random
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from consumer.core.errors import AuthFailed, ErrorKind, ProviderError, QuotaExhausted
+from consumer.core.errors import AuthFailed, ErrorKind, ProviderError, QuotaExhausted, RequestTimeout
 from consumer.core.packing import (
     DEFAULT_PER_ITEM_OVERHEAD_TOKENS,
     AnswerKind,
@@ -202,13 +204,13 @@ class RequestPlan:
         self._outstanding[req.seq] = req
         return req
 
-    def _halves(self, members: Sequence[Member]) -> list[PlannedRequest]:
+    def _halves(self, members: Sequence[Member], *, attempt: int = 1) -> list[PlannedRequest]:
         if not members:
             return []
         if len(members) == 1:
-            return [self._request(members)]
+            return [self._request(members, attempt=attempt)]
         mid = (len(members) + 1) // 2
-        return [self._request(members[:mid]), self._request(members[mid:])]
+        return [self._request(members[:mid], attempt=attempt), self._request(members[mid:], attempt=attempt)]
 
     def _take(self, req: PlannedRequest) -> None:
         if self._outstanding.pop(req.seq, None) is None:
@@ -294,6 +296,10 @@ class RequestPlan:
             if req.attempt < self._retry.max_attempts:
                 delay_s = retry_delay_s(req.attempt, error.hint, self._retry, self._rng)
                 step.requests += self._again(req, attempt=req.attempt + 1, delay_s=delay_s)
+            elif req.batched and isinstance(error, RequestTimeout):
+                # A batched request that keeps timing out is likely too big to finish in
+                # time: its halves get one last attempt each instead of failing everyone.
+                step.requests.extend(self._halves(self._live(req.members), attempt=req.attempt))
             else:
                 message = f"{type(error).__name__} after {req.attempt} attempts: {error.message}"
                 self._fail(step, req.members, ErrorKind.RETRIES_EXHAUSTED, message)

@@ -140,8 +140,8 @@ def test_truncated_down_to_single() -> None:
 @pytest.mark.parametrize(
     "error",
     [
-        RateLimited("429"), Overloaded("529"), ServerError("500"), RequestTimeout("timeout"),
-        ConnectionFailed("reset"), MalformedResponse("not json"),
+        RateLimited("429"), Overloaded("529"), ServerError("500"), ConnectionFailed("reset"),
+        MalformedResponse("not json"),  # RequestTimeout on a batch: see the split test below
     ],
 )
 def test_retryable_errors_retry_then_exhaust(error: ProviderError) -> None:
@@ -161,6 +161,23 @@ def test_retryable_errors_retry_then_exhaust(error: ProviderError) -> None:
     assert "after 3 attempts" in step.failed[0][2]
     assert plan.done and plan.attempts(plan.members[0]) == 3
     assert plan.last_error(plan.members[0]) is error
+
+
+def test_batched_request_that_keeps_timing_out_is_split_with_one_last_attempt_each() -> None:
+    plan = _plan(5)
+    (req,) = plan.start()
+    for _ in range(2):
+        (req,) = plan.on_error(req, RequestTimeout("read timeout")).requests
+    step = plan.on_error(req, RequestTimeout("read timeout"))
+    assert step.failed == []
+    first, second = step.requests
+    assert [len(first.members), len(second.members)] == [3, 2] and first.attempt == second.attempt == 3
+    step = plan.on_error(first, RequestTimeout("read timeout"))  # halves again
+    assert [len(r.members) for r in step.requests] == [2, 1]
+    single = step.requests[1]
+    step = plan.on_error(single, RequestTimeout("read timeout"))  # a single has no split left
+    assert [k for _, k, _ in step.failed] == [ErrorKind.RETRIES_EXHAUSTED]
+    assert plan.attempts(single.members[0]) == 5
 
 
 def test_retry_reuses_the_packed_prompt_and_honours_retry_after() -> None:
@@ -341,7 +358,7 @@ def test_any_model_behaviour_ends_every_member_exactly_once(n: int, seed: int, m
             break
         req = queue.pop(rnd.randrange(len(queue)))  # outcomes arrive in any order
         sent += 1
-        if req.attempt > 1 or req.quota_waited_s > 0:
+        if req.delay_s > 0:  # a re-send (backoff or quota pause); splits and re-asks go at once
             retries += 1
         outcome = _model(req, rnd)
         if isinstance(outcome, ProviderError):
