@@ -22,11 +22,14 @@ Decisions:
   last attempt (a too-big batch on a slow local server should not fail every member);
 - `AuthFailed` -> every member fails `auth_failed`;
 - `QuotaExhausted` -> `Step.pause_tier_s` asks the caller to pause the tier, and the same
-  request is planned again with that delay (not counted as an attempt); once the pauses for
-  it would exceed `quota_max_wait_s`, its members fail `quota_exhausted`;
+  request is planned again with that delay (it does not use up `max_attempts`, though
+  `attempts(member)` counts it as sent); once the pauses for it would exceed
+  `quota_max_wait_s`, its members fail `quota_exhausted`;
 - any other permanent error (`Rejected`: content rejected, context too long) on a batched
   request may come from one member: split in halves; on an ordinary request the member
   fails `provider_rejected` (rule 8).
+
+`cancel` ends chosen members (deadline passed, shutdown); later outcomes never touch them.
 
 Every member ends exactly once (answered or failed). Without retries, a plan for N members
 sends at most 2N-1 requests: every request either ends at least one member or splits its
