@@ -7,6 +7,7 @@ Routes (the official `openai` and `anthropic` SDKs parse the answers):
     Anthropic  POST /v1/messages              POST /v1/messages/batches GET /v1/messages/batches/{id}
                GET  /v1/messages/batches/{id}/results                   POST /v1/messages/batches/{id}/cancel
     Control    GET  /_sim/stats (counters as JSON)                      POST /_sim/reset
+               POST /_sim/config {knob: value, ...} changes faults while running (names as in --faults)
 
 The model (deterministic, so a test can check every answer went to the right job)
 ---------------------------------------------------------------------------------
@@ -505,6 +506,7 @@ class SimulatorApp:
             Route("/v1/messages/batches/{batch_id}/cancel", self.anthropic_cancel_batch, methods=["POST"]),
             Route("/_sim/stats", self.stats, methods=["GET"]),
             Route("/_sim/reset", self.reset_route, methods=["POST"]),
+            Route("/_sim/config", self.config_route, methods=["GET", "POST"]),
         ]
         self.app = Starlette(routes=routes)
 
@@ -517,6 +519,14 @@ class SimulatorApp:
         self.batches: dict[str, _Batch] = {}
         self._ids = 0
         self._sem = asyncio.Semaphore(self.config.capacity) if self.config.capacity > 0 else None
+
+    def configure(self, config: SimulatorConfig) -> None:
+        """Use `config` from now on (counters, files and batches are kept; requests already
+        waiting for a capacity slot keep the old limit)."""
+        capacity_changed = config.capacity != self.config.capacity
+        self.config = config
+        if capacity_changed:
+            self._sem = asyncio.Semaphore(config.capacity) if config.capacity > 0 else None
 
     def _id(self, prefix: str) -> str:
         self._ids += 1
@@ -532,6 +542,24 @@ class SimulatorApp:
         """POST /_sim/reset."""
         self.reset()
         return JSONResponse({"ok": True})
+
+    async def config_route(self, request: Request) -> Response:
+        """GET /_sim/config: the knobs; POST {knob: value, ...} (names as in --faults) changes them."""
+        if request.method == "POST":
+            try:
+                changes = orjson.loads(await request.body() or b"{}")
+                if not isinstance(changes, dict):
+                    raise ValueError("body must be a JSON object of knob: value")
+                text = ",".join(
+                    f"{k}={'' if v is None else str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in changes.items()
+                )
+                self.configure(parse_faults(text, self.config))
+            except (orjson.JSONDecodeError, ValueError) as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+        shown = {f.name: getattr(self.config, f.name) for f in fields(SimulatorConfig)}
+        shown["api_key"] = "(set)" if self.config.api_key else None
+        return JSONResponse(shown)
 
     # -------- shared request path
 
@@ -1279,6 +1307,12 @@ class SimulatorServer:
         self._server = None
         self._task = None
 
+    def configure(self, **changes: Any) -> SimulatorConfig:
+        """Change knobs while serving (field names of SimulatorConfig); returns the new config."""
+        self.config = replace(self.sim.config, **changes)
+        self.sim.configure(self.config)
+        return self.config
+
     async def __aenter__(self) -> str:
         return await self.start()
 
@@ -1330,7 +1364,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Run the fake provider server (OpenAI + Anthropic wire formats).\n"
         "OpenAI base URL: http://HOST:PORT/v1   Anthropic base URL: http://HOST:PORT\n"
-        "Counters: GET /_sim/stats; reset: POST /_sim/reset.\n\n"
+        "Counters: GET /_sim/stats; reset: POST /_sim/reset;\n"
+        "change knobs while running: POST /_sim/config with a JSON object {name: value}.\n\n"
         "--faults takes comma-separated name=value pairs, e.g.\n"
         "  --faults 5xx=0.05,429_rpm=600,malformed=0.1\n"
         "Rates are probabilities in [0, 1]. Names (aliases) and meaning:\n" + names + "\n\n"

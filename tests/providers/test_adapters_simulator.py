@@ -474,3 +474,21 @@ async def test_stats_reset() -> None:
             assert (await stats(url))["routes"] == {"POST /v1/chat/completions": 1}
         finally:
             await provider.aclose()
+
+
+async def test_faults_change_while_running() -> None:
+    async with simulator(parse_faults("billing=1")) as (url, server):
+        provider = make("openai", url)
+        try:
+            with pytest.raises(QuotaExhausted):
+                await provider.complete(req("Classify:\nx"))
+            async with httpx.AsyncClient() as client:
+                shown = (await client.post(url + "/_sim/config", json={"billing": 0, "5xx": 1})).json()
+                assert shown["billing_rate"] == 0 and shown["error_rate"] == 1
+                assert (await client.post(url + "/_sim/config", json={"bogus": 1})).status_code == 400
+            with pytest.raises(ServerError):
+                await provider.complete(req("Classify:\nx"))
+            server.configure(error_rate=0.0)  # the programmatic way
+            assert (await provider.complete(req("Classify:\nx"))).text == answer_for("x")
+        finally:
+            await provider.aclose()
