@@ -18,11 +18,17 @@ Sizing (documented defaults, both overridable):
   longer than the context is refused with HTTP 400 (promptbus: `provider_rejected`, so a
   batched request is split). The KV cache for 8192 tokens is ~190 MB (30 layers x 3 KV
   heads x 64 dims x 2 (K,V) x f16); the whole server uses ~400 MB RSS.
-- threads `n_threads` = all CPU cores (`os.cpu_count()`), for generation and for prompt
-  processing. llama-cpp-python's server runs ONE request at a time (a lock around the
-  model, no parallel slots), so one request may use every core; concurrent requests queue
-  in the server and their latency grows linearly with the queue. More throughput needs
-  more server processes (each on its own port), not more concurrency.
+- threads: `n_threads` (generating tokens) = half the cores, at least 1; `n_threads_batch`
+  (reading the prompt) = all cores. Decoding one token of a 135M model is memory-bound
+  and barely gains from a second thread, while prompt reading is compute-bound; and on a
+  small machine the Kafka broker and promptbus share the cores, where a spinning second
+  generation thread slows everything. Measured on 2 shared cores (load 3.5-5.8): single
+  classification median 205-215 ms with 1/2 threads, 272-462 ms with 1/1, 172-288 ms with 2/2.
+- llama-cpp-python's server runs ONE request at a time (a lock around the model, no
+  parallel slots): concurrent requests queue in the server, throughput stays flat and
+  latency grows with the queue. More throughput needs more server processes (each on its
+  own port), not more concurrency; a promptbus tier on this server gains nothing from a
+  concurrency limit above 1-2.
 
 The model id the server reports (`/v1/models`, and the `model:` key of a tier file) is the
 stable alias `MODEL_ALIAS` (`smollm2-135m-instruct`), whatever the file path is.
@@ -87,7 +93,12 @@ class LocalModelError(PromptbusError):
 
 
 def default_threads() -> int:
-    """Threads for the server: every core, because the server serves one request at a time."""
+    """Generation threads: half the cores (at least 1); see the module docstring for why."""
+    return max((os.cpu_count() or 1) // 2, 1)
+
+
+def default_batch_threads() -> int:
+    """Prompt-processing threads: every core."""
     return max(os.cpu_count() or 1, 1)
 
 
@@ -237,7 +248,7 @@ class ServerInfo:
     pid: the server process (leader of its own process group).
     host / port: where it listens. base_url: `http://HOST:PORT/v1` for a tier's `base_url`.
     model: the id the server reports (`MODEL_ALIAS`). log_path: its stdout+stderr.
-    n_ctx / n_threads: how it was started. started_at: Unix time of the start.
+    n_ctx / n_threads / n_threads_batch: how it was started. started_at: Unix time of the start.
     """
 
     pid: int
@@ -248,6 +259,7 @@ class ServerInfo:
     log_path: str
     n_ctx: int
     n_threads: int
+    n_threads_batch: int
     started_at: float
 
 
@@ -296,13 +308,18 @@ def server_installed() -> bool:
 
 
 def server_command(
-    model_path: Path, *, host: str, port: int, n_ctx: int, n_threads: int, python: str | None = None
+    model_path: Path,
+    *,
+    host: str,
+    port: int,
+    n_ctx: int,
+    n_threads: int,
+    n_threads_batch: int,
+    python: str | None = None,
 ) -> list[str]:
     """The argv that starts llama-cpp-python's OpenAI-compatible server for the model.
 
-    n_threads_batch (prompt processing) equals n_threads: the server handles one request at
-    a time, so both phases may use every core. interrupt_requests is off so a new request
-    never cuts a streaming one short.
+    interrupt_requests is off so a new request never cuts a streaming one short.
     """
     return [
         python or sys.executable,
@@ -321,7 +338,7 @@ def server_command(
         "--n_threads",
         str(n_threads),
         "--n_threads_batch",
-        str(n_threads),
+        str(n_threads_batch),
         "--interrupt_requests",
         "False",
     ]
@@ -392,6 +409,7 @@ def serve(
     n_threads: int | None = None,
     wait_s: float = DEFAULT_WAIT_S,
     *,
+    n_threads_batch: int | None = None,
     model_path: Path | None = None,
     directory: Path | None = None,
 ) -> ServerHandle:
@@ -406,6 +424,7 @@ def serve(
     if not server_installed():
         raise LocalModelError(f"llama-cpp-python's server is not installed: {_INSTALL_HINT}")
     threads = n_threads if n_threads is not None else default_threads()
+    batch_threads = n_threads_batch if n_threads_batch is not None else default_batch_threads()
     if _port_in_use(host, port):
         raise LocalModelError(
             f"{host}:{port} is already in use; stop what runs there "
@@ -415,8 +434,13 @@ def serve(
     state = directory if directory is not None else state_dir()
     state.mkdir(parents=True, exist_ok=True)
     log_path = state / f"server-{port}.log"
-    cmd = server_command(model, host=host, port=port, n_ctx=n_ctx, n_threads=threads)
-    log.info("starting local model server on %s:%d (n_ctx=%d, n_threads=%d)", host, port, n_ctx, threads)
+    cmd = server_command(
+        model, host=host, port=port, n_ctx=n_ctx, n_threads=threads, n_threads_batch=batch_threads
+    )
+    log.info(
+        "starting local model server on %s:%d (n_ctx=%d, n_threads=%d, n_threads_batch=%d)",
+        host, port, n_ctx, threads, batch_threads,
+    )
     with log_path.open("wb") as log_fh:
         process = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True
@@ -431,6 +455,7 @@ def serve(
         log_path=str(log_path),
         n_ctx=n_ctx,
         n_threads=threads,
+        n_threads_batch=batch_threads,
         started_at=time.time(),
     )
     path = pid_path(port, state)
@@ -505,7 +530,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--n-ctx", type=int, default=DEFAULT_N_CTX, help="context size in tokens (default %(default)s)"
     )
     srv.add_argument(
-        "--n-threads", type=int, default=None, help=f"CPU threads (default: all cores, {default_threads()})"
+        "--n-threads",
+        type=int,
+        default=None,
+        help=f"threads generating tokens (default: half the cores, {default_threads()})",
+    )
+    srv.add_argument(
+        "--n-threads-batch",
+        type=int,
+        default=None,
+        help=f"threads reading the prompt (default: all cores, {default_batch_threads()})",
     )
     srv.add_argument(
         "--wait-s",
@@ -565,11 +599,14 @@ def _serve_command(args: argparse.Namespace) -> int:
         )
         return 0
     started = time.monotonic()
-    handle = serve(args.host, args.port, args.n_ctx, args.n_threads, args.wait_s)
+    handle = serve(
+        args.host, args.port, args.n_ctx, args.n_threads, args.wait_s, n_threads_batch=args.n_threads_batch
+    )
     info = handle.info
     print(
         f"local model server ready in {time.monotonic() - started:.1f} s: pid {info.pid}, "
-        f"base_url {info.base_url}, model {info.model}, n_ctx {info.n_ctx}, n_threads {info.n_threads}, "
+        f"base_url {info.base_url}, model {info.model}, n_ctx {info.n_ctx}, "
+        f"n_threads {info.n_threads} (batch {info.n_threads_batch}), "
         f"log {info.log_path}"
     )
     if not args.foreground:
