@@ -188,7 +188,10 @@ def kafka_bootstrap() -> Iterator[str]:
         yield from_env
         return
     if _docker_answers():
-        from testcontainers.kafka import KafkaContainer
+        try:
+            from testcontainers.community.kafka import KafkaContainer
+        except ImportError:  # testcontainers before the "community" split
+            from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer() as container:
             yield container.get_bootstrap_server()
