@@ -17,7 +17,7 @@ Sizing (documented defaults, both overridable):
 - context size `n_ctx` = 8192 tokens, the context SmolLM2 was trained with. A prompt
   longer than the context is refused with HTTP 400 (promptbus: `provider_rejected`, so a
   batched request is split). The KV cache for 8192 tokens is ~190 MB (30 layers x 3 KV
-  heads x 64 dims x 2 (K,V) x f16); the whole server uses ~400 MB RSS.
+  heads x 64 dims x 2 (K,V) x f16); the server measured 643 MB RSS with n_ctx 8192.
 - threads: `n_threads` (generating tokens) = half the cores, at least 1; `n_threads_batch`
   (reading the prompt) = all cores. Decoding one token of a 135M model is memory-bound
   and barely gains from a second thread, while prompt reading is compute-bound; and on a
