@@ -10,6 +10,7 @@ import signal
 import socket
 import uuid
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from consumer.core.errors import ConfigError
@@ -17,6 +18,7 @@ from consumer.kafka.admin import ensure_topics
 from consumer.kafka.intake import KafkaIntake
 from consumer.kafka.publisher import StatsPublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
+from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, make_http_client
 from consumer.runtime.metrics import MetricsServer, build_app
 from consumer.runtime.offline import BatchTracker, OfflineCollector
@@ -43,7 +45,6 @@ class Service:
     stats: ServiceStats
     pipeline: Pipeline
     sink: OutcomeSink
-    closers: list[Any] = field(default_factory=list)
 
 
 def validate_keys(tier_file: TierFile, *, strict: bool = True) -> list[str]:
@@ -60,11 +61,19 @@ def validate_keys(tier_file: TierFile, *, strict: bool = True) -> list[str]:
     return problems
 
 
-def build_tiers(tier_file: TierFile, stats: ServiceStats) -> tuple[dict[str, TierRuntime], list[Any]]:
-    """One TierRuntime per configured tier; also returns the HTTP clients to close."""
+def build_tiers(
+    tier_file: TierFile, stats: ServiceStats, providers: dict[str, CompletionProvider] | None = None
+) -> tuple[dict[str, TierRuntime], list[Any]]:
+    """One TierRuntime per configured tier; also returns the HTTP clients to close.
+
+    `providers` replaces the HTTP adapters of the tiers it names (tests and benchmarks).
+    """
     tiers: dict[str, TierRuntime] = {}
     clients: list[Any] = []
     for name, config in tier_file.tiers.items():
+        if providers and name in providers:
+            tiers[name] = TierRuntime.build(name, config, providers[name], stats.tier(name))
+            continue
         client = make_http_client(config)
         clients.append(client)
         provider = build_provider(name, config, client)
@@ -132,6 +141,8 @@ async def run_service(
     stop: asyncio.Event | None = None,
     tracer_provider: Any = None,
     install_signal_handlers: bool = True,
+    providers: dict[str, CompletionProvider] | None = None,
+    on_started: Callable[[Service], None] | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop`), drain, commit, return 0."""
     stop = stop or asyncio.Event()
@@ -143,7 +154,7 @@ async def run_service(
     for topic, state in report.items():
         log.info("topic %s: %s", topic, state)
 
-    tiers, clients = build_tiers(tier_file, stats)
+    tiers, clients = build_tiers(tier_file, stats, providers)
     intake = KafkaIntake(settings, client_id=f"promptbus-{instance}")
     make_producer = kafka_producer_factory(settings, client_id=f"promptbus-{instance}")
     sink: OutcomeSink
@@ -178,6 +189,8 @@ async def run_service(
                 build_app(stats, pipeline.ready.is_set), settings.metrics_port, host=settings.metrics_host
             )
             await metrics.start()
+        if on_started is not None:
+            on_started(Service(settings, tier_file, stats, pipeline, sink))
         log.info(
             "promptbus %s running: group %s, %s, tiers %s",
             instance,

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import TopicPartition
@@ -53,6 +54,20 @@ async def submit_jobs(
     return sent
 
 
+async def topic_partitions(settings: Settings, topic: str) -> list[int]:
+    """Partition ids of a topic (empty when it does not exist)."""
+    admin = AIOKafkaAdminClient(**client_kwargs(settings))
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    for t in described:
+        if t.get("topic") == topic and not t.get("error_code"):
+            return sorted(p["partition"] for p in t.get("partitions", []))
+    return []
+
+
 async def read_topic(
     settings: Settings, topic: str, *, from_beginning: bool, follow: bool, idle_stop_s: float = 1.0
 ) -> AsyncIterator[tuple[bytes | None, bytes | None]]:
@@ -66,12 +81,9 @@ async def read_topic(
         max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
         **client_kwargs(settings),
     )
+    partitions = await topic_partitions(settings, topic)
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        if not partitions:
-            await consumer.topics()  # refresh metadata once
-            partitions = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         if not tps:
             return

@@ -35,6 +35,8 @@ CommitFn = Callable[[dict[TopicPartition, int]], Awaitable[None]]
 
 #: how often ready offsets are committed (at_least_once) or transactions closed (exactly_once)
 COMMIT_INTERVAL_S = 0.2
+#: one commit may not take longer than this; it is retried on the next round
+COMMIT_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +243,7 @@ class AtLeastOnceSink(_SinkBase):
         if partitions is not None:
             ready = {tp: off for tp, off in ready.items() if tp in partitions}
         if ready:
-            await self._commit(ready)
+            await asyncio.wait_for(self._commit(ready), COMMIT_TIMEOUT_S)
             self._tracker.mark_committed(ready)
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:

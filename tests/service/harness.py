@@ -1,0 +1,249 @@
+"""Helpers for service tests: unique topics, producing jobs, collecting outcomes, running the service.
+
+The service runs either in-process (`InProcessService`, for fast tests that also inspect
+stats) or as a real `promptbus run` subprocess (`ServiceProcess`, for SIGKILL and two-instance
+tests). Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from consumer.app import run_service
+from consumer.kafka.admin import TopicSpec, ensure_topics
+from consumer.kafka.clients import read_topic, submit_jobs
+from consumer.providers.base import CompletionProvider
+from consumer.settings import Settings, parse_tier_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def service_env(bootstrap: str, *, partitions: int = 4, guarantee: str = "at_least_once",
+                **extra: Any) -> dict[str, str]:
+    """PROMPTBUS_* variables for one test: unique topics and group."""
+    sfx = uuid.uuid4().hex[:8]
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "PROMPTBUS_GROUP_ID": f"pb-{sfx}",
+        "PROMPTBUS_JOBS_TOPIC": f"jobs-{sfx}",
+        "PROMPTBUS_RESULTS_TOPIC": f"results-{sfx}",
+        "PROMPTBUS_DLQ_TOPIC": f"dlq-{sfx}",
+        "PROMPTBUS_BATCHES_TOPIC": f"batches-{sfx}",
+        "PROMPTBUS_STATS_TOPIC": f"stats-{sfx}",
+        "PROMPTBUS_TOPIC_PARTITIONS": str(partitions),
+        "PROMPTBUS_PROCESSING_GUARANTEE": guarantee,
+        "PROMPTBUS_STATS_INTERVAL_S": "0.5",
+        "PROMPTBUS_SHUTDOWN_TIMEOUT_S": "10",
+        "PROMPTBUS_REVOKE_TIMEOUT_S": "5",
+    }
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def settings_from_env(env: Mapping[str, str]) -> Settings:
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        return Settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def tier_file_dict(base_url: str, *, batching: bool = True, max_items: int = 10, limiter: str = "aimd",
+                   provider: str = "openai_compat", **tier: Any) -> dict[str, Any]:
+    return {
+        "tiers": {
+            "small": {
+                "provider": provider,
+                "base_url": base_url,
+                "model": "sim-model",
+                "timeout_s": tier.pop("timeout_s", 5),
+                "batching": {"enabled": batching, "max_items": max_items, "window_ms": 50, "max_wait_ms": 500},
+                "limiter": {"algorithm": limiter, "initial": 8, "min": 1, "max": 64},
+                "retry": tier.pop("retry", {"max_attempts": 6, "backoff_initial_s": 0.05, "backoff_max_s": 1}),
+                **tier,
+            }
+        }
+    }
+
+
+def job(i: int, *, batch: bool, tier: str = "small", text: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A classification job whose input is after a data-marker line (the simulator reads it there)."""
+    return {
+        "id": f"job-{i}",
+        "tier": tier,
+        "prompt": "Classify the sentiment of the text.\nTEXT:\n${text}",
+        "variables": {"text": text if text is not None else f"text number {i}"},
+        "batch": batch,
+        **extra,
+    }
+
+
+async def create_topics(settings: Settings) -> None:
+    await ensure_topics(settings)
+
+
+async def produce(settings: Settings, jobs: Iterable[dict[str, Any] | bytes]) -> int:
+    def encode(j: dict[str, Any] | bytes) -> bytes:
+        return j if isinstance(j, bytes) else orjson.dumps(j)
+
+    def key_of(value: bytes) -> bytes | None:
+        with contextlib.suppress(Exception):
+            jid = orjson.loads(value).get("id")
+            if isinstance(jid, str):
+                return jid.encode()
+        return None
+
+    return await submit_jobs(settings, (encode(j) for j in jobs), key_of=key_of)
+
+
+@dataclass
+class Outcomes:
+    """Every result and dead letter read, per job id (duplicates kept to count them)."""
+
+    results: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    dead: dict[Any, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+
+    def ids(self) -> set[Any]:
+        return set(self.results) | set(self.dead)
+
+    def duplicates(self) -> dict[Any, int]:
+        counts: dict[Any, int] = defaultdict(int)
+        for jid, rs in self.results.items():
+            counts[jid] += len(rs)
+        for jid, ds in self.dead.items():
+            counts[jid] += len(ds)
+        return {k: v for k, v in counts.items() if v > 1}
+
+
+async def read_outcomes(settings: Settings) -> Outcomes:
+    out = Outcomes()
+    async for _, value in read_topic(settings, settings.results_topic, from_beginning=True, follow=False):
+        if value is not None:
+            r = orjson.loads(value)
+            out.results[r["id"]].append(r)
+    async for _, value in read_topic(settings, settings.dlq_topic, from_beginning=True, follow=False):
+        if value is not None:
+            d = orjson.loads(value)
+            out.dead[d["id"]].append(d)
+    return out
+
+
+async def wait_for_outcomes(settings: Settings, expected: set[Any], *, timeout_s: float,
+                            dead_expected: int = 0) -> Outcomes:
+    """Poll the result and dead-letter topics until every expected id has an outcome (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    outcomes = Outcomes()
+    while time.monotonic() < deadline:
+        outcomes = await read_outcomes(settings)
+        if expected <= outcomes.ids() and sum(len(v) for v in outcomes.dead.values()) >= dead_expected:
+            return outcomes
+        await asyncio.sleep(0.5)
+    return outcomes
+
+
+class InProcessService:
+    """`async with InProcessService(settings, tiers) as svc:` runs `run_service` in this loop."""
+
+    def __init__(self, settings: Settings, tier_file: dict[str, Any],
+                 providers: dict[str, CompletionProvider] | None = None, tracer_provider: Any = None) -> None:
+        self.settings = settings
+        self.tier_file = parse_tier_file(tier_file)
+        self.providers = providers
+        self.tracer_provider = tracer_provider
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[int] | None = None
+        self.stats: Any = None
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        assert self.stats is not None, "the service did not start"
+        return dict(self.stats.snapshot())
+
+    def _started(self, service: Any) -> None:
+        self.stats = service.stats
+        self.pipeline = service.pipeline
+
+    async def __aenter__(self) -> InProcessService:
+        """Start the service and wait (bounded) until it has joined the group."""
+        self.task = asyncio.create_task(
+            run_service(self.settings, self.tier_file, stop=self.stop, providers=self.providers,
+                        tracer_provider=self.tracer_provider, install_signal_handlers=False,
+                        on_started=self._started)
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.task.done():
+                self.task.result()  # raises what stopped it
+                raise RuntimeError("service exited during start")
+            if self.stats is not None and self.pipeline.ready.is_set():
+                return self
+            await asyncio.sleep(0.05)
+        await self.__aexit__(None, None, None)
+        raise TimeoutError("service did not start within 60 s")
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, timeout=60)
+
+
+class ServiceProcess:
+    """A real `promptbus run` process (python -m consumer.cli) with its own env and tier file."""
+
+    def __init__(self, env: Mapping[str, str], tier_file: dict[str, Any], workdir: Path, name: str = "svc") -> None:
+        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        self.config_path = workdir / f"{name}-tiers.yaml"
+        self.config_path.write_text(yaml.safe_dump(tier_file))
+        self.log_path = workdir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "consumer.cli", "run", "--config", str(self.config_path)],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no commit."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        """SIGTERM: graceful drain; returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout_s)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def ensure_stopped(self) -> None:
+        if self.alive():
+            with contextlib.suppress(Exception):
+                self.kill()
+
+
+__all__ = ["TopicSpec"]
