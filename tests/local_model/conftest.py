@@ -28,7 +28,8 @@ def require_server_installed() -> None:
     if not localmodel.server_installed():
         pytest.fail(
             "llama-cpp-python[server] is not installed, so the local model tests cannot run. "
-            "Install it with: pip install -e '.[local]' (make test does this)",
+            "Install it with deploy/local-model/build-llama-cpp.sh (fast build flags, cached wheel) "
+            "or pip install -e '.[local]'; make test does this",
             pytrace=False,
         )
 
