@@ -35,10 +35,18 @@ lint: venv
 	$(VENV)/bin/mypy tests/conftest.py $(wildcard tests/integration/test_broker_*.py)
 
 # One shell for the whole recipe so that the EXIT trap stops the broker this run started,
-# whether lint or the tests fail or the run is interrupted; the exit code is kept.
+# whether lint or the tests fail or the run is interrupted; the exit code is kept. The
+# 3-node cluster is the test fixture's to stop, but a killed pytest cannot, so it is
+# stopped here too when it was not running before.
+CLUSTER_HOME := .local/kafka-cluster
 test: venv
-	@started=0; \
-	stop_started() { if [ "$$started" = 1 ]; then $(KAFKA) stop; fi; }; \
+	@started=0; cluster_was_up=0; \
+	KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) status >/dev/null 2>&1 && cluster_was_up=1; \
+	stop_started() { \
+		if [ "$$started" = 1 ]; then $(KAFKA) stop; fi; \
+		if [ "$$cluster_was_up" = 0 ] && KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) status >/dev/null 2>&1; then \
+			KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) stop; fi; \
+	}; \
 	trap stop_started EXIT; trap 'exit 130' INT TERM; \
 	if [ -z "$${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then \
 		$(KAFKA) status >/dev/null 2>&1 || started=1; \
