@@ -36,6 +36,9 @@ class BatchingConfig(_Strict):
     max_input_chars: int = Field(32000, ge=1)
     window_ms: int = Field(100, ge=0)
     max_wait_ms: int = Field(2000, ge=0)
+    #: cap of a batched request's max_tokens (the model's output limit); the members' own
+    #: max_tokens add up to the batched request's budget, plus JSON overhead
+    max_output_tokens: int | None = Field(None, ge=1)
     #: how the batched answer's shape is enforced: auto uses what the provider supports
     structured: Literal["auto", "json_schema", "json_object", "tool", "off"] = "auto"
     #: adaptive batch size starts here (<= max_items); None means start at max_items
@@ -180,6 +183,8 @@ class Settings(BaseSettings):
     stats_topic: str = "promptbus.stats"
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
     max_inflight: int = Field(2000, ge=1)
+    #: a job record larger than this is dead-lettered (invalid_job) with its bytes, unread
+    max_job_bytes: int = Field(1024 * 1024, ge=1)
     shutdown_timeout_s: float = Field(30.0, ge=0)
     revoke_timeout_s: float = Field(10.0, ge=0)
     topic_partitions: int = Field(4, ge=1)

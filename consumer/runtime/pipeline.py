@@ -162,6 +162,10 @@ class Pipeline:
         ticket = self._sink.track(record.source)
         self._stats.items_in += 1
         raw = record.value if record.value is not None else b""
+        if len(raw) > self._settings.max_job_bytes:
+            message = f"job is {len(raw)} bytes, over max_job_bytes ({self._settings.max_job_bytes})"
+            self._reject(ticket, ErrorKind.INVALID_JOB, message, raw=raw, job_id=_key_text(record.key))
+            return
         try:
             job = decode_job(raw)
         except JobError as exc:
@@ -263,7 +267,7 @@ class Pipeline:
             variable=variable,
             retry=tier.retry_policy,
             rng=self._rng,
-            tier_max_tokens=_max_tokens(tier.config.options),
+            tier_max_tokens=tier.config.batching.max_output_tokens,
         )
         batched = len(ctxs) > 1
         if batched:
@@ -488,6 +492,17 @@ def _ctx(member: Member) -> JobContext:
     ref = member.ref
     assert isinstance(ref, JobContext)
     return ref
+
+
+def _key_text(key: bytes | None) -> str | None:
+    """The record key as a job id hint (producers key jobs by id)."""
+    if not key:
+        return None
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if len(text) <= 256 else None
 
 
 def _max_tokens(options: dict[str, Any]) -> int | None:

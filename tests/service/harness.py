@@ -33,8 +33,9 @@ from consumer.settings import Settings, parse_tier_file
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def service_env(bootstrap: str, *, partitions: int = 4, guarantee: str = "at_least_once",
-                **extra: Any) -> dict[str, str]:
+def service_env(
+    bootstrap: str, *, partitions: int = 4, guarantee: str = "at_least_once", **extra: Any
+) -> dict[str, str]:
     """PROMPTBUS_* variables for one test: unique topics and group."""
     sfx = uuid.uuid4().hex[:8]
     env = {
@@ -65,8 +66,15 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
         os.environ.update(saved)
 
 
-def tier_file_dict(base_url: str, *, batching: bool = True, max_items: int = 10, limiter: str = "aimd",
-                   provider: str = "openai_compat", **tier: Any) -> dict[str, Any]:
+def tier_file_dict(
+    base_url: str,
+    *,
+    batching: bool = True,
+    max_items: int = 10,
+    limiter: str = "aimd",
+    provider: str = "openai_compat",
+    **tier: Any,
+) -> dict[str, Any]:
     return {
         "tiers": {
             "small": {
@@ -74,9 +82,16 @@ def tier_file_dict(base_url: str, *, batching: bool = True, max_items: int = 10,
                 "base_url": base_url,
                 "model": "sim-model",
                 "timeout_s": tier.pop("timeout_s", 5),
-                "batching": {"enabled": batching, "max_items": max_items, "window_ms": 50, "max_wait_ms": 500},
+                "batching": {
+                    "enabled": batching,
+                    "max_items": max_items,
+                    "window_ms": 50,
+                    "max_wait_ms": 500,
+                },
                 "limiter": {"algorithm": limiter, "initial": 8, "min": 1, "max": 64},
-                "retry": tier.pop("retry", {"max_attempts": 6, "backoff_initial_s": 0.05, "backoff_max_s": 1}),
+                "retry": tier.pop(
+                    "retry", {"max_attempts": 6, "backoff_initial_s": 0.05, "backoff_max_s": 1}
+                ),
                 **tier,
             }
         }
@@ -145,8 +160,9 @@ async def read_outcomes(settings: Settings) -> Outcomes:
     return out
 
 
-async def wait_for_outcomes(settings: Settings, expected: set[Any], *, timeout_s: float,
-                            dead_expected: int = 0) -> Outcomes:
+async def wait_for_outcomes(
+    settings: Settings, expected: set[Any], *, timeout_s: float, dead_expected: int = 0
+) -> Outcomes:
     """Poll the result and dead-letter topics until every expected id has an outcome (bounded)."""
     deadline = time.monotonic() + timeout_s
     outcomes = Outcomes()
@@ -161,8 +177,13 @@ async def wait_for_outcomes(settings: Settings, expected: set[Any], *, timeout_s
 class InProcessService:
     """`async with InProcessService(settings, tiers) as svc:` runs `run_service` in this loop."""
 
-    def __init__(self, settings: Settings, tier_file: dict[str, Any],
-                 providers: dict[str, CompletionProvider] | None = None, tracer_provider: Any = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        tier_file: dict[str, Any],
+        providers: dict[str, CompletionProvider] | None = None,
+        tracer_provider: Any = None,
+    ) -> None:
         self.settings = settings
         self.tier_file = parse_tier_file(tier_file)
         self.providers = providers
@@ -182,9 +203,15 @@ class InProcessService:
     async def __aenter__(self) -> InProcessService:
         """Start the service and wait (bounded) until it has joined the group."""
         self.task = asyncio.create_task(
-            run_service(self.settings, self.tier_file, stop=self.stop, providers=self.providers,
-                        tracer_provider=self.tracer_provider, install_signal_handlers=False,
-                        on_started=self._started)
+            run_service(
+                self.settings,
+                self.tier_file,
+                stop=self.stop,
+                providers=self.providers,
+                tracer_provider=self.tracer_provider,
+                install_signal_handlers=False,
+                on_started=self._started,
+            )
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -206,7 +233,9 @@ class InProcessService:
 class ServiceProcess:
     """A real `promptbus run` process (python -m consumer.cli) with its own env and tier file."""
 
-    def __init__(self, env: Mapping[str, str], tier_file: dict[str, Any], workdir: Path, name: str = "svc") -> None:
+    def __init__(
+        self, env: Mapping[str, str], tier_file: dict[str, Any], workdir: Path, name: str = "svc"
+    ) -> None:
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.config_path = workdir / f"{name}-tiers.yaml"
         self.config_path.write_text(yaml.safe_dump(tier_file))
@@ -217,7 +246,10 @@ class ServiceProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "consumer.cli", "run", "--config", str(self.config_path)],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
         )
 
     def kill(self) -> None:

@@ -1,0 +1,179 @@
+"""Fault storm, poison input, deadlines and quota: every job ends exactly once, with the right kind."""
+
+from __future__ import annotations
+
+import base64
+
+import orjson
+import pytest
+
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
+from tests.service.harness import (
+    InProcessService,
+    job,
+    produce,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+    wait_for_outcomes,
+)
+
+pytestmark = pytest.mark.integration
+
+STORM = SimulatorConfig(
+    seed=7,
+    latency_ms=3,
+    error_rate=0.05,
+    overload_rate=0.03,
+    rpm=40,
+    rate_window_s=1.0,
+    hang_rate=0.01,
+    hang_s=30,
+    drop_rate=0.02,
+    malformed_rate=0.1,
+    truncated_rate=0.1,
+    missing_rate=0.1,
+    extra_rate=0.1,
+)
+
+
+async def test_fault_storm_every_job_ends_exactly_once_with_its_own_answer(kafka_bootstrap: str) -> None:
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=4))
+    tiers = tier_file_dict(
+        "",
+        max_items=8,
+        timeout_s=1.0,
+        retry={"max_attempts": 8, "backoff_initial_s": 0.05, "backoff_max_s": 0.5},
+    )
+    async with SimulatorServer(STORM) as base_url:
+        tiers["tiers"]["small"]["base_url"] = base_url + "/v1"
+        service = InProcessService(settings, tiers)
+        async with service:
+            jobs = [job(i, batch=(i % 4 != 0)) for i in range(300)]
+            await produce(settings, jobs)
+            outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=180)
+        stats = service.stats_snapshot()
+
+    ids = {j["id"] for j in jobs}
+    assert outcomes.ids() == ids
+    assert outcomes.duplicates() == {}
+    for j in jobs:
+        if j["id"] in outcomes.results:
+            assert outcomes.results[j["id"]][0]["output"] == answer_for(j["variables"]["text"]), j["id"]
+        else:
+            (dead,) = outcomes.dead[j["id"]]
+            # only transient faults were injected: a job can only fail by running out of attempts
+            assert dead["error"]["kind"] == "retries_exhausted", dead
+            assert dead["job"]["id"] == j["id"]
+    tier = stats["tiers"]["small"]
+    assert tier["rate_limited"] > 0, "the storm must have produced 429s"
+    assert tier["splits"] + tier["reasks"] > 0, "bad batched answers must have been split or re-asked"
+    assert len(outcomes.results) >= 0.9 * len(jobs)
+
+
+async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_bootstrap: str) -> None:
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=2))
+    huge = orjson.dumps(job(99, batch=False, text="x" * (2 * 1024 * 1024)))
+    poison: dict[str, bytes] = {
+        "not-utf8": b"\xff\xfe\xfa not utf-8",
+        "not-json": b"{this is not json",
+        "wrong-types": orjson.dumps({"id": "wrong-types", "tier": "small", "prompt": 42}),
+        "unknown-tier": orjson.dumps({"id": "unknown-tier", "tier": "nope", "prompt": "hello"}),
+        "template": orjson.dumps(
+            {"id": "template", "tier": "small", "prompt": "hi ${a}", "variables": {"b": "1"}}
+        ),
+        "huge": huge,
+    }
+    good = [job(i, batch=True) for i in range(5)]
+    async with SimulatorServer(SimulatorConfig()) as base_url:
+        async with InProcessService(settings, tier_file_dict(base_url + "/v1")):
+            await produce(
+                settings,
+                [
+                    poison["not-utf8"],
+                    poison["not-json"],
+                    poison["wrong-types"],
+                    poison["unknown-tier"],
+                    poison["template"],
+                    poison["huge"],
+                    *good,
+                ],
+            )
+            outcomes = await wait_for_outcomes(
+                settings, {g["id"] for g in good}, timeout_s=60, dead_expected=6
+            )
+
+    assert set(outcomes.results) == {g["id"] for g in good}, "the service must keep running after poison"
+    dead = [d for ds in outcomes.dead.values() for d in ds]
+    assert len(dead) == 6
+    by_raw = {base64.b64decode(d["raw"]): d for d in dead}
+    assert set(by_raw) == set(poison.values()), "every dead letter carries the original bytes"
+    kinds = {name: by_raw[raw]["error"]["kind"] for name, raw in poison.items()}
+    assert kinds == {
+        "not-utf8": "invalid_job",
+        "not-json": "invalid_job",
+        "wrong-types": "invalid_job",
+        "unknown-tier": "unknown_tier",
+        "template": "template_error",
+        "huge": "invalid_job",
+    }
+    assert "UTF-8" in by_raw[poison["not-utf8"]]["error"]["message"]
+    assert "prompt" in by_raw[poison["wrong-types"]]["error"]["message"]
+    assert "nope" in by_raw[poison["unknown-tier"]]["error"]["message"]
+    assert "max_job_bytes" in by_raw[poison["huge"]]["error"]["message"]
+    assert by_raw[poison["huge"]]["id"] == "job-99", "the record key names the job"
+    assert by_raw[poison["not-json"]]["id"] is None
+
+
+async def test_deadline_passed_and_auth_failure_dead_letter_with_their_kinds(kafka_bootstrap: str) -> None:
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    async with SimulatorServer(SimulatorConfig(api_key="right-key")) as base_url:
+        tiers = tier_file_dict(base_url + "/v1", api_key_env="PB_TEST_WRONG_KEY")
+        import os
+
+        os.environ["PB_TEST_WRONG_KEY"] = "wrong-key"
+        try:
+            async with InProcessService(settings, tiers):
+                late = job(1, batch=False, deadline="2001-01-01T00:00:00Z")
+                unauthorized = [job(i, batch=True) for i in range(2, 6)]
+                await produce(settings, [late, *unauthorized])
+                outcomes = await wait_for_outcomes(
+                    settings, {"job-1", "job-2", "job-3", "job-4", "job-5"}, timeout_s=60
+                )
+        finally:
+            del os.environ["PB_TEST_WRONG_KEY"]
+    assert outcomes.dead["job-1"][0]["error"]["kind"] == "deadline_exceeded"
+    for i in range(2, 6):
+        (d,) = outcomes.dead[f"job-{i}"]
+        assert d["error"]["kind"] == "auth_failed"
+        assert d["error"]["status_code"] == 401
+        assert "wrong-key" not in orjson.dumps(d).decode(), "the key never appears in a dead letter"
+    assert not outcomes.results
+
+
+async def test_quota_exhausted_pauses_only_its_tier_then_fails_its_jobs(kafka_bootstrap: str) -> None:
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=2))
+    async with (
+        SimulatorServer(SimulatorConfig(billing_rate=1.0)) as broke,
+        SimulatorServer(SimulatorConfig()) as ok,
+    ):
+        tiers = tier_file_dict(ok + "/v1")
+        tiers["tiers"]["broke"] = {
+            **tier_file_dict(broke + "/v1")["tiers"]["small"],
+            "retry": {"max_attempts": 3, "quota_cooldown_s": 0.3, "quota_max_wait_s": 1.0},
+        }
+        service = InProcessService(settings, tiers)
+        async with service:
+            broke_jobs = [job(i, batch=False, tier="broke") for i in range(4)]
+            fine_jobs = [job(i, batch=True) for i in range(10, 30)]
+            await produce(settings, [*broke_jobs, *fine_jobs])
+            outcomes = await wait_for_outcomes(
+                settings, {j["id"] for j in broke_jobs + fine_jobs}, timeout_s=60
+            )
+        stats = service.stats_snapshot()
+    for j in broke_jobs:
+        (d,) = outcomes.dead[j["id"]]
+        assert d["error"]["kind"] == "quota_exhausted"
+    assert set(outcomes.results) == {j["id"] for j in fine_jobs}
+    # the broke tier paused (more than one attempt per job was made across cool-downs)
+    assert stats["tiers"]["broke"]["provider_requests"] > len(broke_jobs)

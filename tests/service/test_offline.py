@@ -1,0 +1,70 @@
+"""Offline mode through the simulator's Batch API, with a service restart while the batch runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from consumer.kafka.clients import read_topic
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
+from tests.service.harness import (
+    InProcessService,
+    job,
+    produce,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+    wait_for_outcomes,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_offline_batch_survives_a_restart(kafka_bootstrap: str, provider: str) -> None:
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=2))
+    os.environ["PB_TEST_BATCH_KEY"] = "k"
+    sim = SimulatorConfig(seed=3, batch_delay_s=4.0, batch_error_rate=0.1)
+    try:
+        async with SimulatorServer(sim) as base_url:
+            tiers = tier_file_dict(
+                base_url + ("/v1" if provider == "openai" else ""),
+                provider=provider,
+                api_key_env="PB_TEST_BATCH_KEY",
+                offline={"enabled": True, "poll_s": 0.3, "collect_s": 0.3},
+            )
+            jobs = [job(i, batch=False, mode="offline") for i in range(30)]
+            async with InProcessService(settings, tiers):
+                await produce(settings, jobs)
+                # wait (bounded) until the batch is recorded on the batches topic, then stop the service
+                deadline = time.monotonic() + 30
+                recorded = 0
+                while time.monotonic() < deadline and recorded == 0:
+                    recorded = len(
+                        [
+                            v
+                            async for _, v in read_topic(
+                                settings, settings.batches_topic, from_beginning=True, follow=False
+                            )
+                            if v is not None
+                        ]
+                    )
+                    await asyncio.sleep(0.2)
+                assert recorded >= 1
+            # the batch is still running at the provider; a new instance resumes tracking it
+            async with InProcessService(settings, tiers):
+                outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
+    finally:
+        del os.environ["PB_TEST_BATCH_KEY"]
+
+    assert outcomes.ids() == {j["id"] for j in jobs}
+    assert outcomes.duplicates() == {}
+    for j in jobs:
+        if j["id"] in outcomes.results:
+            assert outcomes.results[j["id"]][0]["output"] == answer_for(j["variables"]["text"])
+        else:
+            assert outcomes.dead[j["id"]][0]["error"]["kind"] == "batch_failed"
+    assert 0 < len(outcomes.dead) < len(jobs), "about 10% of items were errored by the simulator"
