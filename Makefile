@@ -1,7 +1,7 @@
 # promptbus developer and CI entry points. `make test` is what .ci/run runs.
 #
 #   make venv          create .venv (if missing) and install promptbus with dev extras;
-#                      re-installs when pyproject.toml changes
+#                      re-installs when pyproject.toml changes; then the local model server
 #   make lint          ruff check + mypy
 #   make test          venv, start the local Kafka broker unless KAFKA_BOOTSTRAP_SERVERS is
 #                      set, run lint and pytest, stop the broker it started (always)
@@ -20,7 +20,13 @@ PYTEST_ARGS ?=
 
 .PHONY: venv lint test broker-start broker-stop broker-status
 
+# The local-model tests need llama-cpp-python's server (the `local` extra), which has no
+# prebuilt wheel: deploy/local-model/build-llama-cpp.sh builds it once per machine into a
+# wheel cache and installs it; when it is installed already it returns in about a second.
+LOCAL_MODEL_SETUP := deploy/local-model/build-llama-cpp.sh
+
 venv: $(VENV_STAMP)
+	@if [ -x $(LOCAL_MODEL_SETUP) ]; then $(LOCAL_MODEL_SETUP) $(PY); fi
 
 $(VENV_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -68,3 +74,13 @@ broker-stop:
 
 broker-status:
 	@$(KAFKA) status
+
+# `make demo`: the main job end to end (examples/demo.py). DEMO_PROVIDER=simulator skips the
+# local model and uses the provider simulator instead.
+.PHONY: demo schemas
+demo: venv
+	$(PY) examples/demo.py
+
+# Regenerate schemas/*.json from the message and tier-file models (a test fails on drift).
+schemas: venv
+	$(PY) -m consumer.core.schema_gen

@@ -36,12 +36,14 @@ def _tier_file(args: argparse.Namespace) -> Any:
     return load_tier_file(path)
 
 
-def _configure_logging(level: str) -> None:
+def _configure_logging(level: str, *, kafka_level: str = "ERROR") -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    # aiokafka logs recoverable broker hiccups (leader moves, coordinator changes) at WARNING/ERROR
+    # and retries them itself; they are noise unless debugging
+    logging.getLogger("aiokafka").setLevel(logging.DEBUG if level.upper() == "DEBUG" else kafka_level)
 
 
 # ---------------------------------------------------------------- run / check-config
@@ -119,13 +121,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from consumer.kafka.admin import ensure_topics
     from consumer.kafka.clients import submit_jobs
 
+    _configure_logging("WARNING", kafka_level="CRITICAL")
     settings = _settings(args)
     started = time.monotonic()
     last = [0.0]
 
     def progress(n: int) -> None:
         now = time.monotonic()
-        if args.file and (now - last[0] > 0.5):
+        if args.file and sys.stderr.isatty() and (now - last[0] > 0.5):
             last[0] = now
             print(
                 f"\rsubmitted {n} jobs ({n / max(now - started, 1e-6):.0f}/s)",
@@ -148,6 +151,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_results(args: argparse.Namespace) -> int:
     from consumer.kafka.clients import read_topic
 
+    _configure_logging("WARNING", kafka_level="CRITICAL")
     settings = _settings(args)
     topic = settings.dlq_topic if args.dlq else settings.results_topic
 
@@ -187,6 +191,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from consumer.kafka.clients import read_stats_snapshots
     from consumer.runtime.stats import merge_snapshots
 
+    _configure_logging("WARNING", kafka_level="CRITICAL")
     settings = _settings(args)
     snapshots = asyncio.run(read_stats_snapshots(settings))
     merged = merge_snapshots(snapshots, now_s=time.time(), live_within_s=3 * settings.stats_interval_s + 5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -42,6 +43,20 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     ]
 
 
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], timeout_s: float = 15.0) -> None:
+    """New topics answer produce requests only once every partition has a leader."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        described = await admin.describe_topics(topics)
+        if all(
+            not t.get("error_code") and t.get("partitions") and all(p["leader"] >= 0 for p in t["partitions"])
+            for t in described
+        ):
+            return
+        await asyncio.sleep(0.1)
+    log.warning("topics %s still have partitions without a leader after %.0f s", topics, timeout_s)
+
+
 async def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> dict[str, str]:
     """Create missing topics; return {topic: "created" | "exists"} for the startup report."""
     specs = specs if specs is not None else topic_specs(settings)
@@ -63,6 +78,7 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None
                 else:
                     message = rest[0] if rest else ""
                     raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
+            await _wait_for_leaders(admin, [s.name for s in missing])
         return report
     finally:
         await admin.close()
