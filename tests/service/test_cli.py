@@ -1,0 +1,148 @@
+"""The `promptbus` command: check-config errors, and submit -> run -> results/stats through real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
+from tests.service.harness import ROOT, ServiceProcess, service_env, tier_file_dict
+
+PROMPTBUS = [sys.executable, "-m", "consumer.cli"]
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PROMPTBUS, *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    ("tiers", "key", "reason"),
+    [
+        ({"tiers": {"a": {"provider": "nope", "model": "m"}}}, "tiers.a.provider", "openai"),
+        (
+            {"tiers": {"a": {"provider": "openai", "model": "m", "batching": {"max_items": 0}}}},
+            "tiers.a.batching.max_items",
+            "greater than or equal to 1",
+        ),
+        (
+            {"tiers": {"a": {"provider": "openai", "model": "m", "limiter": {"initial": 99, "max": 8}}}},
+            "tiers.a.limiter",
+            "min <= initial <= max",
+        ),
+        (
+            {"tiers": {"a": {"provider": "openai", "model": "m", "typo_key": 1}}},
+            "tiers.a.typo_key",
+            "not permitted",
+        ),
+        ({"tiers": {"a": {"provider": "openai_compat", "model": "m"}}}, "tiers.a", "base_url is required"),
+        ({"tiers": {}}, "tiers", "at least 1"),
+    ],
+)
+def test_check_config_names_the_bad_key(tmp_path: Path, tiers: dict, key: str, reason: str) -> None:
+    path = tmp_path / "tiers.yaml"
+    path.write_text(yaml.safe_dump(tiers))
+    proc = cli("check-config", "--config", str(path))
+    assert proc.returncode == 2
+    assert f"config error: {key}" in proc.stderr
+    assert reason in proc.stderr
+
+
+def test_check_config_accepts_the_example_and_run_refuses_a_missing_key(tmp_path: Path) -> None:
+    ok = cli("check-config", "--config", str(ROOT / "examples" / "tiers.yaml"))
+    assert ok.returncode == 0, ok.stderr
+    assert "tier small: openai_compat" in ok.stdout
+    path = tmp_path / "tiers.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"tiers": {"a": {"provider": "openai", "model": "m", "api_key_env": "PB_SURELY_UNSET_KEY"}}}
+        )
+    )
+    proc = cli("run", "--config", str(path), env={"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    assert proc.returncode == 2
+    assert "tiers.a.api_key_env" in proc.stderr and "PB_SURELY_UNSET_KEY" in proc.stderr
+
+
+def test_bad_yaml_and_missing_file_are_clear_errors(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("tiers: [unclosed")
+    assert "not valid YAML" in cli("check-config", "--config", str(path)).stderr
+    assert "cannot read" in cli("check-config", "--config", str(tmp_path / "none.yaml")).stderr
+
+
+@pytest.mark.integration
+def test_submit_run_results_stats_through_the_cli(kafka_bootstrap: str, tmp_path: Path) -> None:
+    env = service_env(kafka_bootstrap, partitions=2)
+    jobs_file = tmp_path / "jobs.jsonl"
+    texts = [f"cli text {i}" for i in range(12)]
+    jobs_file.write_bytes(
+        b"\n".join(
+            orjson.dumps(
+                {
+                    "id": f"cli-{i}",
+                    "tier": "small",
+                    "prompt": "Label it.\nTEXT:\n${t}",
+                    "variables": {"t": t},
+                    "batch": True,
+                }
+            )
+            for i, t in enumerate(texts)
+        )
+    )
+    with run_simulator(SimulatorConfig(latency_ms=5)) as base_url:
+        service = ServiceProcess(env, tier_file_dict(base_url + "/v1"), tmp_path)
+        service.start()
+        try:
+            sub = cli("submit", "--file", str(jobs_file), env=env)
+            assert sub.returncode == 0, sub.stderr
+            assert "submitted 12 jobs" in sub.stderr
+            one = cli(
+                "submit",
+                "--tier",
+                "small",
+                "--prompt",
+                "Label it.\nTEXT:\n${t}",
+                "--var",
+                "t=single",
+                "--id",
+                "cli-single",
+                env=env,
+            )
+            assert one.returncode == 0, one.stderr
+            assert one.stdout.strip() == "cli-single"
+            deadline = time.monotonic() + 60
+            results: dict[str, dict] = {}
+            while time.monotonic() < deadline and len(results) < 13:
+                out = cli("results", env=env)
+                results = {r["id"]: r for r in map(orjson.loads, out.stdout.splitlines())}
+                time.sleep(0.5)
+            assert set(results) == {f"cli-{i}" for i in range(12)} | {"cli-single"}, service.log_tail()
+            for i, t in enumerate(texts):
+                assert results[f"cli-{i}"]["output"] == answer_for(t)
+            assert results["cli-single"]["output"] == answer_for("single")
+            time.sleep(1.5)  # one more stats interval
+            stats = cli("stats", "--json", env=env)
+            merged = orjson.loads(stats.stdout)
+            assert merged["items_in"] == 13 and merged["results"] == 13
+            assert merged["tiers"]["small"]["requests_saved"] > 0
+            text = cli("stats", env=env).stdout
+            assert "items in: 13" in text and "saved=" in text
+        finally:
+            code = service.terminate(timeout_s=60) if service.alive() else None
+            service.ensure_stopped()
+    assert code == 0, service.log_tail()

@@ -1,0 +1,101 @@
+"""Tracing (traceparent continued, spans per job/request/provider call) and the metrics endpoints."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer
+from tests.service.harness import (
+    InProcessService,
+    job,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+    wait_for_outcomes,
+)
+
+pytestmark = pytest.mark.integration
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_bootstrap: str) -> None:
+    port = _free_port()
+    settings = settings_from_env(
+        service_env(
+            kafka_bootstrap, partitions=1, PROMPTBUS_METRICS_PORT=port, PROMPTBUS_METRICS_HOST="127.0.0.1"
+        )
+    )
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    jobs = [job(i, batch=True) for i in range(3)]
+    async with SimulatorServer(SimulatorConfig()) as base_url:
+        service = InProcessService(
+            settings, tier_file_dict(base_url + "/v1", max_items=3), tracer_provider=provider
+        )
+        async with service:
+            producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+            await producer.start()
+            try:
+                for i, j in enumerate(jobs):
+                    header = f"00-{TRACE_ID}-{i + 1:016x}-01".encode()
+                    await producer.send(
+                        settings.jobs_topic,
+                        orjson.dumps(j),
+                        key=j["id"].encode(),
+                        headers=[("traceparent", header)],
+                    )
+                await producer.flush()  # one produce batch: the three jobs arrive in one fetch
+            finally:
+                await producer.stop()
+            outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                metrics = (await client.get("/metrics")).text
+                health = await client.get("/healthz")
+                ready = await client.get("/readyz")
+
+    assert len(outcomes.results) == 3
+    spans = exporter.get_finished_spans()
+    job_spans = [s for s in spans if s.name == "promptbus.job"]
+    assert len(job_spans) == 3
+    assert {format(s.context.trace_id, "032x") for s in job_spans} == {TRACE_ID}, "traceparent continued"
+    request_spans = [s for s in spans if s.name == "promptbus.request"]
+    assert request_spans and max(len(s.links) for s in request_spans) == 3, "a batched request links its jobs"
+    linked = {link.context.span_id for s in request_spans for link in s.links}
+    assert {s.context.span_id for s in job_spans} <= linked
+    assert any(s.name == "provider.complete" and s.parent is not None for s in spans)
+
+    # every result carries its job span's traceparent
+    consumer = AIOKafkaConsumer(
+        settings.results_topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        batch = await consumer.getmany(timeout_ms=5000)
+        headers = [dict(r.headers) for rs in batch.values() for r in rs]
+    finally:
+        await consumer.stop()
+    assert len(headers) == 3
+    assert all(h["traceparent"].decode().split("-")[1] == TRACE_ID for h in headers)
+    assert all(h["promptbus-source"].decode().startswith(settings.jobs_topic + "/0/") for h in headers)
+
+    assert health.status_code == 200
+    assert ready.status_code == 200
+    assert 'promptbus_tier_provider_requests_total{tier="small"} 1.0' in metrics
+    assert 'promptbus_tier_requests_saved_total{tier="small"} 2.0' in metrics
+    assert "promptbus_results_total 3.0" in metrics
