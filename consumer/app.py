@@ -9,8 +9,8 @@ import random
 import signal
 import socket
 import uuid
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from consumer.core.errors import ConfigError
