@@ -184,6 +184,12 @@ def format_stats(merged: dict[str, Any]) -> str:
             f"retries={t.get('retries', 0)} 429s={t.get('rate_limited', 0)} limit={t.get('limit', 0)} "
             f"batch_size={t.get('batch_size', 0)}"
         )
+    for name, per_size in sorted(merged.get("agreement", {}).items()):
+        parts = [
+            f"size {size}: {c['agreed']}/{c['compared']}"
+            for size, c in sorted(per_size.items(), key=lambda kv: int(kv[0]))
+        ]
+        lines.append(f"tier {name} agreement (batched vs alone): " + ", ".join(parts))
     return "\n".join(lines)
 
 

@@ -67,6 +67,20 @@ class StatsCollector(Collector):
             for tier, ts in sorted(s.tiers.items()):
                 fam.add_metric([tier], getattr(ts, name))
             yield fam
+        compared = CounterMetricFamily(
+            "promptbus_tier_verify_compared",
+            "Batched answers compared with the job asked alone",
+            labels=["tier", "size"],
+        )
+        agreed = CounterMetricFamily(
+            "promptbus_tier_verify_agreed", "Compared batched answers that agreed", labels=["tier", "size"]
+        )
+        for tier, per_size in sorted(s.agreement.snapshot().items()):
+            for size, count in per_size.items():
+                compared.add_metric([tier, str(size)], count.compared)
+                agreed.add_metric([tier, str(size)], count.agreed)
+        yield compared
+        yield agreed
         for name, help_text in _TIER_GAUGES.items():
             gfam = GaugeMetricFamily(f"promptbus_tier_{name}", help_text, labels=["tier"])
             for tier, ts in sorted(s.tiers.items()):

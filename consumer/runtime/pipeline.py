@@ -19,11 +19,12 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
 from consumer.core.errors import ErrorKind, JobError, ProviderError, ServerError
 from consumer.core.jobs import Job, decode_job
@@ -93,6 +94,7 @@ class Pipeline:
         self._rng = rng or random.Random()
         self._clock = clock
         self._windows: CollectionWindows[JobContext] = CollectionWindows()
+        self._agreement = stats.agreement
         self._plans: set[asyncio.Task[None]] = set()
         self._live: set[JobContext] = set()
         self._paused = False
@@ -211,7 +213,7 @@ class Pipeline:
             else None
         )
         if batchable is None:
-            self._start_plan(tier, [ctx], prefix="", variable="")
+            self._start_plan(tier, [ctx], key=None)
             return
         key = batch_key_for(job, batchable)
         flushes = self._windows.add(
@@ -219,7 +221,7 @@ class Pipeline:
             ctx,
             input_chars=len(ctx.input),
             partition=ticket.source.tp,
-            limits=tier.window_limits,
+            limits=tier.limits_for(key, now_s),
             now_s=now_s,
         )
         self._dispatch(flushes)
@@ -250,21 +252,21 @@ class Pipeline:
             members = [c for c in flush.items if not c.done]
             if not members:
                 continue
-            first = members[0]
-            self._start_plan(first.tier, members, prefix=flush.key.prefix, variable=flush.key.variable)
+            self._start_plan(members[0].tier, members, key=flush.key)
 
-    def _start_plan(
-        self, tier: TierRuntime, members: list[JobContext], *, prefix: str, variable: str
-    ) -> None:
-        task = asyncio.create_task(self._run_plan(tier, members, prefix, variable))
+    def _start_plan(self, tier: TierRuntime, members: list[JobContext], *, key: BatchKey | None) -> None:
+        self._spawn(self._run_plan(tier, members, key))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._plans.add(task)
         task.add_done_callback(self._plans.discard)
 
-    async def _run_plan(self, tier: TierRuntime, ctxs: list[JobContext], prefix: str, variable: str) -> None:
+    async def _run_plan(self, tier: TierRuntime, ctxs: list[JobContext], key: BatchKey | None) -> None:
         plan = RequestPlan(
             [Member(ref=c, input=c.input, max_tokens=_max_tokens(c.options)) for c in ctxs],
-            prefix=prefix,
-            variable=variable,
+            prefix=key.prefix if key else "",
+            variable=key.variable if key else "",
             retry=tier.retry_policy,
             rng=self._rng,
             tier_max_tokens=tier.config.batching.max_output_tokens,
@@ -275,7 +277,7 @@ class Pipeline:
         try:
             async with asyncio.TaskGroup() as group:
                 for req in plan.start():
-                    group.create_task(self._send(tier, plan, req, group, batched))
+                    group.create_task(self._send(tier, plan, req, group, key, batched))
         except BaseException:
             # cancelled (shutdown) or a bug: members without an outcome stay uncommitted and
             # are read again after restart; never publish a guess
@@ -290,6 +292,7 @@ class Pipeline:
         plan: RequestPlan,
         req: PlannedRequest,
         group: asyncio.TaskGroup,
+        key: BatchKey | None,
         batched_plan: bool,
     ) -> None:
         if req.delay_s > 0:
@@ -325,13 +328,52 @@ class Pipeline:
                 token.success()
                 step = plan.on_answer(req, completion.text, completion.finish_reason)
         self._apply_step(tier, plan, req, step, completion)
+        if step.verdict is not None and key is not None:
+            size = tier.sizes.record(key, step.verdict.kind.value, len(req.members), self._clock())
+            tier.stats.batch_size = tier.current_batch_size()
+            log.debug(
+                "tier %s: %s answer of %d -> batch size %d",
+                tier.name,
+                step.verdict.kind.value,
+                len(req.members),
+                size,
+            )
+            if step.answered and tier.config.batching.verify_fraction > 0:
+                self._verify(tier, key, step)
         for nxt in step.requests:
             if len(nxt.members) < len(req.members) and len(req.members) > 1:
                 if nxt.packed is None:
                     tier.stats.reasks += 1
                 else:
                     tier.stats.splits += 1
-            group.create_task(self._send(tier, plan, nxt, group, batched_plan))
+            group.create_task(self._send(tier, plan, nxt, group, key, batched_plan))
+
+    def _verify(self, tier: TierRuntime, key: BatchKey, step: Step) -> None:
+        """Ask a share of a batched request's jobs alone too, to measure answer agreement."""
+        answered = [(m, answer, by) for m, answer, by in step.answered if len(by.members) > 1]
+        for member, answer, by in choose_verified(answered, tier.config.batching.verify_fraction, self._rng):
+            self._spawn(self._verify_one(tier, key, _ctx(member), answer, len(by.members)))
+
+    async def _verify_one(
+        self, tier: TierRuntime, key: BatchKey, ctx: JobContext, batched: str, size: int
+    ) -> None:
+        token = await tier.limiter.acquire()
+        tier.stats.provider_requests += 1
+        tier.stats.verify_requests += 1
+        try:
+            completion = await tier.provider.complete(
+                CompletionRequest(ctx.messages, tier.config.model, ctx.options)
+            )
+        except ProviderError as exc:
+            token.dropped() if exc.overload else token.ignore()
+            return  # a failed verification says nothing about agreement
+        token.success()
+        agreed = int(answers_agree(batched, completion.text))
+        self._agreement.record(tier.name, size, agreed, 1)
+        tier.stats.verify_compared += 1
+        tier.stats.verify_agreed += agreed
+        tier.sizes.record_agreement(key, agreed, 1, size, self._clock())
+        tier.stats.batch_size = tier.current_batch_size()
 
     def _build_request(self, tier: TierRuntime, req: PlannedRequest) -> CompletionRequest:
         first = _ctx(req.members[0])

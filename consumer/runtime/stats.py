@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumer.core.adaptive import AgreementStats
+
 
 @dataclass
 class TierStats:
@@ -59,6 +61,8 @@ class ServiceStats:
     inflight: int = 0
     paused_partitions: int = 0
     tiers: dict[str, TierStats] = field(default_factory=dict)
+    #: batched answers compared with the same job asked alone, per tier and batch size
+    agreement: AgreementStats = field(default_factory=AgreementStats)
 
     def tier(self, name: str) -> TierStats:
         ts = self.tiers.get(name)
@@ -78,10 +82,11 @@ class ServiceStats:
             "inflight": self.inflight,
             "paused_partitions": self.paused_partitions,
             "tiers": {name: ts.as_dict() for name, ts in sorted(self.tiers.items())},
+            "agreement": self.agreement.as_dict(),
         }
 
 
-#: counters add up across instances; gauges are shown for live instances only
+#: counters add up across instances; gauges are shown for live instances only (batch_size: the max)
 _GAUGES = {"limit", "inflight", "batch_size", "paused_s"}
 
 
@@ -99,6 +104,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         "dropped_late": 0,
         "inflight": 0,
         "tiers": {},
+        "agreement": {},
     }
     for snap in snapshots:
         live = now_s - float(snap.get("updated_at", 0)) <= live_within_s
@@ -111,12 +117,23 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         for name, ts in snap.get("tiers", {}).items():
             agg = total["tiers"].setdefault(name, {})
             for k, v in ts.items():
-                if k in _GAUGES:
+                if k == "batch_size":
+                    agg[k] = max(agg.get(k, 0), v) if live else agg.get(k, 0)
+                elif k in _GAUGES:
                     if live:
                         agg[k] = agg.get(k, 0) + v
                     else:
                         agg.setdefault(k, 0)
                 else:
                     agg[k] = agg.get(k, 0) + v
+        for name, per_size in snap.get("agreement", {}).items():
+            tier_agreement = total["agreement"].setdefault(name, {})
+            for size, count in per_size.items():
+                agg_count = tier_agreement.setdefault(size, {"compared": 0, "agreed": 0})
+                agg_count["compared"] += int(count.get("compared", 0))
+                agg_count["agreed"] += int(count.get("agreed", 0))
+    for per_size in total["agreement"].values():
+        for count in per_size.values():
+            count["rate"] = round(count["agreed"] / count["compared"], 4) if count["compared"] else None
     total["dead_letters"] = dict(total["dead_letters"])
     return total

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
@@ -41,3 +43,45 @@ async def test_thousand_mixed_jobs_each_get_their_own_answer(kafka_bootstrap: st
     tier = stats["tiers"]["small"]
     assert tier["requests_saved"] > 0
     assert tier["provider_requests"] < len(jobs)
+
+
+async def test_batch_size_adapts_down_when_batched_answers_keep_failing(kafka_bootstrap: str) -> None:
+    """A model that drops ids from every batched answer: the tier falls back to ordinary requests."""
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    sim = SimulatorConfig(missing_rate=1.0, ignore_structured=True)
+    async with SimulatorServer(sim) as base_url:
+        service = InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=8))
+        async with service:
+            first = [job(i, batch=True) for i in range(40)]
+            for wave in range(5):  # waves, so later windows are formed after earlier verdicts
+                await produce(settings, first[wave * 8 : wave * 8 + 8])
+                ids = {j["id"] for j in first[: wave * 8 + 8]}
+                outcomes = await wait_for_outcomes(settings, ids, timeout_s=60)
+        stats = service.stats_snapshot()
+    assert set(outcomes.results) == {j["id"] for j in first}, "re-asks deliver every id"
+    for j in first:
+        assert outcomes.results[j["id"]][0]["output"] == answer_for(j["variables"]["text"])
+    tier = stats["tiers"]["small"]
+    assert tier["batch_size"] == 1, "after repeated invalid answers the size falls to 1"
+    assert tier["reasks"] > 0
+
+
+async def test_verify_fraction_measures_agreement(kafka_bootstrap: str) -> None:
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    async with SimulatorServer(SimulatorConfig()) as base_url:
+        tiers = tier_file_dict(base_url + "/v1", max_items=5)
+        tiers["tiers"]["small"]["batching"]["verify_fraction"] = 0.5
+        service = InProcessService(settings, tiers)
+        async with service:
+            jobs = [job(i, batch=True) for i in range(40)]
+            await produce(settings, jobs)
+            outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
+            await asyncio.sleep(1.0)  # verification requests run after the results
+        stats = service.stats_snapshot()
+    assert len(outcomes.results) == 40 and outcomes.duplicates() == {}
+    tier = stats["tiers"]["small"]
+    assert tier["verify_requests"] > 0
+    assert tier["verify_compared"] == tier["verify_agreed"] > 0, "the simulator answers alike both ways"
+    assert sum(c["compared"] for c in stats["agreement"]["small"].values()) == tier["verify_compared"]
+    # the extra requests are counted as provider requests
+    assert tier["provider_requests"] >= tier["verify_requests"] + tier["batched_requests"]
