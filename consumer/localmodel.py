@@ -461,6 +461,19 @@ def serve(
     path = pid_path(port, state)
     path.write_text(json.dumps(asdict(info)))
     handle = ServerHandle(process=process, info=info, pid_path=path)
+    try:
+        _wait_until_answering(handle, wait_s)
+    except BaseException:
+        # interrupted (Ctrl-C, SIGTERM turned into KeyboardInterrupt) or failed: never leave a
+        # half-started server behind
+        handle.stop()
+        raise
+    return handle
+
+
+def _wait_until_answering(handle: ServerHandle, wait_s: float) -> None:
+    process, base_url, path = handle.process, handle.info.base_url, handle.pid_path
+    log_path = Path(handle.info.log_path)
     deadline = time.monotonic() + wait_s
     while True:
         code = process.poll()
@@ -472,9 +485,8 @@ def serve(
             )
         models = _models(base_url, timeout_s=1.0)
         if models is not None and MODEL_ALIAS in models:
-            return handle
+            return
         if time.monotonic() >= deadline:
-            handle.stop()
             raise LocalModelError(
                 f"local model server did not answer {base_url}/models within {wait_s:.0f} s; "
                 f"it was stopped. log {log_path}:\n{_log_tail(log_path)}"
@@ -598,36 +610,42 @@ def _serve_command(args: argparse.Namespace) -> int:
             f"model {current.info.model}"
         )
         return 0
-    started = time.monotonic()
-    handle = serve(
-        args.host, args.port, args.n_ctx, args.n_threads, args.wait_s, n_threads_batch=args.n_threads_batch
-    )
-    info = handle.info
-    print(
-        f"local model server ready in {time.monotonic() - started:.1f} s: pid {info.pid}, "
-        f"base_url {info.base_url}, model {info.model}, n_ctx {info.n_ctx}, "
-        f"n_threads {info.n_threads} (batch {info.n_threads_batch}), "
-        f"log {info.log_path}"
-    )
-    if not args.foreground:
-        return 0
-    return _wait_foreground(handle)
-
-
-def _wait_foreground(handle: ServerHandle) -> int:
-    """Block until the server exits or we get SIGINT/SIGTERM (then stop it)."""
-
-    def _on_signal(signum: int, _frame: object) -> None:
+    def _on_sigterm(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _on_signal)
+    # installed before the start, so a SIGTERM while waiting for the server also stops it
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if args.foreground else None
     try:
-        return handle.process.wait()
+        started = time.monotonic()
+        handle = serve(
+            args.host,
+            args.port,
+            args.n_ctx,
+            args.n_threads,
+            args.wait_s,
+            n_threads_batch=args.n_threads_batch,
+        )
+        info = handle.info
+        print(
+            f"local model server ready in {time.monotonic() - started:.1f} s: pid {info.pid}, "
+            f"base_url {info.base_url}, model {info.model}, n_ctx {info.n_ctx}, "
+            f"n_threads {info.n_threads} (batch {info.n_threads_batch}), "
+            f"log {info.log_path}",
+            flush=True,
+        )
+        if not args.foreground:
+            return 0
+        try:
+            # foreground: block until the server exits or we get SIGINT/SIGTERM, then stop it
+            return handle.process.wait()
+        except KeyboardInterrupt:
+            handle.stop()
+            return 0
     except KeyboardInterrupt:
-        handle.stop()
-        return 0
+        return 130  # interrupted during the start; serve() already stopped the server
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

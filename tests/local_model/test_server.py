@@ -163,3 +163,14 @@ def test_serve_reports_a_server_that_dies(tmp_path: Path) -> None:
     with pytest.raises(localmodel.LocalModelError, match="exited with code"):
         localmodel.serve(port=port, model_path=bogus, directory=tmp_path, wait_s=60)
     assert not (tmp_path / f"server-{port}.pid").exists()
+
+
+def test_serve_gives_up_after_wait_s_and_stops_the_server(model_path: Path, tmp_path: Path) -> None:
+    require_server_installed()
+    port = free_port()
+    with pytest.raises(localmodel.LocalModelError, match="did not answer"):
+        localmodel.serve(port=port, model_path=model_path, directory=tmp_path, wait_s=0.0)
+    assert not (tmp_path / f"server-{port}.pid").exists()
+    assert localmodel.status(port, tmp_path).running is False
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
