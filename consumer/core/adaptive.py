@@ -27,6 +27,9 @@ congestion control (and of `limit.AIMDLimit`):
   asked both batched and alone; once at least `agreement_min_compared` answers are
   compared, a rate below `min_agreement` counts as one invalid answer at the largest size
   compared. The counts restart whenever the size shrinks (they spoke for the old size).
+  While the agreement counted so far (or the last judged rate) is below `min_agreement`,
+  valid answers do not grow the size: well-formed answers that disagree with the single
+  answers are no reason to batch more.
 
 Ordinary requests (size 1) are never judged (DESIGN.md rule 5), so reports with size < 2
 change nothing.
@@ -138,6 +141,8 @@ class AdaptiveBatchSize:
         self._agreed = 0
         self._compared = 0
         self._compared_max_size = 0
+        #: the last judged agreement rate was below min_agreement: hold growth until one is not
+        self._agreement_low = False
         #: last time anything was reported or asked (for `AdaptiveSizes.expire`)
         self.last_used_s: float | None = None
 
@@ -210,7 +215,8 @@ class AdaptiveBatchSize:
             rate = self._agreed / self._compared
             judged_size = self._compared_max_size
             self._reset_agreement()
-            if rate < self.min_agreement:
+            self._agreement_low = rate < self.min_agreement
+            if self._agreement_low:
                 self._invalid(judged_size, now_s)
         return self._size
 
@@ -227,6 +233,9 @@ class AdaptiveBatchSize:
             self._threshold = _PROBE_SIZE
         if size < self._size:
             return  # a smaller request proves nothing about the current size
+        if self._agreement_low or (self._compared and self._agreed / self._compared < self.min_agreement):
+            # well-formed answers that disagree with single answers are no reason to grow
+            return
         if self._size < self._threshold:
             grown = min(self._size * 2, self._threshold)
         else:
@@ -250,6 +259,7 @@ class AdaptiveBatchSize:
         if new == 1 and (current > 1 or self._at_one_since_s is None):
             self._at_one_since_s = now_s
             self._strikes = 0
+            self._agreement_low = False  # a probe starts afresh
         self._size = new
 
     def _reset_agreement(self) -> None:

@@ -162,6 +162,19 @@ def test_low_agreement_counts_as_invalid_once_enough_is_compared() -> None:
     assert s.record_agreement(1, 1, 4, 3) == 4  # 5/5: fine, no change (growth comes from record)
 
 
+def test_low_agreement_holds_growth() -> None:
+    s = AdaptiveBatchSize(4, 32, min_agreement=0.8, agreement_min_compared=5, fallback_after=10)
+    s.record_agreement(0, 1, 4, 0)  # one disagreement so far: not judged, but no reason to grow
+    assert s.record("complete", 4, 1) == 4
+    s.record_agreement(4, 4, 4, 2)  # 4/5 = 0.8: judged fine
+    assert s.record("complete", 4, 3) == 8
+    s.record_agreement(0, 5, 8, 4)  # judged low: halve to 4 and hold
+    assert s.size == 4
+    assert s.record("complete", 4, 5) == 4
+    s.record_agreement(5, 5, 4, 6)  # judged fine again: growth resumes (+1 after a failure)
+    assert s.record("complete", 4, 7) == 5
+
+
 def test_good_agreement_does_not_shrink() -> None:
     s = AdaptiveBatchSize(8, 8, min_agreement=0.8, agreement_min_compared=5)
     assert s.record_agreement(4, 5, 8, 0) == 8  # exactly 0.8 is not below
