@@ -29,7 +29,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import sys
 import time
@@ -239,12 +238,6 @@ def progress(message: str) -> None:
     print(f"[probe] {message}", file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", help="use this running server instead of starting one")
@@ -272,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["model_cached"] = was_cached
         started = time.perf_counter()
         handle = localmodel.serve(
-            port=free_port(), n_ctx=args.n_ctx, n_threads=args.n_threads, model_path=model,
+            port=0, n_ctx=args.n_ctx, n_threads=args.n_threads, model_path=model,
             n_threads_batch=args.n_threads_batch, directory=Path("bench/out/local-model"),
         )
         report["server_start_s"] = round(time.perf_counter() - started, 2)

@@ -344,6 +344,13 @@ def server_command(
     ]
 
 
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A port on `host` that nothing listens on right now (for tests and parallel servers)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def _port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
@@ -415,7 +422,8 @@ def serve(
 ) -> ServerHandle:
     """Start the model server in the background and wait until `/v1/models` answers.
 
-    Fetches the model first (`ensure_model()`) unless `model_path` is given. The server runs
+    `port=0` picks a free port (read it back from `handle.info.port`). Fetches the model
+    first (`ensure_model()`) unless `model_path` is given. The server runs
     in its own session (it outlives the calling command; `stop()` ends it), logs to
     `DIR/server-PORT.log` and is recorded in `DIR/server-PORT.pid` (DIR = `.local/local-model`).
     Raises LocalModelError with a clear reason: extra not installed, port taken, the server
@@ -423,6 +431,8 @@ def serve(
     """
     if not server_installed():
         raise LocalModelError(f"llama-cpp-python's server is not installed: {_INSTALL_HINT}")
+    if port == 0:
+        port = free_port(host)
     threads = n_threads if n_threads is not None else default_threads()
     batch_threads = n_threads_batch if n_threads_batch is not None else default_batch_threads()
     if _port_in_use(host, port):

