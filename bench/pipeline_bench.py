@@ -1,0 +1,800 @@
+"""Service benchmarks (issue 5): throughput vs raw aiokafka, and the limiter vs a provider ceiling.
+
+    .venv/bin/python bench/pipeline_bench.py [--quick] [--jobs 20000] [--plot] [--profile]
+
+Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092; `deploy/kafka-local/kafka
+start`). Prints one JSON object on stdout; progress goes to stderr.
+
+1. Throughput. N jobs with short inputs (half `batch: true`, max_items 20) are produced once
+   to a fresh 4-partition jobs topic. Then, each with its own consumer group and output topic:
+     raw        a plain aiokafka loop: getmany -> one small record per message to another
+                topic (same producer settings as the service: acks=all, idempotent,
+                linger 5 ms) -> wait for the acks -> commit; the floor cost of Kafka I/O;
+     sim        the service (`run_service`, in this process) against the simulator with no
+                latency, run as a separate process (`python -m consumer.cli simulate`) so
+                it has the other core;
+     fake       the service with the in-memory `FakeProvider` (no HTTP): the service's own
+                cost.
+   Items/s is counted from the output records' own Kafka timestamps (first to last), so
+   start-up and group join are left out of every variant alike; `wall_s` (start to the last
+   outcome, join included) is printed next to it. `ratio` = variant items/s / raw items/s
+   (target >= 0.6).
+2. Limiter vs ceiling. The simulator has `capacity` (requests served at once; more queue),
+   `latency_ms` and a rate limit of `rpm` requests per minute, enforced as rpm/60*window
+   requests per sliding `rate_window_s` (429 + Retry-After beyond it). The ceiling is
+   min(rpm/60, capacity*1000/latency_ms) requests/s. The same unbatched jobs go through
+     service    the service with its AIMD limiter (tier limiter aimd, initial 4, max 64);
+     fixed16    16 workers calling the tier's adapter (`build_provider`) directly, honouring
+                Retry-After on 429;
+     await_each one call at a time, same adapter and retry handling.
+   The simulator's own counters (`/_sim/stats`, sampled every 0.1 s) give the request rate
+   in the steady part of the run (from 10% to 90% of the jobs answered) and the 429 share
+   of all requests the variant sent. Targets: service rate >= 95% of the ceiling and 429
+   share <= 3%.
+
+`--profile` also runs the `fake` variant under cProfile and prints the top functions by own
+time in microseconds per job. `--plot` draws bench/out/pipeline_bench.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import json
+import logging
+import os
+import platform
+import pstats
+import random
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from consumer.core.completion import ChatMessage, Completion, CompletionRequest
+from consumer.core.errors import ProviderError
+from consumer.kafka.admin import ensure_topics
+from consumer.kafka.clients import submit_jobs
+from consumer.kafka.connection import client_kwargs
+from consumer.kafka.sink import kafka_producer_factory
+from consumer.providers.factory import build_provider, make_http_client
+from consumer.providers.fake import FakeProvider, text_completion
+from consumer.settings import Settings, TierConfig
+from consumer.testing.simulator import answer_for, batched_answer, extract_input, parse_batch_items
+from tests.service.harness import InProcessService, service_env, settings_from_env
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Classify the sentiment of the text.\nTEXT:\n${text}"
+WORDS = "good bad slow fast cold warm fine rude kind late early cheap dear clean loud calm".split()
+#: the tier name every variant uses
+TIER = "small"
+#: simulator counters are sampled this often during limiter runs
+SAMPLE_INTERVAL_S = 0.1
+
+
+def _progress(message: str, *args: Any) -> None:
+    print(
+        f"[{time.strftime('%H:%M:%S')}] " + (message % args if args else message), file=sys.stderr, flush=True
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# jobs and tiers
+
+
+def make_jobs(n: int, *, batched_share: float, seed: int = 1) -> list[dict[str, Any]]:
+    """n classification jobs with short (~30 character) inputs; every 1/batched_share-th is batch: true."""
+    rng = random.Random(seed)
+    every = round(1 / batched_share) if batched_share > 0 else 0
+    jobs = []
+    for i in range(n):
+        text = f"{i} " + " ".join(rng.choice(WORDS) for _ in range(5))
+        jobs.append(
+            {
+                "id": f"job-{i}",
+                "tier": TIER,
+                "prompt": PROMPT,
+                "variables": {"text": text},
+                "options": {"max_tokens": 16},
+                "batch": bool(every) and i % every == 0,
+            }
+        )
+    return jobs
+
+
+def tier_dict(base_url: str, *, batching: bool, max_items: int = 20) -> dict[str, Any]:
+    """The tier file every service variant runs with (DESIGN.md defaults where not stated)."""
+    return {
+        "tiers": {
+            TIER: {
+                "provider": "openai_compat",
+                "base_url": base_url,
+                "model": "sim-model",
+                "timeout_s": 10,
+                "batching": {
+                    "enabled": batching,
+                    "max_items": max_items,
+                    "window_ms": 100,
+                    "max_wait_ms": 2000,
+                },
+                "limiter": {"algorithm": "aimd", "initial": 4, "min": 1, "max": 64},
+                "retry": {"max_attempts": 10, "backoff_initial_s": 0.5, "backoff_max_s": 10},
+            }
+        }
+    }
+
+
+def fake_answer(request: CompletionRequest) -> Completion:
+    """What the simulator would answer (batched or not), computed in memory."""
+    text = request.messages[-1].content
+    items = parse_batch_items(text)
+    if items is None:
+        return text_completion(answer_for(extract_input(text)))
+    return text_completion(orjson.dumps(batched_answer(items)).decode())
+
+
+def request_for(job: dict[str, Any], model: str) -> CompletionRequest:
+    """The ordinary request the service sends for an unbatched prompt job."""
+    rendered = job["prompt"].replace("${text}", job["variables"]["text"])
+    return CompletionRequest((ChatMessage("user", rendered),), model, dict(job.get("options") or {}))
+
+
+# ----------------------------------------------------------------------------------------------
+# simulator process
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as out:
+        return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+
+class SimProcess:
+    """`python -m consumer.cli simulate` in its own process (so it runs on the other core)."""
+
+    def __init__(self, faults: dict[str, Any], log_path: Path) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.faults = faults
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client = httpx.AsyncClient(timeout=5)
+
+    async def __aenter__(self) -> SimProcess:
+        text = ",".join(f"{k}={v}" for k, v in self.faults.items())
+        argv = [sys.executable, "-m", "consumer.cli", "simulate", "--port", str(self.port)]
+        if text:
+            argv += ["--faults", text]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = _spawn(argv, self.log_path)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"simulator exited with {self.proc.returncode}; see {self.log_path}")
+            with contextlib.suppress(httpx.HTTPError):
+                await self.stats()
+                return self
+            await asyncio.sleep(0.1)
+        raise TimeoutError("simulator did not answer within 30 s")
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.aclose()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    async def stats(self) -> dict[str, Any]:
+        r = await self.client.get(f"{self.base}/_sim/stats")
+        r.raise_for_status()
+        out: dict[str, Any] = r.json()
+        return out
+
+    async def reset(self) -> None:
+        (await self.client.post(f"{self.base}/_sim/reset")).raise_for_status()
+
+    async def configure(self, **knobs: Any) -> None:
+        (await self.client.post(f"{self.base}/_sim/config", json=knobs)).raise_for_status()
+
+
+# ----------------------------------------------------------------------------------------------
+# Kafka helpers
+
+
+def variant_settings(base: Settings, name: str) -> Settings:
+    """Same jobs topic, its own group and output topics (a variant reads every job afresh)."""
+    sfx = uuid.uuid4().hex[:6]
+    return base.model_copy(
+        update={
+            "group_id": f"bench-{name}-{sfx}",
+            "results_topic": f"bench-{name}-results-{sfx}",
+            "dlq_topic": f"bench-{name}-dlq-{sfx}",
+            "stats_topic": f"bench-{name}-stats-{sfx}",
+            "batches_topic": f"bench-{name}-batches-{sfx}",
+        }
+    )
+
+
+async def record_timestamps_ms(settings: Settings, topic: str) -> list[int]:
+    """The Kafka timestamps of every record in `topic` (read without a group)."""
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, **client_kwargs(settings))
+    await consumer.start()
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            await consumer._client.force_metadata_update()
+            parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        stamps: list[int] = []
+        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+            for records in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
+                stamps.extend(r.timestamp for r in records)
+        return stamps
+    finally:
+        await consumer.stop()
+
+
+def rate_from_stamps(stamps: list[int]) -> tuple[float, float]:
+    """(span_s, items/s) from output timestamps: n-1 intervals over first..last."""
+    if len(stamps) < 2:
+        return 0.0, 0.0
+    span_s = (max(stamps) - min(stamps)) / 1000.0
+    return span_s, (len(stamps) - 1) / span_s if span_s > 0 else float("inf")
+
+
+# ----------------------------------------------------------------------------------------------
+# throughput
+
+
+async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
+    """Consume the jobs topic in a group, produce one small record per message, wait acks, commit."""
+    settings = variant_settings(base, "raw")
+    await ensure_topics(settings)
+    out_topic = settings.results_topic
+    consumer = AIOKafkaConsumer(
+        settings.jobs_topic,
+        group_id=settings.group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        **client_kwargs(settings),
+    )
+    producer = kafka_producer_factory(settings, client_id="bench-raw")(transactional_id=None)
+    await producer.start()
+    await consumer.start()
+    t0 = time.monotonic()
+    done = 0
+    try:
+        while done < n and time.monotonic() - t0 < timeout_s:
+            batches = await consumer.getmany(timeout_ms=50, max_records=500)
+            futures = []
+            for records in batches.values():
+                for r in records:
+                    value = b'{"id":"%s","status":"ok","offset":%d}' % (r.key or b"", r.offset)
+                    futures.append(await producer.send(out_topic, value, key=r.key))
+            if futures:
+                await asyncio.gather(*futures)
+                await consumer.commit()
+                done += len(futures)
+        wall_s = time.monotonic() - t0
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    stamps = await record_timestamps_ms(settings, out_topic)
+    span_s, rate = rate_from_stamps(stamps)
+    return {
+        "items": len(stamps),
+        "span_s": round(span_s, 3),
+        "items_per_s": round(rate, 1),
+        "wall_s": round(wall_s, 3),
+    }
+
+
+async def service_run(
+    base: Settings,
+    name: str,
+    tiers: dict[str, Any],
+    n: int,
+    timeout_s: float,
+    providers: dict[str, Any] | None = None,
+    on_running: Callable[[InProcessService], Coroutine[Any, Any, None]] | None = None,
+) -> tuple[dict[str, Any], Settings]:
+    """Run the service in this process until n outcomes are out (bounded); rate from result stamps."""
+    settings = variant_settings(base, name)
+    svc = InProcessService(settings, tiers, providers=providers)
+    t0 = time.monotonic()
+    async with svc:
+        watcher = asyncio.create_task(on_running(svc)) if on_running else None
+        while time.monotonic() - t0 < timeout_s:
+            snap = svc.stats_snapshot()
+            if snap["results"] + sum(snap["dead_letters"].values()) >= n:
+                break
+            await asyncio.sleep(0.05)
+        wall_s = time.monotonic() - t0
+        snap = svc.stats_snapshot()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+    stamps = await record_timestamps_ms(settings, settings.results_topic)
+    span_s, rate = rate_from_stamps(stamps)
+    tier = snap["tiers"].get(TIER, {})
+    out = {
+        "items": len(stamps),
+        "span_s": round(span_s, 3),
+        "items_per_s": round(rate, 1),
+        "wall_s": round(wall_s, 3),
+        "dead_letters": snap["dead_letters"],
+        "provider_requests": tier.get("provider_requests"),
+        "requests_saved": tier.get("requests_saved"),
+        "rate_limited": tier.get("rate_limited"),
+        "final_limit": tier.get("limit"),
+    }
+    return out, settings
+
+
+async def throughput(args: argparse.Namespace, base: Settings) -> dict[str, Any]:
+    n = args.jobs
+    jobs = make_jobs(n, batched_share=0.5)
+    t0 = time.monotonic()
+    await ensure_topics(base)
+    sent = await submit_jobs(
+        base, (orjson.dumps(j) for j in jobs), key_of=lambda v: orjson.loads(v)["id"].encode()
+    )
+    _progress("throughput: produced %d jobs in %.1fs", sent, time.monotonic() - t0)
+    timeout_s = args.variant_timeout_s
+    out: dict[str, Any] = {"jobs": n, "batched_share": 0.5, "max_items": 20, "partitions": 4}
+
+    raw = await raw_loop(base, n, timeout_s)
+    _progress("throughput raw: %s", raw)
+    out["raw"] = raw
+
+    async with SimProcess({"seed": 1}, ROOT / "bench/out/sim-throughput.log") as sim:
+        sim_res, _ = await service_run(base, "sim", tier_dict(f"{sim.base}/v1", batching=True), n, timeout_s)
+        sim_res["simulator"] = {
+            k: v
+            for k, v in (await sim.stats()).items()
+            if k in ("requests", "batched_requests", "items_answered", "max_inflight")
+        }
+    _progress("throughput service+simulator: %s", sim_res)
+    out["service_sim"] = sim_res
+
+    fake = FakeProvider(fake_answer, name="openai_compat")
+    fake_res, _ = await service_run(
+        base, "fake", tier_dict("http://127.0.0.1:9/v1", batching=True), n, timeout_s, providers={TIER: fake}
+    )
+    _progress("throughput service+fake: %s", fake_res)
+    out["service_fake"] = fake_res
+
+    raw2 = await raw_loop(base, n, timeout_s)
+    _progress("throughput raw (again): %s", raw2)
+    out["raw_again"] = raw2
+    raw_rate = max(raw["items_per_s"], raw2["items_per_s"])
+    out["raw_items_per_s_best"] = raw_rate
+    for key in ("service_sim", "service_fake"):
+        out[key]["ratio_vs_raw"] = round(out[key]["items_per_s"] / raw_rate, 3) if raw_rate else None
+    out["target_ratio"] = 0.6
+
+    if args.profile:
+        out["profile_fake"] = await profile_fake(base, n, timeout_s)
+    return out
+
+
+async def profile_fake(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
+    """The fake variant again under cProfile: top functions by own time, us per job."""
+    fake = FakeProvider(fake_answer, name="openai_compat")
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        res, _ = await service_run(
+            base,
+            "prof",
+            tier_dict("http://127.0.0.1:9/v1", batching=True),
+            n,
+            timeout_s,
+            providers={TIER: fake},
+        )
+    finally:
+        prof.disable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    rows = []
+    total_tt = 0.0
+    for (filename, line, func), (_cc, ncalls, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        total_tt += tt
+        rows.append((tt, ct, ncalls, f"{_short(filename)}:{line}:{func}"))
+    rows.sort(reverse=True)
+    per_job = 1e6 / max(1, n)
+    by_cum = sorted(rows, key=lambda r: r[1], reverse=True)
+    return {
+        "items_per_s_under_profiler": res["items_per_s"],
+        "cpu_us_per_job_total": round(total_tt * per_job, 1),
+        "top_tottime_us_per_job": [
+            {"fn": name, "us_per_job": round(tt * per_job, 2), "calls_per_job": round(nc / max(1, n), 2)}
+            for tt, _ct, nc, name in rows[:25]
+        ],
+        "top_cumtime_us_per_job_in_consumer": [
+            {"fn": name, "us_per_job": round(ct * per_job, 2)}
+            for _tt, ct, _nc, name in by_cum
+            if name.startswith("consumer/")
+        ][:20],
+    }
+
+
+def _short(filename: str) -> str:
+    for marker in ("site-packages/", str(ROOT) + "/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return os.path.basename(filename)
+
+
+# ----------------------------------------------------------------------------------------------
+# limiter vs ceiling
+
+
+@dataclass
+class Sampler:
+    """Samples the simulator's counters (and optionally a service limit) every SAMPLE_INTERVAL_S."""
+
+    sim: SimProcess
+    limit_of: Callable[[], int | None] | None = None
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    async def run(self) -> None:
+        t0 = time.monotonic()
+        while True:
+            stats = await self.sim.stats()
+            row = {
+                "t_s": time.monotonic() - t0,
+                "requests": stats["requests"],
+                "status_429": stats["status_429"],
+                "status_5xx": stats["status_5xx"],
+                "answered": stats["items_answered"],
+                "inflight": stats["inflight"],
+            }
+            if self.limit_of is not None:
+                row["limit"] = self.limit_of()
+            self.samples.append(row)
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Sampler]:
+        task = asyncio.create_task(self.run())
+        try:
+            yield self
+        finally:
+            await asyncio.sleep(SAMPLE_INTERVAL_S * 1.5)  # one sample after the end
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _crossing_s(samples: list[dict[str, Any]], key: str, value: float) -> float | None:
+    """When samples[key] first reaches value (linear interpolation between samples)."""
+    prev = None
+    for s in samples:
+        if s[key] >= value:
+            if prev is None or s[key] == prev[key]:
+                return float(s["t_s"])
+            frac = (value - prev[key]) / (s[key] - prev[key])
+            return float(prev["t_s"] + frac * (s["t_s"] - prev["t_s"]))
+        prev = s
+    return None
+
+
+def summarize(samples: list[dict[str, Any]], n: int, ceiling_per_s: float) -> dict[str, Any]:
+    """Steady rate (10%..90% of jobs answered), 429 share of all requests, totals."""
+    last = samples[-1]
+    t10 = _crossing_s(samples, "answered", 0.1 * n)
+    t90 = _crossing_s(samples, "answered", 0.9 * n)
+    steady = 0.8 * n / (t90 - t10) if t10 is not None and t90 is not None and t90 > t10 else None
+    # 429 share inside the same steady part, and over the whole run
+    s10 = next((s for s in samples if s["t_s"] >= (t10 or 0)), samples[0])
+    s90 = next((s for s in samples if s["t_s"] >= (t90 or last["t_s"])), last)
+    req_steady = s90["requests"] - s10["requests"]
+    out = {
+        "answered": last["answered"],
+        "requests": last["requests"],
+        "status_429": last["status_429"],
+        "status_5xx": last["status_5xx"],
+        "share_429": round(last["status_429"] / last["requests"], 4) if last["requests"] else None,
+        "share_429_steady": round((s90["status_429"] - s10["status_429"]) / req_steady, 4)
+        if req_steady
+        else None,
+        "steady_rate_per_s": round(steady, 2) if steady else None,
+        "rate_vs_ceiling": round(steady / ceiling_per_s, 3) if steady else None,
+        "run_s": round(_crossing_s(samples, "answered", n) or last["t_s"], 2),
+    }
+    limits = [s["limit"] for s in samples if s.get("limit") is not None]
+    if limits:
+        steady_limits = [
+            s["limit"]
+            for s in samples
+            if (t10 or 0) <= s["t_s"] <= (t90 or last["t_s"]) and s.get("limit") is not None
+        ]
+        out["limit_min_max_mean_steady"] = [
+            min(steady_limits or limits),
+            max(steady_limits or limits),
+            round(sum(steady_limits or limits) / len(steady_limits or limits), 1),
+        ]
+    return out
+
+
+async def direct_loop(
+    tier: TierConfig, jobs: list[dict[str, Any]], concurrency: int, timeout_s: float
+) -> dict[str, int]:
+    """`concurrency` workers call the tier's adapter directly; 429/5xx/timeouts retried after
+    Retry-After (else 0.5 s doubling to 10 s), like a careful hand-written client."""
+    client = make_http_client(tier)
+    provider = build_provider(TIER, tier, client)
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for j in jobs:
+        queue.put_nowait(j)
+    counts = {"ok": 0, "failed": 0, "retries": 0}
+    deadline = time.monotonic() + timeout_s
+
+    async def worker() -> None:
+        while time.monotonic() < deadline:
+            try:
+                job = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            request = request_for(job, tier.model)
+            delay_s = 0.5
+            while time.monotonic() < deadline:
+                try:
+                    await provider.complete(request)
+                    counts["ok"] += 1
+                    break
+                except ProviderError as exc:
+                    if not exc.retryable:
+                        counts["failed"] += 1
+                        break
+                    counts["retries"] += 1
+                    wait_s = exc.hint.retry_after_s if exc.hint.retry_after_s is not None else delay_s
+                    delay_s = min(delay_s * 2, 10.0)
+                    await asyncio.sleep(wait_s)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await provider.aclose()
+        await client.aclose()
+    return counts
+
+
+async def limiter_scenario(
+    args: argparse.Namespace, base: Settings, scenario: dict[str, Any]
+) -> dict[str, Any]:
+    capacity, latency_ms, rpm = scenario["capacity"], scenario["latency_ms"], scenario["rpm"]
+    window_s = scenario["rate_window_s"]
+    per_window = max(1, round(rpm / 60 * window_s))
+    ceiling = min(per_window / window_s, capacity * 1000.0 / latency_ms)
+    n = max(50, round(ceiling * args.limiter_run_s))
+    jobs = make_jobs(n, batched_share=0.0, seed=2)
+    faults = {
+        "seed": 1,
+        "latency_ms": latency_ms,
+        "jitter_ms": scenario.get("jitter_ms", 0),
+        "capacity": capacity,
+        "rpm": per_window,
+        "rate_window_s": window_s,
+    }
+    out: dict[str, Any] = {
+        "simulator": faults,
+        "ceiling_per_s": round(ceiling, 2),
+        "ceiling_binding": "rpm" if per_window / window_s <= capacity * 1000.0 / latency_ms else "capacity",
+        "jobs": n,
+        "targets": {"rate_vs_ceiling": 0.95, "share_429": 0.03},
+    }
+    timeout_s = max(30.0, 4 * args.limiter_run_s)
+    log_path = ROOT / f"bench/out/sim-limiter-{scenario['name']}.log"
+    async with SimProcess(faults, log_path) as sim:
+        # the service (own topics: a fresh jobs topic with only these jobs)
+        settings = variant_settings(base, f"lim-{scenario['name']}")
+        settings = settings.model_copy(update={"jobs_topic": f"bench-lim-jobs-{uuid.uuid4().hex[:6]}"})
+        await ensure_topics(settings)
+        await submit_jobs(
+            settings, (orjson.dumps(j) for j in jobs), key_of=lambda v: orjson.loads(v)["id"].encode()
+        )
+        tiers = tier_dict(f"{sim.base}/v1", batching=False)
+        await sim.reset()
+        sampler = Sampler(sim)
+
+        async def watch(svc: InProcessService) -> None:
+            tier_runtime = svc.pipeline._tiers[TIER]
+
+            sampler.limit_of = lambda: tier_runtime.limiter.limit
+            await asyncio.Event().wait()
+
+        # the sampler starts with the service (join time counts as idle time before 10%)
+        async with sampler.running():
+            svc_res, _ = await service_run(settings, "svc", tiers, n, timeout_s, on_running=watch)
+        out["service"] = {
+            **summarize(sampler.samples, n, ceiling),
+            "dead_letters": svc_res["dead_letters"],
+            "service_rate_limited": svc_res["rate_limited"],
+        }
+        out["service_trace"] = _trace(sampler.samples)
+        _progress("limiter %s service: %s", scenario["name"], out["service"])
+
+        tier = TierConfig.model_validate(tiers["tiers"][TIER])
+        for name, conc in (("fixed16", 16), ("await_each", 1)):
+            await sim.reset()
+            sampler = Sampler(sim)
+            async with sampler.running():
+                counts = await direct_loop(tier, jobs, conc, timeout_s)
+            out[name] = {**summarize(sampler.samples, n, ceiling), **counts}
+            out[f"{name}_trace"] = _trace(sampler.samples)
+            _progress("limiter %s %s: %s", scenario["name"], name, out[name])
+    return out
+
+
+def _trace(samples: list[dict[str, Any]]) -> list[list[Any]]:
+    """Compact timeline for plots: [t_s, answered, status_429, limit or -1]."""
+    return [
+        [
+            round(s["t_s"], 2),
+            s["answered"],
+            s["status_429"],
+            s.get("limit") if s.get("limit") is not None else -1,
+        ]
+        for s in samples
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# plot and main
+
+
+def plot(result: dict[str, Any], path: Path) -> str:
+    """Throughput bars and, per limiter scenario, accepted-request rate over time (+ the AIMD limit)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed"
+    scenarios = result.get("limiter", [])
+    fig, axes = plt.subplots(1, 1 + len(scenarios), figsize=(5 + 6 * len(scenarios), 4))
+    axes = axes if len(scenarios) else [axes]
+    tp = result.get("throughput")
+    if tp:
+        names = ["raw", "raw_again", "service_sim", "service_fake"]
+        axes[0].bar(names, [tp[k]["items_per_s"] for k in names], color=["grey", "grey", "C0", "C1"])
+        axes[0].set_ylabel("items/s")
+        axes[0].set_title(f"throughput, {tp['jobs']} jobs")
+        axes[0].tick_params(axis="x", rotation=20)
+    for ax, sc in zip(axes[1:], scenarios, strict=False):
+        for i, name in enumerate(("service", "fixed16", "await_each")):
+            trace = sc.get(f"{name}_trace") or []
+            ts = [r[0] for r in trace]
+            rate = [0.0] + [
+                (trace[k][1] - trace[k - 1][1]) / max(1e-3, trace[k][0] - trace[k - 1][0])
+                for k in range(1, len(trace))
+            ]
+            ax.plot(ts, _smooth(rate, 5), label=f"{name} ok/s", color=f"C{i}")
+        ax.axhline(sc["ceiling_per_s"], color="k", linestyle="--", label="ceiling")
+        ax.set_xlabel("s")
+        ax.set_ylabel("answered requests/s")
+        ax.set_title(f"{sc['name']}: capacity {sc['simulator']['capacity']}, {sc['rpm_per_min']} rpm")
+        ax2 = ax.twinx()
+        trace = sc.get("service_trace") or []
+        ax2.step([r[0] for r in trace], [r[3] for r in trace], color="C0", alpha=0.4, where="post")
+        ax2.set_ylabel("service AIMD limit", color="C0")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return str(path.relative_to(ROOT))
+
+
+def _smooth(values: list[float], k: int) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        window = values[max(0, i - k + 1) : i + 1]
+        out.append(sum(window) / len(window))
+    return out
+
+
+SCENARIOS = [
+    # the brief's example: the RPM ceiling binds (20 requests/s need ~1 request in flight)
+    {"name": "rpm1200", "capacity": 8, "latency_ms": 50, "rpm": 1200, "rate_window_s": 1.0},
+    # a ceiling that needs real concurrency (~6 in flight) below the capacity of 8
+    {"name": "rpm7200", "capacity": 8, "latency_ms": 50, "rpm": 7200, "rate_window_s": 1.0},
+]
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    base = settings_from_env(service_env(bootstrap, partitions=4, PROMPTBUS_SHUTDOWN_TIMEOUT_S="30"))
+    result: dict[str, Any] = {
+        "bench": "pipeline_bench",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "quick": args.quick,
+    }
+    t0 = time.monotonic()
+    if "throughput" in args.parts:
+        result["throughput"] = await throughput(args, base)
+    if "limiter" in args.parts:
+        result["limiter"] = []
+        for scenario in SCENARIOS[: 1 if args.quick else None]:
+            sc = await limiter_scenario(args, base, scenario)
+            result["limiter"].append({"name": scenario["name"], "rpm_per_min": scenario["rpm"], **sc})
+    result["bench_s"] = round(time.monotonic() - t0, 1)
+    if args.plot:
+        result["plot"] = plot(result, ROOT / "bench/out/pipeline_bench.png")
+    if not args.traces:
+        for sc in result.get("limiter", []):
+            for key in [k for k in sc if k.endswith("_trace")]:
+                del sc[key]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="~1 minute: 4,000 jobs, one limiter scenario, 8 s runs"
+    )
+    parser.add_argument("--jobs", type=int, default=None, help="throughput jobs (default 20000; quick 4000)")
+    parser.add_argument(
+        "--limiter-run-s",
+        type=float,
+        default=None,
+        help="target seconds per limiter variant (default 20; quick 6)",
+    )
+    parser.add_argument(
+        "--variant-timeout-s", type=float, default=120.0, help="bound of one throughput variant"
+    )
+    parser.add_argument("--parts", default="throughput,limiter", help="comma list: throughput, limiter")
+    parser.add_argument("--profile", action="store_true", help="also profile the fake variant (cProfile)")
+    parser.add_argument("--plot", action="store_true", help="draw bench/out/pipeline_bench.png")
+    parser.add_argument("--traces", action="store_true", help="keep the limiter timelines in the JSON")
+    args = parser.parse_args(argv)
+    args.parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if args.jobs is None:
+        args.jobs = 4000 if args.quick else 20000
+    if args.limiter_run_s is None:
+        args.limiter_run_s = 6.0 if args.quick else 20.0
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # a fresh topic's first produce often meets NotLeaderForPartition while the leader is elected
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    result = asyncio.run(main_async(args))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
