@@ -163,21 +163,23 @@ def _read(env: dict[str, str], dlq: bool) -> list[dict]:
 
 
 def _wait_outcomes(env: dict[str, str], expected: set[str], service: subprocess.Popen) -> tuple[dict, dict]:
-    deadline = time.monotonic() + WAIT_S
+    started = time.monotonic()
+    deadline = started + WAIT_S
     results: dict = {}
     dead: dict = {}
+    shown = -1
     while time.monotonic() < deadline:
         results = {r["id"]: r for r in _read(env, dlq=False)}
         dead = {d["id"]: d for d in _read(env, dlq=True)}
         done = expected & (set(results) | set(dead))
-        print(f"\r  {len(done)}/{len(expected)} done", end="", flush=True)
+        if len(done) != shown:
+            shown = len(done)
+            print(f"  {shown}/{len(expected)} done after {time.monotonic() - started:.1f} s", flush=True)
         if done == expected:
-            print()
             return results, dead
         if service.poll() is not None:
             raise RuntimeError(f"promptbus run exited early with {service.returncode}")
         time.sleep(1.0)
-    print()
     return results, dead
 
 

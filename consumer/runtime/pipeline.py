@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
 from consumer.core.errors import ErrorKind, JobError, ProviderError, ServerError
@@ -382,9 +384,11 @@ class Pipeline:
         options = dict(first.options)
         if req.max_tokens is not None:
             options["max_tokens"] = req.max_tokens
+        # the job's own answer schema (if any) becomes the schema of each alias's value
+        item_schema = _job_answer_schema(options.pop("response_format", None))
         schema = None
         if tier.config.batching.structured != "off":
-            schema = answer_schema(req.packed.aliases)
+            schema = answer_schema(req.packed.aliases, item_schema)
         return CompletionRequest((ChatMessage("user", req.packed.text),), tier.config.model, options, schema)
 
     def _apply_step(
@@ -410,6 +414,8 @@ class Pipeline:
                 )
                 continue
             assert completion is not None
+            if answered_by.packed is None:
+                answer = _unwrap_string_answer(answer, ctx.options)
             record = result_record(
                 self._settings.results_topic,
                 job=ctx.job,
@@ -534,6 +540,32 @@ def _ctx(member: Member) -> JobContext:
     ref = member.ref
     assert isinstance(ref, JobContext)
     return ref
+
+
+def _job_answer_schema(response_format: Any) -> dict[str, Any] | None:
+    """The JSON Schema inside a job's `options.response_format`, in OpenAI's or llama.cpp's form."""
+    if not isinstance(response_format, dict):
+        return None
+    schema = response_format.get("schema")
+    if schema is None and isinstance(response_format.get("json_schema"), dict):
+        schema = response_format["json_schema"].get("schema")
+    return schema if isinstance(schema, dict) else None
+
+
+def _unwrap_string_answer(answer: str, options: dict[str, Any]) -> str:
+    """A job whose answer schema is a string gets the string, as a batched member would.
+
+    Schema-constrained servers answer such a request with a JSON string literal ("positive"
+    in quotes); the batched path already yields the bare value.
+    """
+    schema = _job_answer_schema(options.get("response_format"))
+    if schema is None or schema.get("type") != "string":
+        return answer
+    try:
+        value = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return answer
+    return value if isinstance(value, str) else answer
 
 
 def _key_text(key: bytes | None) -> str | None:
