@@ -1,0 +1,138 @@
+"""Backpressure (issue 5, Deliver 3): pause partitions at max_inflight, resume below it.
+
+In-process service (so the test can sample `stats_snapshot()` while it runs), a real broker,
+and a slow simulator over real HTTP (2 requests served at once, ~50 ms each): far more jobs
+arrive than `PROMPTBUS_MAX_INFLIGHT` allows. Every job still completes, partitions were
+paused on the way (seen in the stats gauge and in the pipeline's pause log lines), and they
+are resumed at the end. A second test checks the in-flight count stays within max_inflight
+(it does not yet: one poll takes up to MAX_POLL_RECORDS before the pause; see its xfail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
+from tests.reliability.support import OutcomeFollower, mixed_jobs
+from tests.service.harness import (
+    InProcessService,
+    create_topics,
+    produce,
+    read_outcomes,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+)
+
+pytestmark = pytest.mark.integration
+
+JOBS = 200
+MAX_INFLIGHT = 20
+SAMPLE_INTERVAL_S = 0.01
+FINISH_WAIT_S = 120.0
+#: the pipeline's INFO lines when it pauses and resumes the partitions
+PAUSE_LOG = "backpressure: "
+RESUME_LOG = "backpressure released"
+
+
+@dataclass
+class BackpressureRun:
+    """What one run measured: outcomes, stats samples and the pipeline's pause/resume logs."""
+
+    jobs: list[dict[str, Any]]
+    results: dict[str, list[dict[str, Any]]]
+    dead: dict[Any, list[dict[str, Any]]]
+    peak_inflight: int
+    peak_paused: int
+    samples: int
+    pauses: int
+    resumes: int
+    final: dict[str, Any]
+
+
+async def run_backpressure(kafka_bootstrap: str, caplog: pytest.LogCaptureFixture) -> BackpressureRun:
+    """Run JOBS jobs through an in-process service with max_inflight MAX_INFLIGHT; sample stats."""
+    caplog.set_level(logging.INFO, logger="consumer.runtime.pipeline")
+    env = service_env(kafka_bootstrap, partitions=4, PROMPTBUS_MAX_INFLIGHT=MAX_INFLIGHT)
+    settings = settings_from_env(env)
+    await create_topics(settings)
+    jobs = mixed_jobs(JOBS)
+    ids = {j["id"] for j in jobs}
+    peak_inflight = peak_paused = samples = 0
+
+    with run_simulator(SimulatorConfig(latency_ms=50, capacity=2, seed=9)) as base_url:
+        service = InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=5))
+        async with service, OutcomeFollower(settings) as follower:
+            await produce(settings, jobs)
+            deadline = time.monotonic() + FINISH_WAIT_S
+            while time.monotonic() < deadline and not ids <= follower.ids():
+                follower.check_alive()
+                snap = service.stats_snapshot()
+                peak_inflight = max(peak_inflight, snap["inflight"])
+                peak_paused = max(peak_paused, snap["paused_partitions"])
+                samples += 1
+                await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+            # the gauges are refreshed once per poll round (<= 50 ms): give it a few rounds
+            def settled() -> bool:
+                snap = service.stats_snapshot()
+                return snap["paused_partitions"] == 0 and snap["inflight"] == 0
+
+            await follower.wait(settled, timeout_s=5)
+            final = service.stats_snapshot()
+
+    outcomes = await read_outcomes(settings)
+    messages = [r.getMessage() for r in caplog.records if r.name == "consumer.runtime.pipeline"]
+    return BackpressureRun(
+        jobs=jobs,
+        results=outcomes.results,
+        dead=outcomes.dead,
+        peak_inflight=peak_inflight,
+        peak_paused=peak_paused,
+        samples=samples,
+        pauses=sum(1 for m in messages if m.startswith(PAUSE_LOG)),
+        resumes=sum(1 for m in messages if m.startswith(RESUME_LOG)),
+        final=final,
+    )
+
+
+async def test_small_max_inflight_pauses_and_every_job_completes(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = await run_backpressure(kafka_bootstrap, caplog)
+    ids = {j["id"] for j in run.jobs}
+    assert set(run.results) == ids, f"{len(ids - set(run.results))} jobs without result"
+    assert not run.dead, list(run.dead.items())[:3]
+    for j in run.jobs:
+        assert all(r["output"] == answer_for(j["variables"]["text"]) for r in run.results[j["id"]])
+    assert run.peak_paused > 0, f"no paused partition seen in {run.samples} stats samples"
+    assert run.pauses >= 1, "the pipeline never logged a pause"
+    assert run.resumes >= 1, "the pipeline never logged a resume"
+    assert run.final["paused_partitions"] == 0, "partitions still paused after every job completed"
+    assert run.final["inflight"] == 0, run.final
+    print(
+        f"backpressure: max_inflight {MAX_INFLIGHT}, {JOBS} jobs all answered; {run.pauses} pauses, "
+        f"{run.resumes} resumes; peak in-flight {run.peak_inflight}, peak paused partitions "
+        f"{run.peak_paused} ({run.samples} samples)"
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: Pipeline.run polls MAX_POLL_RECORDS (500) per round whatever the room left "
+    "under max_inflight, so one poll can take the whole backlog before the pause "
+    "(fix: poll at most max(1, max_inflight - sink.inflight()) records)",
+)
+async def test_inflight_stays_within_max_inflight(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = await run_backpressure(kafka_bootstrap, caplog)
+    assert set(run.results) == {j["id"] for j in run.jobs}
+    print(f"peak in-flight {run.peak_inflight} with max_inflight {MAX_INFLIGHT}")
+    assert run.peak_inflight <= MAX_INFLIGHT, f"peak in-flight {run.peak_inflight} > {MAX_INFLIGHT}"
