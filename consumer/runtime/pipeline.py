@@ -112,7 +112,9 @@ class Pipeline:
                 next_due = self._windows.next_deadline_s()
                 if next_due is not None:
                     timeout_s = max(0.0, min(timeout_s, next_due - self._clock()))
-                records = await self._intake.poll(timeout_s, MAX_POLL_RECORDS)
+                # never take more than max_inflight allows: the pause below only stops the next poll
+                room = self._settings.max_inflight - self._sink.inflight()
+                records = await self._intake.poll(timeout_s, max(1, min(MAX_POLL_RECORDS, room)))
                 now_s = self._clock()
                 for record in records:
                     self._take(record, now_s)

@@ -5,7 +5,7 @@ and a slow simulator over real HTTP (2 requests served at once, ~50 ms each): fa
 arrive than `PROMPTBUS_MAX_INFLIGHT` allows. Every job still completes, partitions were
 paused on the way (seen in the stats gauge and in the pipeline's pause log lines), and they
 are resumed at the end. A second test checks the in-flight count stays within max_inflight
-(it does not yet: one poll takes up to MAX_POLL_RECORDS before the pause; see its xfail).
+(a poll takes at most the room left under it).
 """
 
 from __future__ import annotations
@@ -123,12 +123,6 @@ async def test_small_max_inflight_pauses_and_every_job_completes(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: Pipeline.run polls MAX_POLL_RECORDS (500) per round whatever the room left "
-    "under max_inflight, so one poll can take the whole backlog before the pause "
-    "(fix: poll at most max(1, max_inflight - sink.inflight()) records)",
-)
 async def test_inflight_stays_within_max_inflight(
     kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
