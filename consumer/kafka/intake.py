@@ -7,7 +7,7 @@ committed only by the delivery sink (`consumer.kafka.sink`), never automatically
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,11 +65,17 @@ class JobIntake(Protocol):
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, handler: RebalanceHandler) -> None:
+    def __init__(self, handler: RebalanceHandler, forget: Callable[[set[TopicPartition]], None]) -> None:
         self._handler = handler
+        self._forget = forget
 
     async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
-        await self._handler.on_revoked(set(revoked))
+        try:
+            await self._handler.on_revoked(set(revoked))
+        finally:
+            # a partition assigned again is read from its committed offset, not from where
+            # this instance had fetched to: its old fetch position must not count as fetched
+            self._forget(set(revoked))
 
     async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
         await self._handler.on_assigned(set(assigned))
@@ -98,11 +104,15 @@ class KafkaIntake:
         self._next_offset: dict[TopicPartition, int] = {}
 
     async def start(self, handler: RebalanceHandler) -> None:
-        self._consumer.subscribe([self._topic], listener=_Listener(handler))
+        self._consumer.subscribe([self._topic], listener=_Listener(handler, self._forget_positions))
         await self._consumer.start()
 
     async def stop(self) -> None:
         await self._consumer.stop()
+
+    def _forget_positions(self, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            self._next_offset.pop(tp, None)
 
     async def poll(self, timeout_s: float, max_records: int) -> list[InRecord]:
         batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records)

@@ -11,6 +11,11 @@
 
 A `Ticket` is issued per input record on intake; it carries the partition's assignment
 epoch, so completions that arrive after the partition was revoked are dropped.
+
+A revoke always forgets the partition, even when its last commit fails (the group moved on:
+the new owner reads from the last committed offset). A transactional producer fenced by a
+newer owner of its partition (this instance is a zombie) drops that partition's uncommitted
+outcomes and leaves the other partitions committing.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ProducerFenced
 
 from consumer.core.offsets import OffsetTracker
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
@@ -185,6 +191,22 @@ class _SinkBase:
             self._tracker.forget(tp)
             self._epochs.pop(tp, None)
 
+    async def _finish_revoke(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        """Wait (bounded) for the partitions' work and commit it; a failure only loses progress.
+
+        Never raises: the caller forgets the partitions whatever happens here, else a stale
+        watermark would outlive the revoke and reject the offsets read after a reassignment.
+        """
+        try:
+            await self._wait_done(partitions, timeout_s)
+            await self._commit_ready(partitions)
+        except Exception:
+            log.warning(
+                "revoke of %s: final commit failed; the next owner starts at the last committed offsets",
+                sorted(partitions),
+                exc_info=True,
+            )
+
 
 class AtLeastOnceSink(_SinkBase):
     """Idempotent producer; commit the contiguous watermark of acked outcomes."""
@@ -247,9 +269,10 @@ class AtLeastOnceSink(_SinkBase):
             self._tracker.mark_committed(ready)
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
-        await self._wait_done(partitions, timeout_s)
-        await self._commit_ready(partitions)
-        self._forget(partitions)
+        try:
+            await self._finish_revoke(partitions, timeout_s)
+        finally:
+            self._forget(partitions)
 
     async def flush(self, timeout_s: float) -> None:
         await self._wait_done(None, timeout_s)
@@ -288,11 +311,39 @@ class ExactlyOnceSink(_SinkBase):
         self._tracker.complete(tp, ticket.source.offset)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
+        # One partition's failure must not hold back the others: each commits on its own,
+        # and the first error is raised once all were tried (the commit loop retries it).
+        error: Exception | None = None
         ready = self._tracker.committable()
         for tp, next_offset in ready.items():
             if partitions is not None and tp not in partitions:
                 continue
-            await self._commit_partition(tp, next_offset)
+            try:
+                await self._commit_partition(tp, next_offset)
+            except ProducerFenced:
+                log.warning(
+                    "%s: producer %s was fenced by a newer owner; dropping the partition's "
+                    "uncommitted outcomes (the new owner processes them)",
+                    tp,
+                    self.transactional_id(tp),
+                )
+                await self._drop(tp)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    async def _drop(self, tp: TopicPartition) -> None:
+        """Forget a partition this instance no longer owns and close its producer."""
+        self._ready.pop(tp, None)
+        self._locks.pop(tp, None)
+        self._forget({tp})
+        producer = self._producers.pop(tp, None)
+        if producer is not None:
+            try:
+                await producer.stop()
+            except Exception:  # a fenced producer may fail to close cleanly; it is gone either way
+                log.debug("closing the fenced producer of %s failed", tp, exc_info=True)
 
     async def _commit_partition(self, tp: TopicPartition, next_offset: int) -> None:
         producer = self._producers.get(tp)
@@ -313,15 +364,11 @@ class ExactlyOnceSink(_SinkBase):
             self._tracker.mark_committed({tp: next_offset})
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
-        await self._wait_done(partitions, timeout_s)
-        await self._commit_ready(partitions)
-        for tp in partitions:
-            self._ready.pop(tp, None)
-            producer = self._producers.pop(tp, None)
-            self._locks.pop(tp, None)
-            if producer is not None:
-                await producer.stop()
-        self._forget(partitions)
+        try:
+            await self._finish_revoke(partitions, timeout_s)
+        finally:
+            for tp in partitions:
+                await self._drop(tp)
 
     async def flush(self, timeout_s: float) -> None:
         await self._wait_done(None, timeout_s)

@@ -1,0 +1,173 @@
+"""Delivery-layer faults without a broker: failed commits on revoke, a fenced transactional producer.
+
+The sinks (`consumer.kafka.sink`) are driven directly with in-memory fakes of the producer and
+the commit function, so each fault happens exactly where the test puts it:
+
+- a revoke whose last commit fails (the group moved on) must still forget the partition, or
+  a reassignment that reads it again from the committed offset would be rejected;
+- an exactly_once producer fenced by a newer owner of its partition (this instance is a
+  zombie) drops that partition's outcomes and must not hold back the other partitions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+from aiokafka.errors import CommitFailedError, KafkaConnectionError, ProducerFenced
+
+from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
+from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink
+
+TOPIC = "jobs"
+GROUP = "g"
+
+
+class FakeTxnProducer:
+    """Transactional producer fake: records sent in a transaction appear on commit only."""
+
+    def __init__(self, transactional_id: str | None) -> None:
+        self.transactional_id = transactional_id
+        self.committed: list[tuple[str, bytes]] = []
+        self.offsets: list[dict[TopicPartition, int]] = []
+        self.fail_with: Exception | None = None
+        self.stopped = False
+        self._staged: list[tuple[str, bytes]] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        self._staged = []
+        yield  # an exception inside aborts: nothing staged becomes visible
+        self.committed += self._staged
+
+    async def send(self, topic: str, value: bytes, **_: Any) -> None:
+        self._staged.append((topic, value))
+
+    async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, int], group_id: str) -> None:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.offsets.append(offsets)
+
+
+class FakeFactory:
+    """`make_producer(transactional_id=...)` that keeps every producer it made."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, FakeTxnProducer] = {}
+
+    def __call__(self, *, transactional_id: str | None) -> Any:
+        producer = FakeTxnProducer(transactional_id)
+        self.made[transactional_id or ""] = producer
+        return producer
+
+
+def outcome(offset: int) -> Sequence[OutRecord]:
+    return [OutRecord("results", f"job-{offset}".encode(), f"result-{offset}".encode())]
+
+
+async def test_revoke_forgets_the_partition_even_when_its_last_commit_fails() -> None:
+    commits: list[dict[TopicPartition, int]] = []
+
+    async def commit(offsets: dict[TopicPartition, int]) -> None:
+        if not commits:
+            commits.append({})  # the first commit fails, as after a session timeout
+            raise CommitFailedError("the group rebalanced")
+        commits.append(offsets)
+
+    sink = AtLeastOnceSink(producer=FakeTxnProducer(None), commit=commit)
+    tp = TopicPartition(TOPIC, 0)
+    await sink.on_assigned({tp})
+    tickets = [sink.track(SourceOffset(TOPIC, 0, o)) for o in range(3)]
+    for ticket in tickets[:2]:
+        sink.deliver(ticket, [])  # an empty outcome completes at once (no producer involved)
+
+    await sink.on_revoked({tp}, timeout_s=0.1)  # must not raise: the group has moved on
+    assert sink.inflight() == 0
+
+    sink.deliver(tickets[2], [])  # a late completion from before the revoke
+    assert sink.dropped_late == 1
+
+    # assigned again: read again from the committed offset (0), below what was tracked before
+    await sink.on_assigned({tp})
+    again = [sink.track(SourceOffset(TOPIC, 0, o)) for o in range(3)]
+    for ticket in again:
+        sink.deliver(ticket, [])
+    await sink.flush(timeout_s=1)
+    assert commits[-1] == {tp: 3}
+
+
+async def test_exactly_once_revoke_closes_producers_even_when_the_commit_fails() -> None:
+    factory = FakeFactory()
+    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    tp = TopicPartition(TOPIC, 0)
+    await sink.on_assigned({tp})
+    producer = factory.made[sink.transactional_id(tp)]
+    producer.fail_with = KafkaConnectionError("coordinator gone")
+    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+
+    await sink.on_revoked({tp}, timeout_s=0.1)
+    assert producer.stopped
+    assert producer.committed == [], "an aborted transaction published outcomes"
+    assert sink.inflight() == 0
+
+    await sink.on_assigned({tp})  # a new producer for the same transactional id
+    assert factory.made[sink.transactional_id(tp)] is not producer
+    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+    await sink.flush(timeout_s=1)
+    assert factory.made[sink.transactional_id(tp)].committed == [("results", b"result-0")]
+
+
+async def test_a_fenced_partition_is_dropped_and_the_others_keep_committing() -> None:
+    factory = FakeFactory()
+    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    tps = [TopicPartition(TOPIC, p) for p in range(3)]
+    await sink.on_assigned(set(tps))
+    fenced = factory.made[sink.transactional_id(tps[0])]
+    fenced.fail_with = ProducerFenced()
+    late = []
+    for tp in tps:
+        for offset in range(2):
+            ticket = sink.track(SourceOffset(TOPIC, tp.partition, offset))
+            if tp == tps[0] and offset == 1:
+                late.append(ticket)
+                continue
+            sink.deliver(ticket, outcome(offset))
+
+    await sink.flush(timeout_s=0.2)  # raises nothing: a fence is not retried
+
+    assert fenced.committed == [] and fenced.stopped
+    for tp in tps[1:]:
+        producer = factory.made[sink.transactional_id(tp)]
+        assert producer.offsets == [{tp: 2}], f"{tp} was held back by the fenced partition"
+        assert len(producer.committed) == 2
+    assert sink.inflight(tps[0]) == 0, "the fenced partition's work is still counted in flight"
+    sink.deliver(late[0], outcome(1))
+    assert sink.dropped_late == 1
+
+
+async def test_an_ordinary_failure_on_one_partition_does_not_block_the_others() -> None:
+    factory = FakeFactory()
+    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    tps = [TopicPartition(TOPIC, p) for p in range(2)]
+    await sink.on_assigned(set(tps))
+    failing = factory.made[sink.transactional_id(tps[0])]
+    failing.fail_with = KafkaConnectionError("broker briefly gone")
+    for tp in tps:
+        sink.deliver(sink.track(SourceOffset(TOPIC, tp.partition, 0)), outcome(0))
+
+    with pytest.raises(KafkaConnectionError):
+        await sink.flush(timeout_s=0.2)
+    assert factory.made[sink.transactional_id(tps[1])].offsets == [{tps[1]: 1}]
+
+    failing.fail_with = None  # the broker is back: the kept outcome commits on the next round
+    await sink.flush(timeout_s=1)
+    assert failing.committed == [("results", b"result-0")]
+    assert failing.offsets == [{tps[0]: 1}]
