@@ -34,7 +34,7 @@ from consumer.providers.anthropic import (
     parse_message,
 )
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
-from consumer.providers.batchsplit import check_custom_ids, split_by_limits
+from consumer.providers.batchsplit import check_custom_ids, create_chunks, split_by_limits
 from consumer.providers.structured import StructuredMode
 
 log = logging.getLogger(__name__)
@@ -100,26 +100,14 @@ class AnthropicBatchProvider:
         chunks = split_by_limits(
             sizes, max_requests=self.max_requests, max_bytes=self.max_bytes, overhead_bytes=len(_ENVELOPE)
         )
-        jobs: list[BatchJob] = []
-        for chunk in chunks:
-            try:
-                reply = await self.http.request(
-                    "POST", "/v1/messages/batches", json_body={"requests": [items[i] for i in chunk]}
-                )
-            except ProviderError:
-                if jobs:
-                    log.warning(
-                        "%s: batch submit failed after %d batches were created: %s",
-                        self.name,
-                        len(jobs),
-                        [j.id for j in jobs],
-                    )
-                raise
-            job = self._job(reply.json)
-            self._submitted[job.id] = {requests[i].custom_id: requests[i] for i in chunk}
-            log.info("%s: created batch %s with %d requests", self.name, job.id, len(chunk))
-            jobs.append(job)
-        return jobs
+
+        async def create(chunk: range) -> BatchJob:
+            reply = await self.http.request(
+                "POST", "/v1/messages/batches", json_body={"requests": [items[i] for i in chunk]}
+            )
+            return self._job(reply.json)
+
+        return await create_chunks(self.name, requests, chunks, create, self._submitted)
 
     def _job(self, payload: Any) -> BatchJob:
         try:

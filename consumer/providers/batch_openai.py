@@ -25,7 +25,7 @@ from pydantic import SecretStr
 from consumer.core.completion import CompletionRequest
 from consumer.core.errors import MalformedResponse, ProviderError, Rejected
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
-from consumer.providers.batchsplit import check_custom_ids, split_by_limits
+from consumer.providers.batchsplit import check_custom_ids, create_chunks, split_by_limits
 from consumer.providers.httpapi import ProviderHttp
 from consumer.providers.openai import bearer_auth, build_chat_body, parse_chat_completion
 from consumer.providers.structured import STRUCTURED_MODES, StructuredMode
@@ -108,40 +108,28 @@ class OpenAIBatchProvider:
         chunks = split_by_limits(
             [len(line) for line in lines], max_requests=self.max_requests, max_bytes=self.max_bytes
         )
-        jobs: list[BatchJob] = []
-        for chunk in chunks:
+
+        async def create(chunk: range) -> BatchJob:
             content = b"".join(lines[i] for i in chunk)
-            try:
-                upload = await self.http.request(
-                    "POST",
-                    "/files",
-                    files={"file": ("batch.jsonl", content, "application/jsonl")},
-                    data={"purpose": "batch"},
-                )
-                file_id = _field(upload.json, "id", self.http)
-                created = await self.http.request(
-                    "POST",
-                    "/batches",
-                    json_body={
-                        "input_file_id": file_id,
-                        "endpoint": CHAT_ENDPOINT,
-                        "completion_window": self.completion_window,
-                    },
-                )
-            except ProviderError:
-                if jobs:
-                    log.warning(
-                        "%s: batch submit failed after %d batches were created: %s",
-                        self.name,
-                        len(jobs),
-                        [j.id for j in jobs],
-                    )
-                raise
-            job = self._job(created.json)
-            self._submitted[job.id] = {requests[i].custom_id: requests[i] for i in chunk}
-            log.info("%s: created batch %s with %d requests", self.name, job.id, len(chunk))
-            jobs.append(job)
-        return jobs
+            upload = await self.http.request(
+                "POST",
+                "/files",
+                files={"file": ("batch.jsonl", content, "application/jsonl")},
+                data={"purpose": "batch"},
+            )
+            file_id = _field(upload.json, "id", self.http)
+            created = await self.http.request(
+                "POST",
+                "/batches",
+                json_body={
+                    "input_file_id": file_id,
+                    "endpoint": CHAT_ENDPOINT,
+                    "completion_window": self.completion_window,
+                },
+            )
+            return self._job(created.json)
+
+        return await create_chunks(self.name, requests, chunks, create, self._submitted)
 
     def _job(self, payload: Any) -> BatchJob:
         try:

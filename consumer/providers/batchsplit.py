@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from consumer.providers.base import BatchRequest
+from consumer.core.errors import ProviderError
+from consumer.providers.base import BatchJob, BatchRequest
+
+log = logging.getLogger(__name__)
 
 
 def check_custom_ids(requests: Sequence[BatchRequest], *, pattern: re.Pattern[str] | None = None) -> None:
@@ -50,3 +54,34 @@ def split_by_limits(
     if start < len(sizes_bytes):
         chunks.append(range(start, len(sizes_bytes)))
     return chunks
+
+
+async def create_chunks(
+    name: str,
+    requests: Sequence[BatchRequest],
+    chunks: Sequence[range],
+    create: Callable[[range], Awaitable[BatchJob]],
+    submitted: dict[str, dict[str, BatchRequest]],
+) -> list[BatchJob]:
+    """Create one provider batch per chunk with `create`, recording each batch's requests.
+
+    If a later chunk fails, the batches already created stay submitted: their ids are logged
+    and the error is raised.
+    """
+    jobs: list[BatchJob] = []
+    for chunk in chunks:
+        try:
+            job = await create(chunk)
+        except ProviderError:
+            if jobs:
+                log.warning(
+                    "%s: batch submit failed after %d batches were created: %s",
+                    name,
+                    len(jobs),
+                    [j.id for j in jobs],
+                )
+            raise
+        submitted[job.id] = {requests[i].custom_id: requests[i] for i in chunk}
+        log.info("%s: created batch %s with %d requests", name, job.id, len(chunk))
+        jobs.append(job)
+    return jobs
