@@ -1,0 +1,546 @@
+"""Batching quality on the real local model: accuracy, requests, wall time per batch size.
+
+Against llama-cpp-python's server with SmolLM2-135M-Instruct (started here through
+`consumer.localmodel` unless one already answers), through the real adapter
+(`consumer.providers.factory.build_provider`, provider openai_compat) and the real pure
+core (`packing.pack` / `parse_answer` via `RequestPlan`, which follows splits and re-asks
+until every item has its answer), this classifies the labelled texts of
+`examples/sentiment_labelled.jsonl`:
+
+- at fixed batch sizes 1, 2, 4, 8, 16, in three modes:
+  `off` (no schema: the prompt alone asks for the JSON object), `json_object` (the
+  llama.cpp server constrains the answer to a JSON Schema requiring exactly the request's
+  aliases, each value a string) and `labels` (the same, each value following the job's own
+  answer schema, an enum of the labels; the job's ordinary requests carry it too). Size 1
+  is an ordinary request (DESIGN.md rule 5): it runs once for free-text jobs and once for
+  jobs with the label schema;
+- with the adaptive size (`consumer.core.adaptive.AdaptiveBatchSize`, initial 4, max 16,
+  probe after 10 s): every batched verdict is recorded, each new chunk takes the current
+  size, and a share (`--verify-fraction`, 0.25) of each batched request's items is also
+  asked alone: agreement below `--min-agreement` (0.8) shrinks the size like an invalid
+  answer. Those verification requests count in `provider_requests`.
+
+For each: accuracy against the labels (the answer is normalized with
+`adaptive.normalize_answer` and its first label word counts), provider requests (with the
+verdict kinds of the batched ones), agreement of batched answers with the single answers
+of the same jobs (`adaptive.answers_agree`), tokens read and written by the server (the
+cost that does not depend on what else runs on the machine), wall time and items per
+second (which do: the 1-minute load average at the start of each run is recorded). Prints one
+JSON document and draws `bench/out/batching_quality.png` plus a copy at
+`docs/batching_quality.png`. No thresholds: numbers only.
+
+Usage: python bench/batching_quality.py [--texts 64] [--sizes 1,2,4,8,16] [--modes off,json_object,labels]
+       [--concurrency 2] [--base-url URL] [--no-adaptive] [--out FILE.json]
+A full run (64 texts) takes about 5-10 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from consumer import localmodel
+from consumer.core.adaptive import AdaptiveBatchSize, answers_agree, choose_verified, normalize_answer
+from consumer.core.completion import ChatMessage, CompletionRequest
+from consumer.core.errors import ProviderError, ServerError
+from consumer.core.packing import answer_schema
+from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
+from consumer.core.retry import RetryPolicy
+from consumer.providers.base import CompletionProvider
+from consumer.providers.factory import build_provider, make_http_client
+from consumer.settings import TierConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "examples" / "sentiment_labelled.jsonl"
+OUT_DIR = ROOT / "bench" / "out"
+DOCS_PNG = ROOT / "docs" / "batching_quality.png"
+
+LABELS = ("positive", "negative")
+# SmolLM2-135M is sensitive to wording; this prompt scored best in bench/local_model_probe.py.
+# "REVIEW:" is the data-marker line: the batch instruction goes before it (rule 6).
+PREFIX = "Is the sentiment of this review positive or negative? Reply with a single word.\nREVIEW:\n"
+VARIABLE = "text"
+#: the job's own answer schema in the "labels" mode
+LABEL_SCHEMA: dict[str, Any] = {"type": "string", "enum": list(LABELS)}
+ITEM_MAX_TOKENS = 8
+RETRY = RetryPolicy(max_attempts=3, backoff_initial_s=0.5, backoff_max_s=5.0)
+TIMEOUT_S = 180.0
+
+
+def progress(message: str) -> None:
+    print(f"[batching_quality] {message}", file=sys.stderr, flush=True)
+
+
+def load_rows(count: int) -> list[dict[str, str]]:
+    rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+    if len(rows) < count:
+        raise SystemExit(f"{DATA} holds {len(rows)} texts, fewer than --texts {count}")
+    return rows[:count]
+
+
+def label_of(answer: str) -> str | None:
+    """The first label word of a normalized answer ("Positive." -> positive), else None."""
+    for word in normalize_answer(answer).split():
+        if word in LABELS:
+            return word
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RunStats:
+    """What one configuration did."""
+
+    requests: int = 0
+    batched_requests: int = 0
+    verdicts: Counter[str] = field(default_factory=Counter)
+    errors: int = 0
+    sizes_used: list[int] = field(default_factory=list)
+    #: item index -> (answer, answered by a batched request)
+    answers: dict[int, tuple[str, bool]] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    verify_requests: int = 0
+    #: tokens the server read and wrote (deterministic at temperature 0, unlike wall time
+    #: on a shared machine)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    #: [agreed, compared] of the verification requests
+    agreement: list[int] = field(default_factory=lambda: [0, 0])
+
+
+class Runner:
+    """Sends the plans of one configuration through the real adapter, `concurrency` requests at a time.
+
+    item_schema: the job's own answer schema (each batched value follows it, and an ordinary
+        request carries it too), or None for free-text jobs.
+    structured: whether a batched request carries the answer schema (`structured` != off).
+    verify_fraction / on_agreement: that share of each batched request's answered members is
+        asked alone as well; (agreed, compared, size, now_s) is reported per request.
+    """
+
+    def __init__(
+        self,
+        provider: CompletionProvider,
+        model: str,
+        *,
+        structured: bool,
+        item_schema: dict[str, Any] | None,
+        concurrency: int,
+        verify_fraction: float = 0.0,
+        on_agreement: Callable[[int, int, int, float], object] | None = None,
+    ) -> None:
+        self.provider = provider
+        self.model = model
+        self.structured = structured
+        self.item_schema = item_schema
+        self.sem = asyncio.Semaphore(concurrency)
+        self.rng = random.Random(7)
+        self.verify_fraction = verify_fraction
+        self.on_agreement = on_agreement
+
+    def build(self, req: PlannedRequest) -> CompletionRequest:
+        """The same request the pipeline builds (`pipeline._build_request`)."""
+        options: dict[str, Any] = {"temperature": 0, "max_tokens": ITEM_MAX_TOKENS}
+        if req.packed is None:
+            return self.single(req.members[0])
+        if req.max_tokens is not None:
+            options["max_tokens"] = req.max_tokens
+        schema = answer_schema(req.packed.aliases, self.item_schema) if self.structured else None
+        return CompletionRequest((ChatMessage("user", req.packed.text),), self.model, options, schema)
+
+    def single(self, member: Member) -> CompletionRequest:
+        """The job's own ordinary request (its answer schema, if any, applies as usual)."""
+        options: dict[str, Any] = {"temperature": 0, "max_tokens": ITEM_MAX_TOKENS}
+        content = PREFIX + member.input
+        return CompletionRequest((ChatMessage("user", content),), self.model, options, self.item_schema)
+
+    async def verify(self, answered: Sequence[tuple[Member, str]], size: int, stats: RunStats) -> None:
+        """Ask the chosen members alone; count agreement with their batched answers."""
+        chosen = choose_verified(list(answered), self.verify_fraction, self.rng)
+        if not chosen:
+            return
+
+        async def one(member: Member, batched_answer: str) -> bool:
+            async with self.sem:
+                stats.requests += 1
+                stats.verify_requests += 1
+                try:
+                    completion = await self.provider.complete(self.single(member))
+                except ProviderError:
+                    stats.errors += 1
+                    return False
+            stats.input_tokens += completion.usage.input_tokens
+            stats.output_tokens += completion.usage.output_tokens
+            return answers_agree(batched_answer, completion.text)
+
+        agreed = sum(await asyncio.gather(*(one(m, a) for m, a in chosen)))
+        stats.agreement[0] += agreed
+        stats.agreement[1] += len(chosen)
+        if self.on_agreement is not None:
+            self.on_agreement(agreed, len(chosen), size, time.monotonic())
+
+    async def run_chunk(
+        self,
+        members: Sequence[Member],
+        stats: RunStats,
+        on_verdict: Callable[[str, int, float], object] | None = None,
+    ) -> None:
+        """Run one window's plan to completion (every member answered or failed)."""
+        plan = RequestPlan(members, prefix=PREFIX, variable=VARIABLE, retry=RETRY, rng=self.rng)
+
+        async def send(req: PlannedRequest, group: asyncio.TaskGroup) -> None:
+            if req.delay_s:
+                await asyncio.sleep(req.delay_s)
+            async with self.sem:
+                stats.requests += 1
+                stats.batched_requests += req.batched
+                try:
+                    completion = await self.provider.complete(self.build(req))
+                except ProviderError as exc:
+                    stats.errors += 1
+                    step: Step = plan.on_error(req, exc)
+                except Exception as exc:
+                    # like the pipeline: an adapter bug must not lose items, retry it
+                    stats.errors += 1
+                    error = ServerError(f"unexpected {type(exc).__name__}", provider="bench")
+                    step = plan.on_error(req, error)
+                else:
+                    stats.input_tokens += completion.usage.input_tokens
+                    stats.output_tokens += completion.usage.output_tokens
+                    step = plan.on_answer(req, completion.text, completion.finish_reason)
+            if step.verdict is not None:
+                stats.verdicts[step.verdict.kind.value] += 1
+                if on_verdict is not None:
+                    on_verdict(step.verdict.kind.value, len(req.members), time.monotonic())
+            by_batch: list[tuple[Member, str]] = []
+            for member, answer, by in step.answered:
+                stats.answers[int(str(member.ref))] = (answer, by.batched)
+                if by.batched:
+                    by_batch.append((member, answer))
+            for member, kind, message in step.failed:
+                stats.failed[int(str(member.ref))] = f"{kind.value}: {message}"
+            for nxt in step.requests:
+                group.create_task(send(nxt, group))
+            if by_batch and self.verify_fraction > 0:
+                group.create_task(self.verify(by_batch, len(req.members), stats))
+
+        async with asyncio.TaskGroup() as group:
+            for req in plan.start():
+                group.create_task(send(req, group))
+        assert plan.done
+
+    async def run(
+        self,
+        rows: Sequence[dict[str, str]],
+        size_at: Callable[[float], int],
+        on_verdict: Callable[[str, int, float], object] | None,
+        workers: int,
+    ) -> RunStats:
+        """Feed the rows in chunks of `size_at(now)` items; `workers` chunks in flight at once."""
+        stats = RunStats()
+        members = [Member(ref=i, input=r["text"], max_tokens=ITEM_MAX_TOKENS) for i, r in enumerate(rows)]
+        cursor = 0
+
+        async def worker() -> None:
+            nonlocal cursor
+            while cursor < len(members):
+                size = max(1, size_at(time.monotonic()))
+                chunk = members[cursor : cursor + size]
+                cursor += len(chunk)
+                stats.sizes_used.append(len(chunk))
+                await self.run_chunk(chunk, stats, on_verdict)
+
+        async with asyncio.TaskGroup() as group:
+            for _ in range(workers):
+                group.create_task(worker())
+        return stats
+
+
+def summarize(
+    name: str,
+    mode: str,
+    size: int | str,
+    rows: Sequence[dict[str, str]],
+    stats: RunStats,
+    wall_s: float,
+    singles: dict[int, str] | None,
+) -> dict[str, Any]:
+    """One configuration's numbers (see the module docstring)."""
+    correct = sum(
+        1
+        for i, row in enumerate(rows)
+        if i in stats.answers and label_of(stats.answers[i][0]) == row["label"]
+    )
+    batched = [i for i, (_, by_batch) in stats.answers.items() if by_batch]
+    entry: dict[str, Any] = {
+        "config": name,
+        "structured": mode,
+        "size": size,
+        "items": len(rows),
+        "correct": correct,
+        "accuracy": round(correct / len(rows), 3),
+        "unlabelled_answers": sum(1 for a, _ in stats.answers.values() if label_of(a) is None),
+        "failed": len(stats.failed),
+        "provider_requests": stats.requests,
+        "batched_requests": stats.batched_requests,
+        "requests_per_item": round(stats.requests / len(rows), 3),
+        "verdicts": dict(sorted(stats.verdicts.items())),
+        "provider_errors": stats.errors,
+        "items_answered_batched": len(batched),
+        "input_tokens": stats.input_tokens,
+        "output_tokens": stats.output_tokens,
+        "wall_s": round(wall_s, 2),
+        "items_per_s": round(len(rows) / wall_s, 2),
+    }
+    if singles is not None and batched:
+        agreed = sum(1 for i in batched if i in singles and answers_agree(stats.answers[i][0], singles[i]))
+        entry["agreement_with_single"] = round(agreed / len(batched), 3)
+    if size == "adaptive":
+        entry["chunk_sizes"] = stats.sizes_used
+        entry["verify_requests"] = stats.verify_requests
+        agreed, compared = stats.agreement
+        entry["verified"] = {"compared": compared, "agreed": agreed}
+    return entry
+
+
+#: bench mode -> (tier `batching.structured`, the job's own answer schema)
+MODES: dict[str, tuple[str, dict[str, Any] | None]] = {
+    # the prompt alone asks for the JSON object; jobs answer in free text
+    "off": ("off", None),
+    # the server enforces {alias: string} for exactly the request's aliases
+    "json_object": ("json_object", None),
+    # ... and each value follows the job's own answer schema, an enum of the labels (the
+    # job gives it in options.response_format; its ordinary requests carry it too)
+    "labels": ("json_object", LABEL_SCHEMA),
+}
+
+
+async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Run every configuration in turn; returns their summaries."""
+    results: list[dict[str, Any]] = []
+    singles: dict[bool, dict[int, str]] = {}  # by "has an answer schema"
+    providers: dict[str, CompletionProvider] = {}
+    for mode in args.modes:
+        structured, _ = MODES[mode]
+        tier = TierConfig.model_validate(
+            {
+                "provider": "openai_compat",
+                "base_url": base_url,
+                "model": localmodel.MODEL_ALIAS,
+                "timeout_s": TIMEOUT_S,
+                "batching": {"enabled": True, "max_items": max(args.sizes), "structured": structured},
+                "limiter": {"algorithm": "fixed", "initial": args.concurrency, "max": args.concurrency},
+            }
+        )
+        providers[mode] = build_provider(f"bench-{mode}", tier, make_http_client(tier))
+
+    def runner(mode: str, **kwargs: Any) -> Runner:
+        structured, item_schema = MODES[mode]
+        return Runner(
+            providers[mode],
+            localmodel.MODEL_ALIAS,
+            structured=structured != "off",
+            item_schema=item_schema,
+            concurrency=args.concurrency,
+            **kwargs,
+        )
+
+    try:
+        await runner(args.modes[0]).run(rows[:2], lambda _now: 1, None, 1)  # warm-up, not counted
+        configs: list[tuple[str, int | str]] = []
+        if 1 in args.sizes:
+            # an ordinary request is the same with or without batching; it differs only
+            # when the job carries its own answer schema
+            seen: set[bool] = set()
+            for mode in args.modes:
+                has_schema = MODES[mode][1] is not None
+                if has_schema not in seen:
+                    seen.add(has_schema)
+                    configs.append((mode, 1))
+        configs += [(mode, size) for size in args.sizes if size > 1 for mode in args.modes]
+        if args.adaptive:
+            configs += [(mode, "adaptive") for mode in args.modes]
+        for mode, size in configs:
+            has_schema = MODES[mode][1] is not None
+            size_at: Callable[[float], int]
+            on_verdict: Callable[[str, int, float], object] | None = None
+            if size == "adaptive":
+                adaptive = AdaptiveBatchSize(
+                    min(args.adaptive_initial, max(args.sizes)),
+                    max(args.sizes),
+                    probe_after_s=args.probe_after_s,
+                    min_agreement=args.min_agreement,
+                )
+                run = runner(
+                    mode, verify_fraction=args.verify_fraction, on_agreement=adaptive.record_agreement
+                )
+                size_at, on_verdict = adaptive.size_at, adaptive.record
+            else:
+                fixed = int(size)
+                run = runner(mode)
+
+                def size_at(_now_s: float, n: int = fixed) -> int:
+                    return n
+
+            load_1m = round(os.getloadavg()[0], 2)
+            started = time.perf_counter()
+            # one chunk per worker at a time keeps `concurrency` requests busy
+            stats = await run.run(rows, size_at, on_verdict, workers=args.concurrency)
+            wall_s = time.perf_counter() - started
+            if size == 1:
+                name = "single (labels schema)" if has_schema else "single"
+                entry = summarize(name, mode if has_schema else "n/a", size, rows, stats, wall_s, None)
+                singles[has_schema] = {i: a for i, (a, _) in stats.answers.items()}
+            else:
+                entry = summarize(f"{mode}/{size}", mode, size, rows, stats, wall_s, singles.get(has_schema))
+            entry["load_avg_1m_at_start"] = load_1m
+            results.append(entry)
+            progress(json.dumps(entry))
+    finally:
+        for provider in providers.values():
+            await provider.aclose()
+    return results
+
+
+def plot(results: list[dict[str, Any]], modes: Sequence[str], path: Path, title: str) -> None:
+    """Accuracy, provider requests and items/s per batch size, one line per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = sorted({str(r["size"]) for r in results if r["size"] != "adaptive"}, key=int)
+    if any(r["size"] == "adaptive" for r in results):
+        labels.append("adaptive")
+    pos = {label: i for i, label in enumerate(labels)}
+
+    def value(r: dict[str, Any], key: str) -> float:
+        return float(r["input_tokens"] + r["output_tokens"] if key == "tokens" else r[key])
+
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.4))
+    metrics = (
+        ("accuracy", "accuracy vs labels"),
+        ("provider_requests", f"provider requests ({results[0]['items']} items)"),
+        ("tokens", "tokens read + written by the server"),
+        ("items_per_s", "items per second (shared machine)"),
+    )
+    for ax, (key, label) in zip(axes, metrics, strict=True):
+        for mode, marker in zip(modes, ("o", "s", "^", "D"), strict=False):
+            has_schema = MODES[mode][1] is not None
+            single = next(
+                (r for r in results if r["size"] == 1 and (r["structured"] != "n/a") == has_schema), None
+            )
+            pts = [r for r in results if r["structured"] == mode and r["size"] != 1]
+            if single is not None:
+                pts = [single, *pts]
+            xs = [pos[str(r["size"])] for r in pts]
+            ax.plot(xs, [value(r, key) for r in pts], marker=marker, label=f"{mode}")
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel("batch size (max items per request)")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].legend(loc="lower left", fontsize=8, title="structured", title_fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", help="use this running server (default: the local-model server on "
+                        f"port {localmodel.DEFAULT_PORT} if it answers, else start one on a free port)")
+    parser.add_argument("--texts", type=int, default=64)
+    parser.add_argument("--sizes", default="1,2,4,8,16")
+    parser.add_argument("--modes", default="off,json_object,labels", help=f"of {', '.join(MODES)}")
+    parser.add_argument(
+        "--concurrency", type=int, default=2, help="requests in flight (the server runs one at a time)"
+    )
+    parser.add_argument("--no-adaptive", dest="adaptive", action="store_false")
+    parser.add_argument("--adaptive-initial", type=int, default=4)
+    parser.add_argument("--probe-after-s", type=float, default=10.0)
+    parser.add_argument("--verify-fraction", type=float, default=0.25, help="adaptive runs only")
+    parser.add_argument("--min-agreement", type=float, default=0.8, help="adaptive runs only")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--no-docs-copy", dest="docs_copy", action="store_false")
+    args = parser.parse_args(argv)
+    args.sizes = sorted({int(x) for x in args.sizes.split(",")})
+    args.modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(args.modes) - set(MODES))
+    if unknown:
+        parser.error(f"unknown modes {unknown}; choose from {list(MODES)}")
+    rows = load_rows(args.texts)
+
+    report: dict[str, Any] = {
+        "model": localmodel.MODEL_ALIAS,
+        "texts": len(rows),
+        "labels": dict(Counter(r["label"] for r in rows)),
+        "concurrency": args.concurrency,
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m_before": round(os.getloadavg()[0], 2),
+    }
+    handle = None
+    base_url = args.base_url
+    if base_url is None:
+        current = localmodel.status()
+        if current.running and current.answering and current.info is not None:
+            base_url = current.info.base_url
+            report["server"] = "reused"
+        else:
+            started = time.perf_counter()
+            handle = localmodel.serve(port=free_port(), directory=OUT_DIR / "local-model")
+            base_url = handle.base_url
+            report["server"] = "started"
+            report["server_start_s"] = round(time.perf_counter() - started, 2)
+    else:
+        report["server"] = "given"
+    started = time.perf_counter()
+    try:
+        report["results"] = asyncio.run(bench(base_url, args, rows))
+    finally:
+        if handle is not None:
+            handle.stop()
+    report["total_s"] = round(time.perf_counter() - started, 1)
+    report["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    png = OUT_DIR / "batching_quality.png"
+    title = (
+        f"SmolLM2-135M-Instruct (llama.cpp server), {len(rows)} labelled texts, "
+        f"concurrency {args.concurrency}, {os.cpu_count()} cores"
+    )
+    plot(report["results"], args.modes, png, title)
+    progress(f"plot: {png}")
+    if args.docs_copy:
+        DOCS_PNG.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(png, DOCS_PNG)
+        progress(f"plot copied to {DOCS_PNG}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
