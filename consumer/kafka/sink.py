@@ -335,21 +335,37 @@ class ExactlyOnceSink(_SinkBase):
 
     async def _drop(self, tp: TopicPartition) -> None:
         """Forget a partition this instance no longer owns and close its producer."""
-        self._ready.pop(tp, None)
-        self._locks.pop(tp, None)
-        self._forget({tp})
         producer = self._producers.pop(tp, None)
-        if producer is not None:
+        lock = self._locks.pop(tp, None)
+        self._ready.pop(tp, None)
+        self._forget({tp})
+        if producer is None:
+            return
+        # A transaction still running on this producer must end before it stops: aiokafka
+        # never finishes a transaction on a stopped producer, and the commit loop would hang.
+        if lock is not None:
             try:
-                await producer.stop()
-            except Exception:  # a fenced producer may fail to close cleanly; it is gone either way
-                log.debug("closing the fenced producer of %s failed", tp, exc_info=True)
+                await asyncio.wait_for(lock.acquire(), COMMIT_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("%s: a transaction outlived %.0f s; closing anyway", tp, COMMIT_TIMEOUT_S)
+            else:
+                lock.release()
+        try:
+            await producer.stop()
+        except Exception:  # a fenced producer may fail to close cleanly; it is gone either way
+            log.debug("closing the producer of %s failed", tp, exc_info=True)
+
+    def _owns(self, tp: TopicPartition, producer: AIOKafkaProducer) -> bool:
+        return self._producers.get(tp) is producer
 
     async def _commit_partition(self, tp: TopicPartition, next_offset: int) -> None:
         producer = self._producers.get(tp)
-        if producer is None:
+        lock = self._locks.get(tp)
+        if producer is None or lock is None:
             return
-        async with self._locks[tp]:
+        async with lock:
+            if not self._owns(tp, producer):
+                return  # revoked or fenced while this waited: that producer is closed
             waiting = self._ready.get(tp, {})
             offsets = sorted(o for o in waiting if o < next_offset)
             # Step 1: open the transaction. Step 2: outcomes in input order.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -19,7 +20,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-from consumer.kafka.clients import topic_partitions
+from consumer.kafka.clients import job_producer, topic_partitions
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
@@ -97,6 +98,14 @@ class OutcomeFollower:
     def ids(self) -> set[Any]:
         return set(self.results) | set(self.dead)
 
+    def by_source_partition(self) -> dict[int, int]:
+        """Result records per input partition (for failure messages)."""
+        counts: dict[int, int] = defaultdict(int)
+        for recs in self.results.values():
+            for r in recs:
+                counts[r["source"]["partition"]] += 1
+        return dict(sorted(counts.items()))
+
     def check_alive(self) -> None:
         """Re-raise what stopped the follow task, if anything did."""
         if self._task is not None and self._task.done():
@@ -137,3 +146,65 @@ async def stop_gracefully(service: ServiceProcess, timeout_s: float) -> tuple[in
     started = time.monotonic()
     code = await asyncio.to_thread(service.terminate, timeout_s)
     return code, time.monotonic() - started
+
+
+_PARTITION = re.compile(r"partition=(\d+)")
+
+
+def assignment_of(service: ServiceProcess) -> set[int] | None:
+    """Partitions of the process's latest `assigned [...]` log line (None before any)."""
+    return assignments_of(service)[-1] if assignments_of(service) else None
+
+
+def assignments_of(service: ServiceProcess) -> list[set[int]]:
+    """Partitions of every `assigned [...]` log line of the process, oldest first."""
+    if not service.log_path.exists():
+        return []
+    return [
+        {int(p) for p in _PARTITION.findall(line)}
+        for line in service.log_path.read_text(errors="replace").splitlines()
+        if "consumer.runtime.pipeline: assigned [" in line
+    ]
+
+
+@dataclass
+class JobStream:
+    """Produce `jobs` as a steady stream: `chunk` jobs every `interval_s`, until the jobs run
+    out or `stop` is set. `sent` holds the jobs acknowledged so far, `chunks` their count."""
+
+    settings: Settings
+    jobs: list[dict[str, Any]]
+    chunk: int
+    interval_s: float
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    chunks: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        producer = job_producer(self.settings)
+        await producer.start()
+        try:
+            for start in range(0, len(self.jobs), self.chunk):
+                if self.stop.is_set():
+                    break
+                batch = self.jobs[start : start + self.chunk]
+                futures = [
+                    await producer.send(self.settings.jobs_topic, orjson.dumps(j), key=j["id"].encode())
+                    for j in batch
+                ]
+                await asyncio.gather(*futures)
+                self.sent += batch
+                self.chunks += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), self.interval_s)
+        finally:
+            await producer.stop()
+
+
+def outcome_ids_in(follower: OutcomeFollower, partitions: set[int]) -> set[str]:
+    """Ids with a result whose input came from one of these partitions."""
+    return {
+        jid
+        for jid, recs in follower.results.items()
+        if any(r["source"]["partition"] in partitions for r in recs)
+    }

@@ -11,17 +11,21 @@ committed). Duplicates are counted and printed.
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 
-from consumer.kafka.clients import job_producer
-from consumer.settings import Settings
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.reliability.support import OutcomeFollower, duplicate_count, logs_of, mixed_jobs, stop_gracefully
+from tests.reliability.support import (
+    JobStream,
+    OutcomeFollower,
+    assignment_of,
+    duplicate_count,
+    logs_of,
+    mixed_jobs,
+    outcome_ids_in,
+    stop_gracefully,
+)
 from tests.service.harness import (
     ServiceProcess,
     create_topics,
@@ -47,47 +51,6 @@ SHUTDOWN_TIMEOUT_S = 10.0
 CLOSE_MARGIN_S = 10.0
 JOIN_WAIT_S = 60.0
 FINISH_WAIT_S = 120.0
-
-_PARTITION = re.compile(r"partition=(\d+)")
-
-
-def assignment_of(service: ServiceProcess) -> set[int] | None:
-    """Partitions of the process's latest `assigned [...]` log line (None before any)."""
-    if not service.log_path.exists():
-        return None
-    latest = None
-    for line in service.log_path.read_text(errors="replace").splitlines():
-        if "consumer.runtime.pipeline: assigned [" in line:
-            latest = {int(p) for p in _PARTITION.findall(line)}
-    return latest
-
-
-async def stream_jobs(settings: Settings, jobs: list[dict[str, Any]], acked: list[int]) -> None:
-    """Produce `jobs` CHUNK at a time, one chunk every CHUNK_INTERVAL_S (a steady stream);
-    `acked[0]` counts the chunks acknowledged."""
-    producer = job_producer(settings)
-    await producer.start()
-    try:
-        for n, start in enumerate(range(0, len(jobs), CHUNK)):
-            futures = [
-                await producer.send(settings.jobs_topic, orjson.dumps(j), key=j["id"].encode())
-                for j in jobs[start : start + CHUNK]
-            ]
-            await asyncio.gather(*futures)
-            acked[0] = n + 1
-            await asyncio.sleep(CHUNK_INTERVAL_S)
-    finally:
-        await producer.stop()
-
-
-def outcome_ids_in(follower: OutcomeFollower, partitions: set[int]) -> set[str]:
-    """Ids with a result whose input came from one of these partitions."""
-    return {
-        jid
-        for jid, recs in follower.results.items()
-        if any(r["source"]["partition"] in partitions for r in recs)
-    }
-
 
 async def test_sigterm_one_of_two_the_other_takes_over(kafka_bootstrap: str, tmp_path: Path) -> None:
     env = service_env(
@@ -117,14 +80,14 @@ async def test_sigterm_one_of_two_the_other_takes_over(kafka_bootstrap: str, tmp
                 assert await follower.wait(split_between_both, timeout_s=JOIN_WAIT_S), logs_of(services)
                 a_parts = assignment_of(a)
                 assert a_parts is not None
-                acked = [0]
-                stream = asyncio.create_task(stream_jobs(settings, jobs, acked))
+                feed = JobStream(settings, jobs, CHUNK, CHUNK_INTERVAL_S)
+                stream = asyncio.create_task(feed.run())
 
                 assert await follower.wait(
                     lambda: follower.records >= STOP_AFTER_OUTCOMES or stream.done(), timeout_s=FINISH_WAIT_S
                 ), f"only {follower.records} outcomes\n{logs_of(services)}"
-                chunks = acked[0]
-                await follower.wait(lambda: acked[0] > chunks or stream.done(), timeout_s=FINISH_WAIT_S)
+                chunks = feed.chunks
+                await follower.wait(lambda: feed.chunks > chunks or stream.done(), timeout_s=FINISH_WAIT_S)
                 if stream.done():
                     stream.result()  # re-raise what failed the stream
                     pytest.fail("the stream ended before the stop: not mid-run (tune the pacing)")

@@ -6,11 +6,15 @@ the commit function, so each fault happens exactly where the test puts it:
 - a revoke whose last commit fails (the group moved on) must still forget the partition, or
   a reassignment that reads it again from the committed offset would be rejected;
 - an exactly_once producer fenced by a newer owner of its partition (this instance is a
-  zombie) drops that partition's outcomes and must not hold back the other partitions.
+  zombie) drops that partition's outcomes and must not hold back the other partitions;
+- a revoke that closes a partition's producer while the commit loop waits to use it must
+  not hand the closed producer to the commit loop (aiokafka never ends a transaction on a
+  stopped producer: the commit loop, and every partition's commits, would hang for good).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -34,6 +38,8 @@ class FakeTxnProducer:
         self.offsets: list[dict[TopicPartition, int]] = []
         self.fail_with: Exception | None = None
         self.stopped = False
+        self.gate: asyncio.Event | None = None  # when set, a transaction waits for it to open
+        self.used_after_stop = False
         self._staged: list[tuple[str, bytes]] = []
 
     async def start(self) -> None:
@@ -44,6 +50,11 @@ class FakeTxnProducer:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
+        if self.stopped:  # like aiokafka: waits for a producer id that never comes
+            self.used_after_stop = True
+            await asyncio.Event().wait()
+        if self.gate is not None:
+            await self.gate.wait()
         self._staged = []
         yield  # an exception inside aborts: nothing staged becomes visible
         self.committed += self._staged
@@ -171,3 +182,31 @@ async def test_an_ordinary_failure_on_one_partition_does_not_block_the_others() 
     await sink.flush(timeout_s=1)
     assert failing.committed == [("results", b"result-0")]
     assert failing.offsets == [{tps[0]: 1}]
+
+
+async def test_a_commit_waiting_for_a_dropped_partition_never_uses_its_closed_producer() -> None:
+    factory = FakeFactory()
+    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    tp = TopicPartition(TOPIC, 0)
+    await sink.on_assigned({tp})
+    old = factory.made[sink.transactional_id(tp)]
+    old.gate = asyncio.Event()
+    old.fail_with = ProducerFenced()
+    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+
+    # one commit round holds the partition's lock (its transaction waits at the gate, then
+    # is fenced); a second round (the revoke's, or the commit loop's) waits for the lock
+    first = asyncio.create_task(sink.flush(timeout_s=0))
+    await asyncio.sleep(0.01)
+    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 1)), outcome(1))
+    second = asyncio.create_task(sink.on_revoked({tp}, timeout_s=0))
+    await asyncio.sleep(0.01)
+    old.gate.set()
+    done, _ = await asyncio.wait({first, second}, timeout=2)
+    assert done == {first, second}, "a commit hangs on the closed producer"
+    assert old.stopped and not old.used_after_stop, "a transaction ran on the closed producer"
+
+    await sink.on_assigned({tp})  # back again: the new producer commits normally
+    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+    await asyncio.wait_for(sink.flush(timeout_s=1), timeout=5)
+    assert factory.made[sink.transactional_id(tp)].offsets == [{tp: 1}]
