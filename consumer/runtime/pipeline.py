@@ -98,7 +98,6 @@ class Pipeline:
         self._windows: CollectionWindows[JobContext] = CollectionWindows()
         self._agreement = stats.agreement
         self._plans: set[asyncio.Task[None]] = set()
-        self._live: set[JobContext] = set()
         self._paused = False
         self.ready = asyncio.Event()
 
@@ -194,12 +193,11 @@ class Pipeline:
             self._reject(ticket, exc.kind, str(exc), raw=raw, job=job)
             return
         tier.stats.items += 1
-        if ctx.deadline_s is not None and ctx.deadline_s <= now_s:
+        if _past_deadline(ctx, now_s):
             self._fail(
                 ctx, ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the job was read", attempts=0
             )
             return
-        self._live.add(ctx)
         if job.mode == "offline":
             if self._offline is None or not tier.config.offline.enabled:
                 self._fail(
@@ -301,8 +299,13 @@ class Pipeline:
     ) -> None:
         if req.delay_s > 0:
             await asyncio.sleep(req.delay_s)
+        if self._expire(tier, plan, req):
+            return
         request = self._build_request(tier, req)
         token = await tier.limiter.acquire()
+        if self._expire(tier, plan, req):  # the deadline may pass while waiting for a slot
+            token.ignore()
+            return
         tier.stats.provider_requests += 1
         if batched_plan:
             tier.stats.requests_for_batched_plans += 1
@@ -351,6 +354,18 @@ class Pipeline:
                 else:
                     tier.stats.splits += 1
             group.create_task(self._send(tier, plan, nxt, group, key, batched_plan))
+
+    def _expire(self, tier: TierRuntime, plan: RequestPlan, req: PlannedRequest) -> bool:
+        """Dead-letter members whose deadline passed before `req` goes out; True: nothing left to send."""
+        now_s = self._clock()
+        expired = [m for m in req.members if _past_deadline(_ctx(m), now_s)]
+        if not expired:
+            return False
+        step = plan.cancel(
+            ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the request was sent", expired
+        )
+        self._apply_step(tier, plan, req, step, None)
+        return plan.done or len(expired) == len(req.members)
 
     def _verify(self, tier: TierRuntime, key: BatchKey, step: Step) -> None:
         """Ask a share of a batched request's jobs alone too, to measure answer agreement."""
@@ -407,7 +422,7 @@ class Pipeline:
         now_s = self._clock()
         for member, answer, answered_by in step.answered:
             ctx = _ctx(member)
-            if ctx.deadline_s is not None and now_s > ctx.deadline_s:
+            if _past_deadline(ctx, now_s):
                 self._fail(
                     ctx,
                     ErrorKind.DEADLINE_EXCEEDED,
@@ -488,7 +503,6 @@ class Pipeline:
         ctx.done = True
         if ok:
             self._stats.results += 1
-        self._live.discard(ctx)
         self._telemetry.end_job(ctx.trace, ok=ok)
         self._sink.deliver(ctx.ticket, [record])
 
@@ -500,7 +514,6 @@ class Pipeline:
         if ctx.done:
             return
         ctx.done = True
-        self._live.discard(ctx)
         self._telemetry.end_job(ctx.trace, ok=True)
         self._sink.deliver(ctx.ticket, [])
 
@@ -509,7 +522,6 @@ class Pipeline:
 
     def _forget(self, ctx: JobContext) -> None:
         ctx.done = True
-        self._live.discard(ctx)
         self._telemetry.end_job(ctx.trace, ok=False)
 
     # ------------------------------------------------------------------ backpressure
@@ -542,6 +554,10 @@ def _ctx(member: Member) -> JobContext:
     ref = member.ref
     assert isinstance(ref, JobContext)
     return ref
+
+
+def _past_deadline(ctx: JobContext, now_s: float) -> bool:
+    return ctx.deadline_s is not None and now_s >= ctx.deadline_s
 
 
 def _job_answer_schema(response_format: Any) -> dict[str, Any] | None:

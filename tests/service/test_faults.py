@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
@@ -177,3 +178,24 @@ async def test_quota_exhausted_pauses_only_its_tier_then_fails_its_jobs(kafka_bo
     assert set(outcomes.results) == {j["id"] for j in fine_jobs}
     # the broke tier paused (more than one attempt per job was made across cool-downs)
     assert stats["tiers"]["broke"]["provider_requests"] > len(broke_jobs)
+
+
+async def test_deadline_passing_while_waiting_for_retries_dead_letters_without_waiting(
+    kafka_bootstrap: str,
+) -> None:
+    """A job whose deadline passes while its request waits out a backoff ends at the next send."""
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    async with SimulatorServer(SimulatorConfig(error_rate=1.0)) as base_url:
+        tiers = tier_file_dict(
+            base_url + "/v1", retry={"max_attempts": 50, "backoff_initial_s": 1.0, "backoff_max_s": 1.0}
+        )
+        service = InProcessService(settings, tiers)
+        async with service:
+            soon = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+            await produce(settings, [job(1, batch=False, deadline=soon)])
+            outcomes = await wait_for_outcomes(settings, {"job-1"}, timeout_s=30)
+        stats = service.stats_snapshot()
+    (dead,) = outcomes.dead["job-1"]
+    assert dead["error"]["kind"] == "deadline_exceeded"
+    assert 1 <= dead["attempts"] < 10, "it stopped at the deadline, not after 50 attempts"
+    assert stats["tiers"]["small"]["provider_requests"] < 10
