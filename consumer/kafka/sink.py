@@ -370,11 +370,21 @@ class ExactlyOnceSink(_SinkBase):
             offsets = sorted(o for o in waiting if o < next_offset)
             # Step 1: open the transaction. Step 2: outcomes in input order.
             # Step 3: the input offset joins the transaction. Step 4: commit all of it at once.
-            async with producer.transaction():
-                for o in offsets:
-                    for r in waiting[o]:
-                        await producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
-                await producer.send_offsets_to_transaction({tp: next_offset}, self._group_id)
+            sent: list[asyncio.Future[object]] = []
+            try:
+                async with producer.transaction():
+                    for o in offsets:
+                        for r in waiting[o]:
+                            sent.append(
+                                await producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
+                            )
+                    await producer.send_offsets_to_transaction({tp: next_offset}, self._group_id)
+            finally:
+                # the commit (or its error) covers every send; fetch their outcomes so a failed
+                # transaction does not also log one "exception never retrieved" per record
+                for fut in sent:
+                    if fut.done() and not fut.cancelled():
+                        fut.exception()
             for o in offsets:
                 del waiting[o]
             self._tracker.mark_committed({tp: next_offset})

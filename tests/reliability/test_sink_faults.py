@@ -59,8 +59,11 @@ class FakeTxnProducer:
         yield  # an exception inside aborts: nothing staged becomes visible
         self.committed += self._staged
 
-    async def send(self, topic: str, value: bytes, **_: Any) -> None:
+    async def send(self, topic: str, value: bytes, **_: Any) -> asyncio.Future[None]:
         self._staged.append((topic, value))
+        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        delivered.set_result(None)
+        return delivered
 
     async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, int], group_id: str) -> None:
         if self.fail_with is not None:
