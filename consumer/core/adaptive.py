@@ -303,11 +303,14 @@ class AdaptiveSizes(Generic[K]):
         return {key: t.size for key, t in self._sizes.items()}
 
     def expire(self, now_s: float, idle_s: float) -> list[K]:
-        """Forget keys unused for `idle_s` or longer (batch keys come and go); returns them."""
+        """Forget keys unused for `idle_s` or longer (batch keys come and go); returns them.
+
+        A tracker never asked nor reported to holds nothing but its initial state and goes too.
+        """
         gone = [
             key
             for key, t in self._sizes.items()
-            if t.last_used_s is not None and now_s - t.last_used_s >= idle_s
+            if t.last_used_s is None or now_s - t.last_used_s >= idle_s
         ]
         for key in gone:
             del self._sizes[key]

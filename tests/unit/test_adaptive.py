@@ -259,6 +259,23 @@ def test_reaches_one_under_all_invalid_then_probes(
     assert s.size_at(fell_at + probe_after_s) == expected
 
 
+@given(sizes_params, st.lists(st.one_of(st.none(), st.integers(1, 6)), min_size=1, max_size=60))
+def test_never_grows_while_answers_disagree(params: tuple[int, int], evs: list[int | None]) -> None:
+    # None: a well-formed answer at the current size; n: n answers compared, none agreed
+    initial, max_items = params
+    s = AdaptiveBatchSize(initial, max_items, min_agreement=0.5)
+    disagreed = False
+    for t, ev in enumerate(evs):
+        before = s.size
+        if ev is None:
+            s.record("complete", s.size, t)
+        else:
+            s.record_agreement(0, ev, s.size, t)
+            disagreed = disagreed or before > 1
+        if disagreed:
+            assert s.size <= before
+
+
 # --- the registry -----------------------------------------------------------------------------
 
 
@@ -279,7 +296,9 @@ def test_registry_keeps_one_tracker_per_key_and_expires_idle_ones() -> None:
     assert sizes.get(a) is sizes.get(a)
     assert made == [a, b]
     assert sizes.snapshot() == {a: 4, b: 1}
-    assert sizes.expire(now_s=50, idle_s=49) == [b]  # b last used at 1, a at 2
+    c = ("small", "k2")
+    sizes.get(c)  # created, never used
+    assert sizes.expire(now_s=50, idle_s=49) == [b, c]  # b last used at 1, a at 2
     assert list(sizes) == [a] and len(sizes) == 1
 
 
