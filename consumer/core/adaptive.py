@@ -39,6 +39,21 @@ change nothing.
 metrics. `answers_agree` compares a batched with a single answer; `choose_verified` picks
 the batched jobs that are also asked alone (`batching.verify_fraction`).
 
+How the runtime uses it (per tier; key = (tier name, batch key)):
+
+1. when a window flushes at `now_s`: ``n = sizes.size_at(key, now_s)``; cut its members
+   into chunks of at most n (n == 1: ordinary requests) and start one `RequestPlan` each;
+2. for every `Step` with a `verdict`: ``sizes.record(key, step.verdict.kind.value,
+   len(req.members), now_s)``;
+3. with `verify_fraction` > 0, for the members a batched request answered:
+   ``choose_verified(members, verify_fraction, rng)``; publish the batched answers as
+   usual, send each chosen job's own ordinary request (counted as a verification
+   request, not as a re-ask), compare with `answers_agree(batched, single.text)`, then
+   ``agreement.record(tier, size, agreed, compared)`` and
+   ``sizes.record_agreement(key, agreed, compared, size, now_s)``;
+4. stats and metrics: ``sizes.snapshot()`` (size per key) and ``agreement.as_dict()``;
+   call ``sizes.expire(now_s, idle_s)`` now and then so departed batch keys are forgotten.
+
 Nothing here reads a clock, sleeps or logs I/O: every time is an explicit `now_s`
 (monotonic seconds), randomness comes from an injected `random.Random`.
 """
