@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 #: records taken per poll; the loop comes back at least every POLL_INTERVAL_S
 MAX_POLL_RECORDS = 500
 POLL_INTERVAL_S = 0.05
+#: adaptive batch sizes of batch keys unused this long are forgotten (checked this often)
+SIZES_IDLE_S = 3600.0
+SIZES_EXPIRE_EVERY_S = 60.0
 
 
 @dataclass(eq=False)
@@ -99,6 +102,7 @@ class Pipeline:
         self._agreement = stats.agreement
         self._plans: set[asyncio.Task[None]] = set()
         self._paused = False
+        self._next_expire_s = 0.0
         self.ready = asyncio.Event()
 
     # ------------------------------------------------------------------ main loop
@@ -541,6 +545,12 @@ class Pipeline:
             log.info("backpressure released: %d items in flight", inflight)
 
     def _refresh_gauges(self) -> None:
+        now_s = self._clock()
+        if now_s >= self._next_expire_s:
+            # batch keys come and go with prompts; forget the adaptive sizes of idle ones
+            self._next_expire_s = now_s + SIZES_EXPIRE_EVERY_S
+            for tier in self._tiers.values():
+                tier.sizes.expire(now_s, idle_s=SIZES_IDLE_S)
         self._stats.inflight = self._sink.inflight()
         self._stats.paused_partitions = len(self._intake.paused())
         self._stats.dropped_late = getattr(self._sink, "dropped_late", 0)
