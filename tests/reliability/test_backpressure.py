@@ -4,8 +4,8 @@ In-process service (so the test can sample `stats_snapshot()` while it runs), a 
 and a slow simulator over real HTTP (2 requests served at once, ~50 ms each): far more jobs
 arrive than `PROMPTBUS_MAX_INFLIGHT` allows. Every job still completes, partitions were
 paused on the way (seen in the stats gauge and in the pipeline's pause log lines), and they
-are resumed at the end. A second test checks the in-flight count stays within max_inflight
-(a poll takes at most the room left under it).
+are resumed at the end; the sampled in-flight count never exceeds max_inflight (a poll takes
+at most the room left under it).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ async def run_backpressure(kafka_bootstrap: str, caplog: pytest.LogCaptureFixtur
     )
 
 
-async def test_small_max_inflight_pauses_and_every_job_completes(
+async def test_small_max_inflight_pauses_stays_bounded_and_every_job_completes(
     kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     run = await run_backpressure(kafka_bootstrap, caplog)
@@ -116,17 +116,10 @@ async def test_small_max_inflight_pauses_and_every_job_completes(
     assert run.resumes >= 1, "the pipeline never logged a resume"
     assert run.final["paused_partitions"] == 0, "partitions still paused after every job completed"
     assert run.final["inflight"] == 0, run.final
+    # a poll takes at most the room left under max_inflight, so the bound holds exactly
+    assert run.peak_inflight <= MAX_INFLIGHT, f"peak in-flight {run.peak_inflight} > {MAX_INFLIGHT}"
     print(
         f"backpressure: max_inflight {MAX_INFLIGHT}, {JOBS} jobs all answered; {run.pauses} pauses, "
         f"{run.resumes} resumes; peak in-flight {run.peak_inflight}, peak paused partitions "
         f"{run.peak_paused} ({run.samples} samples)"
     )
-
-
-async def test_inflight_stays_within_max_inflight(
-    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    run = await run_backpressure(kafka_bootstrap, caplog)
-    assert set(run.results) == {j["id"] for j in run.jobs}
-    print(f"peak in-flight {run.peak_inflight} with max_inflight {MAX_INFLIGHT}")
-    assert run.peak_inflight <= MAX_INFLIGHT, f"peak in-flight {run.peak_inflight} > {MAX_INFLIGHT}"
