@@ -689,6 +689,27 @@ def _trace(samples: list[dict[str, Any]]) -> list[list[Any]]:
 # plot and main
 
 
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The issue's figures next to its targets."""
+    out: dict[str, Any] = {}
+    tp = result.get("throughput") or {}
+    for key in ("service_sim", "service_fake"):
+        if key in tp and tp[key].get("ratio_vs_raw") is not None:
+            ratio = tp[key]["ratio_vs_raw"]
+            out[f"{key}_ratio_vs_raw"] = {"value": ratio, "target": 0.6, "met": ratio >= 0.6}
+    for sc in result.get("limiter", []):
+        svc = sc["service"]
+        rate, share = svc.get("rate_vs_ceiling"), svc.get("share_429")
+        dead = sum(svc.get("dead_letters", {}).values())
+        out[f"limiter_{sc['name']}"] = {
+            "rate_vs_ceiling": rate,
+            "share_429": share,
+            "dead_letters": dead,
+            "met": rate is not None and rate >= 0.95 and share is not None and share <= 0.03 and dead == 0,
+        }
+    return out
+
+
 def plot(result: dict[str, Any], path: Path) -> str:
     """Throughput bars and, per limiter scenario, accepted-request rate over time (+ the AIMD limit)."""
     try:
@@ -767,6 +788,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             sc = await limiter_scenario(args, base, scenario)
             result["limiter"].append({"name": scenario["name"], "rpm_per_min": scenario["rpm"], **sc})
     result["bench_s"] = round(time.monotonic() - t0, 1)
+    result["summary"] = summary(result)
     if args.plot:
         result["plot"] = plot(result, ROOT / "bench/out/pipeline_bench.png")
     if not args.traces:
