@@ -76,6 +76,7 @@ class AIMDLimit:
         if not 0.0 < backoff_ratio < 1.0:
             raise ValueError("backoff_ratio must be in (0, 1)")
         self._limit = initial
+        self._last_decrease_s = float("-inf")
         self.min_limit = min_limit
         self.max_limit = max_limit
         self.backoff_ratio = backoff_ratio
@@ -88,6 +89,11 @@ class AIMDLimit:
     def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int:
         """Apply one finished request's sample; return the new limit."""
         if dropped or (self.timeout_ms is not None and rtt_ms > self.timeout_ms):
+            # one decrease per overload event: requests sent before the last decrease went out
+            # at the old limit and say nothing new (TCP halves once per loss window)
+            if now_s - rtt_ms / 1000.0 < self._last_decrease_s:
+                return self._limit
+            self._last_decrease_s = now_s
             self._limit = max(self.min_limit, int(self._limit * self.backoff_ratio))
         elif inflight * 2 >= self._limit:
             self._limit = min(self.max_limit, self._limit + 1)

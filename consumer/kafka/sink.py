@@ -21,11 +21,12 @@ outcomes and leaves the other partitions committing.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ProducerFenced
@@ -214,16 +215,23 @@ class AtLeastOnceSink(_SinkBase):
     def __init__(self, producer: AIOKafkaProducer, commit: CommitFn) -> None:
         super().__init__(commit)
         self._producer = producer
-        self._sends: set[asyncio.Task[None]] = set()
+        # One sender task hands outcomes to the producer in order; acks arrive as future
+        # callbacks. (A task per outcome, each awaiting its send, cost most of the CPU per job.)
+        self._queue: collections.deque[tuple[Ticket, Sequence[OutRecord]]] = collections.deque()
+        self._queued = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._producer.start()
         await super().start()
+        self._sender = asyncio.create_task(self._send_loop(), name="promptbus-sender")
 
     async def stop(self) -> None:
         await self._stop_loop()
-        for t in list(self._sends):
-            t.cancel()
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
         await self._producer.stop()
 
     def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
@@ -232,33 +240,60 @@ class AtLeastOnceSink(_SinkBase):
         if not records:
             self._complete(ticket)
             return
-        task = asyncio.create_task(self._send(ticket, records))
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
+        self._queue.append((ticket, records))
+        self._queued.set()
 
     def _complete(self, ticket: Ticket) -> None:
         if self._epochs.get(ticket.source.tp) == ticket.epoch:
             self._tracker.complete(ticket.source.tp, ticket.source.offset)
 
-    async def _send(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
-        # The idempotent producer retries internally; if it still fails (broker gone longer than
-        # delivery timeout) we try again: the offset stays uncommitted until the outcome is acked.
+    async def _send_loop(self) -> None:
         delay_s = 0.5
         while True:
-            try:
-                futures = [
-                    await self._producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
-                    for r in records
-                ]
-                await asyncio.gather(*futures)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("producing outcome for %s failed (%s); retrying", ticket.source, exc)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 10.0)
-        self._complete(ticket)
+            await self._queued.wait()
+            self._queued.clear()
+            while self._queue:
+                ticket, records = self._queue[0]
+                try:
+                    futures = [
+                        await self._producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
+                        for r in records
+                    ]
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the offset stays uncommitted until the outcome is acked
+                    log.warning("producing outcome for %s failed (%s); retrying", ticket.source, exc)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(delay_s * 2, 10.0)
+                    continue
+                delay_s = 0.5
+                self._queue.popleft()
+                self._on_acked(ticket, records, futures)
+
+    def _on_acked(
+        self, ticket: Ticket, records: Sequence[OutRecord], futures: list[asyncio.Future[Any]]
+    ) -> None:
+        """Complete the ticket when every record is acked; send it again if any failed."""
+        remaining = len(futures)
+        failed = False
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            nonlocal remaining, failed
+            remaining -= 1
+            if fut.cancelled() or fut.exception() is not None:
+                failed = True
+            if remaining:
+                return
+            if failed:
+                # the idempotent producer already retried up to its delivery timeout: try again
+                log.warning("outcome for %s was not acknowledged; sending it again", ticket.source)
+                self._queue.append((ticket, records))
+                self._queued.set()
+            else:
+                self._complete(ticket)
+
+        for fut in futures:
+            fut.add_done_callback(done)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
         ready = self._tracker.committable()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -57,6 +58,7 @@ class AsyncLimiter:
         self._inflight = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._paused_until_s = 0.0
+        self._wake_timer: asyncio.TimerHandle | None = None
 
     @property
     def limit(self) -> int:
@@ -75,33 +77,43 @@ class AsyncLimiter:
         return max(0.0, self._paused_until_s - self._clock())
 
     def pause(self, duration_s: float) -> None:
-        """Admit nothing new for duration_s (quota exhausted): calls already running go on."""
-        self._paused_until_s = max(self._paused_until_s, self._clock() + duration_s)
+        """Admit nothing new for duration_s (quota exhausted, Retry-After): calls already running go on."""
+        until_s = self._clock() + duration_s
+        if until_s <= self._paused_until_s:
+            return
+        self._paused_until_s = until_s
+        self._wake_after_pause()
+
+    def _wake_after_pause(self) -> None:
+        # nothing else may wake the waiters when a pause ends (nothing in flight to release)
+        if self._wake_timer is not None and not self._wake_timer.cancelled():
+            self._wake_timer.cancel()
+        with contextlib.suppress(RuntimeError):  # no running loop: nobody can be waiting either
+            self._wake_timer = asyncio.get_running_loop().call_later(self.paused_for_s + 0.001, self._wake)
 
     async def acquire(self) -> Token:
+        """Wait for a slot: first come, first served; a released slot is handed to the oldest waiter."""
         while True:
             pause_s = self.paused_for_s
-            if pause_s > 0:
+            if pause_s > 0 and not self._waiters:
                 await asyncio.sleep(pause_s)
                 continue
-            if self._inflight < self.limit and not self._waiters:
+            if self._inflight < self.limit and not self._waiters and pause_s <= 0:
                 self._inflight += 1
                 return Token(self, self._clock())
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
+            self._wake()
             try:
                 await fut
             except asyncio.CancelledError:
-                if fut in self._waiters:
+                if fut.done() and not fut.cancelled():
+                    self._inflight -= 1  # a slot was handed to us that we will not use: pass it on
+                    self._wake()
+                elif fut in self._waiters:
                     self._waiters.remove(fut)
-                elif fut.done() and not fut.cancelled():
-                    self._wake()  # we were handed a wake-up we will not use: pass it on
                 raise
-            # woken: take the slot if it is still free (the limit may have shrunk meanwhile)
-            if self._inflight < self.limit and self.paused_for_s <= 0:
-                self._inflight += 1
-                self._wake()
-                return Token(self, self._clock())
+            return Token(self, self._clock())  # _wake counted the slot for us
 
     def _release(self, started_s: float, *, dropped: bool, sample: bool) -> None:
         now_s = self._clock()
@@ -111,8 +123,13 @@ class AsyncLimiter:
         self._wake()
 
     def _wake(self) -> None:
+        """Hand free slots to the oldest waiters (none while paused)."""
+        if self.paused_for_s > 0:
+            if self._waiters:
+                self._wake_after_pause()
+            return
         while self._waiters and self._inflight < self.limit:
             fut = self._waiters.popleft()
             if not fut.done():
+                self._inflight += 1
                 fut.set_result(None)
-                return

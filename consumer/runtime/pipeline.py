@@ -28,7 +28,7 @@ import orjson
 
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
-from consumer.core.errors import ErrorKind, JobError, ProviderError, ServerError
+from consumer.core.errors import ErrorKind, JobError, ProviderError, RateLimited, ServerError
 from consumer.core.jobs import Job, decode_job
 from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
@@ -329,6 +329,10 @@ class Pipeline:
                 tier.stats.provider_errors += 1
                 if exc.status_code == 429:
                     tier.stats.rate_limited += 1
+                if isinstance(exc, RateLimited) and exc.hint.retry_after_s:
+                    # the provider said when it takes requests again: nobody on this tier
+                    # should try before then (the limit alone bounds concurrency, not rate)
+                    tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
                 self._telemetry.record_error(span, exc)
                 step = plan.on_error(req, exc)
             except Exception as exc:  # an adapter bug must not lose jobs: treat as a retryable failure

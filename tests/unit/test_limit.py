@@ -149,3 +149,13 @@ def test_limit_for_config() -> None:
     assert isinstance(fixed, FixedLimit) and fixed.limit == 9
     with pytest.raises(ValueError):
         limit_for(SimpleNamespace(algorithm="vegas", initial=1, min=1, max=2))
+
+
+def test_aimd_decreases_once_per_overload_event() -> None:
+    limit = AIMDLimit(32, min_limit=1, max_limit=64)
+    # three requests sent together at t=0 all come back 429 at t=1.0: one event, one halving
+    assert limit.update(1000, inflight=32, dropped=True, now_s=1.0) == 16
+    assert limit.update(1000, inflight=31, dropped=True, now_s=1.0) == 16
+    assert limit.update(1000, inflight=30, dropped=True, now_s=1.0) == 16
+    # a request sent after the decrease that is dropped again is a new event
+    assert limit.update(100, inflight=16, dropped=True, now_s=1.2) == 8
