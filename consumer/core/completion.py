@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from consumer.core.errors import RateLimitHint
+
 Role = Literal["system", "user", "assistant"]
 
 
@@ -47,6 +49,8 @@ class Completion:
         provider's own word when none of these fits.
     request_id: the provider's request id (x-request-id / request-id / body id), if any.
     latency_ms: wall time of the HTTP call as measured by the adapter.
+    rate_limit: the provider's rate-limit budget from the answer's headers, when it sent one
+        (the limiter paces new requests by it, so they stop before a 429 rather than after).
     """
 
     text: str
@@ -56,3 +60,4 @@ class Completion:
     model: str
     request_id: str | None = None
     latency_ms: float = 0.0
+    rate_limit: RateLimitHint | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -202,7 +203,7 @@ class AnthropicProvider:
     async def complete(self, request: CompletionRequest) -> Completion:
         """One Messages call; raises only consumer.core.errors classes."""
         reply = await self.http.request("POST", "/v1/messages", json_body=self.build_body(request))
-        return parse_message(
+        completion = parse_message(
             reply.json,
             request=request,
             structured_mode=self.structured_mode,
@@ -210,6 +211,7 @@ class AnthropicProvider:
             request_id=reply.request_id,
             latency_ms=reply.latency_ms,
         )
+        return replace(completion, rate_limit=reply.rate_limit)
 
     async def aclose(self) -> None:
         """Close the HTTP client when this provider owns it (idempotent)."""

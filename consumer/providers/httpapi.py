@@ -17,8 +17,9 @@ import httpx
 import orjson
 from pydantic import SecretStr
 
-from consumer.core.errors import MalformedResponse, ProviderError, Rejected
+from consumer.core.errors import MalformedResponse, ProviderError, RateLimitHint, Rejected
 from consumer.providers.errormap import error_for_exception, error_for_status, redact
+from consumer.providers.ratelimit import parse_rate_limit_headers
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,12 @@ class HttpReply:
     headers: httpx.Headers
     latency_ms: float
     json: Any = None
+
+    @property
+    def rate_limit(self) -> RateLimitHint | None:
+        """The rate-limit budget the provider announced in this answer's headers, if any."""
+        hint = parse_rate_limit_headers(self.headers, now_s=time.time())
+        return hint if hint != RateLimitHint() else None
 
     @property
     def request_id(self) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -181,7 +182,7 @@ class OpenAIProvider:
     async def complete(self, request: CompletionRequest) -> Completion:
         """One chat completion; raises only consumer.core.errors classes."""
         reply = await self.http.request("POST", "/chat/completions", json_body=self.build_body(request))
-        return parse_chat_completion(
+        completion = parse_chat_completion(
             reply.json,
             request=request,
             structured_mode=self.structured_mode,
@@ -189,6 +190,7 @@ class OpenAIProvider:
             request_id=reply.request_id,
             latency_ms=reply.latency_ms,
         )
+        return replace(completion, rate_limit=reply.rate_limit)
 
     async def aclose(self) -> None:
         """Close the HTTP client when this provider owns it (idempotent)."""

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from consumer.core.errors import RateLimitHint
+
 
 class LimitAlgorithm(Protocol):
     @property
@@ -59,6 +61,9 @@ class AsyncLimiter:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._paused_until_s = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None
+        #: requests the provider said are left in its window, minus those admitted since
+        self._budget: int | None = None
+        self._budget_reset_s = 1.0
 
     @property
     def limit(self) -> int:
@@ -84,6 +89,29 @@ class AsyncLimiter:
         self._paused_until_s = until_s
         self._wake_after_pause()
 
+    def note_budget(self, hint: RateLimitHint | None) -> None:
+        """Pace admissions by the request budget a provider announced (x-ratelimit-remaining-*).
+
+        The limit bounds concurrency, not rate: with a requests-per-minute ceiling, a few slots
+        can exhaust the window. Each admission spends one of the announced remaining requests;
+        at zero the limiter pauses until the provider's window resets.
+        """
+        if hint is None or hint.remaining_requests is None:
+            return
+        self._budget_reset_s = hint.reset_requests_s if hint.reset_requests_s else 1.0
+        self._budget = hint.remaining_requests
+        if self._budget <= 0:
+            self._budget = None
+            self.pause(self._budget_reset_s)
+
+    def _spend_budget(self) -> None:
+        if self._budget is None:
+            return
+        self._budget -= 1
+        if self._budget <= 0:
+            self._budget = None
+            self.pause(self._budget_reset_s)
+
     def _wake_after_pause(self) -> None:
         # nothing else may wake the waiters when a pause ends (nothing in flight to release)
         if self._wake_timer is not None and not self._wake_timer.cancelled():
@@ -93,27 +121,23 @@ class AsyncLimiter:
 
     async def acquire(self) -> Token:
         """Wait for a slot: first come, first served; a released slot is handed to the oldest waiter."""
-        while True:
-            pause_s = self.paused_for_s
-            if pause_s > 0 and not self._waiters:
-                await asyncio.sleep(pause_s)
-                continue
-            if self._inflight < self.limit and not self._waiters and pause_s <= 0:
-                self._inflight += 1
-                return Token(self, self._clock())
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            self._wake()
-            try:
-                await fut
-            except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():
-                    self._inflight -= 1  # a slot was handed to us that we will not use: pass it on
-                    self._wake()
-                elif fut in self._waiters:
-                    self._waiters.remove(fut)
-                raise
-            return Token(self, self._clock())  # _wake counted the slot for us
+        if self._inflight < self.limit and not self._waiters and self.paused_for_s <= 0:
+            self._inflight += 1
+            self._spend_budget()
+            return Token(self, self._clock())
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._wake()  # a slot may be free with nothing in flight to release it (after a pause)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._inflight -= 1  # a slot was handed to us that we will not use: pass it on
+                self._wake()
+            elif fut in self._waiters:
+                self._waiters.remove(fut)
+            raise
+        return Token(self, self._clock())  # _wake counted the slot for us
 
     def _release(self, started_s: float, *, dropped: bool, sample: bool) -> None:
         now_s = self._clock()
@@ -128,8 +152,9 @@ class AsyncLimiter:
             if self._waiters:
                 self._wake_after_pause()
             return
-        while self._waiters and self._inflight < self.limit:
+        while self._waiters and self._inflight < self.limit and self.paused_for_s <= 0:
             fut = self._waiters.popleft()
             if not fut.done():
                 self._inflight += 1
+                self._spend_budget()
                 fut.set_result(None)

@@ -341,6 +341,7 @@ class Pipeline:
                 step = plan.on_error(req, ServerError(f"unexpected {type(exc).__name__}", provider=tier.name))
             else:
                 token.success()
+                tier.limiter.note_budget(completion.rate_limit)
                 step = plan.on_answer(req, completion.text, completion.finish_reason)
         self._apply_step(tier, plan, req, step, completion)
         if step.verdict is not None and key is not None:

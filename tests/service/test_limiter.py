@@ -54,3 +54,25 @@ async def test_dropped_tokens_shrink_an_aimd_limit_and_ignored_ones_do_not() -> 
     token.success()
     token.success()  # ending a token twice counts once
     assert limiter.inflight == 0
+
+
+async def test_announced_request_budget_paces_admissions() -> None:
+    """With 2 requests left in the provider's window, the third waits for the window's reset."""
+    from consumer.core.errors import RateLimitHint
+
+    clock = [0.0]
+    limiter = AsyncLimiter(FixedLimit(8), clock=lambda: clock[0])
+    limiter.note_budget(RateLimitHint(remaining_requests=2, reset_requests_s=30.0))
+    first = await limiter.acquire()
+    second = await limiter.acquire()
+    assert limiter.paused_for_s == 30.0, "the budget is spent: pause until the window resets"
+    third = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.01)
+    assert not third.done()
+    clock[0] = 31.0  # the window reset
+    limiter._wake()
+    token = await asyncio.wait_for(third, timeout=5)
+    for t in (first, second, token):
+        t.success()
+    limiter.note_budget(RateLimitHint(remaining_requests=0, reset_requests_s=5.0))
+    assert limiter.paused_for_s == 5.0
