@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -20,7 +19,7 @@ from pydantic import SecretStr
 
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.errors import MalformedResponse
-from consumer.providers.httpapi import ProviderHttp
+from consumer.providers.httpapi import HttpCompletionProvider, HttpReply, ProviderHttp
 from consumer.providers.structured import (
     SCHEMA_NAME,
     TOOL_DESCRIPTION,
@@ -163,7 +162,7 @@ def anthropic_http(
     )
 
 
-class AnthropicProvider:
+class AnthropicProvider(HttpCompletionProvider):
     """Anthropic Messages API.
 
     base_url: the API root (`https://api.anthropic.com`); `/v1/messages` is appended.
@@ -191,8 +190,7 @@ class AnthropicProvider:
         self.owns_client = owns_client
         self.http = anthropic_http(client, base_url=base_url, api_key=api_key, name=name)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
+    path = "/v1/messages"
 
     def build_body(self, request: CompletionRequest) -> dict[str, Any]:
         """The JSON body this adapter sends for `request`."""
@@ -200,10 +198,8 @@ class AnthropicProvider:
             request, structured_mode=self.structured_mode, default_max_tokens=self.default_max_tokens
         )
 
-    async def complete(self, request: CompletionRequest) -> Completion:
-        """One Messages call; raises only consumer.core.errors classes."""
-        reply = await self.http.request("POST", "/v1/messages", json_body=self.build_body(request))
-        completion = parse_message(
+    def parse(self, reply: HttpReply, request: CompletionRequest) -> Completion:
+        return parse_message(
             reply.json,
             request=request,
             structured_mode=self.structured_mode,
@@ -211,9 +207,3 @@ class AnthropicProvider:
             request_id=reply.request_id,
             latency_ms=reply.latency_ms,
         )
-        return replace(completion, rate_limit=reply.rate_limit)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client when this provider owns it (idempotent)."""
-        if self.owns_client:
-            await self.http.client.aclose()

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 import orjson
 from pydantic import SecretStr
 
+from consumer.core.completion import Completion, CompletionRequest
 from consumer.core.errors import MalformedResponse, ProviderError, RateLimitHint, Rejected
 from consumer.providers.errormap import error_for_exception, error_for_status, redact
 from consumer.providers.ratelimit import parse_rate_limit_headers
@@ -157,3 +158,35 @@ class ProviderHttp:
     def malformed(self, what: str) -> MalformedResponse:
         """A 2xx whose body is not the provider's format."""
         return MalformedResponse(f"{self.provider}: {redact(what, self._secret())}", provider=self.provider)
+
+
+class HttpCompletionProvider:
+    """What every HTTP chat adapter shares: one POST, parse, attach the rate-limit budget, close.
+
+    Subclasses set `http`, `name`, `owns_client`, the endpoint `path`, and implement
+    `build_body` (the JSON they send) and `parse` (their answer format -> Completion).
+    """
+
+    path: str
+    name: str
+    owns_client: bool
+    http: ProviderHttp
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
+
+    def build_body(self, request: CompletionRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def parse(self, reply: HttpReply, request: CompletionRequest) -> Completion:
+        raise NotImplementedError
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        """One call; raises only consumer.core.errors classes."""
+        reply = await self.http.request("POST", self.path, json_body=self.build_body(request))
+        return replace(self.parse(reply, request), rate_limit=reply.rate_limit)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client when this provider owns it (idempotent)."""
+        if self.owns_client:
+            await self.http.client.aclose()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -18,7 +17,7 @@ from pydantic import SecretStr
 
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.errors import MalformedResponse
-from consumer.providers.httpapi import ProviderHttp
+from consumer.providers.httpapi import HttpCompletionProvider, HttpReply, ProviderHttp
 from consumer.providers.structured import (
     SCHEMA_NAME,
     STRUCTURED_MODES,
@@ -143,7 +142,7 @@ def parse_chat_completion(
     )
 
 
-class OpenAIProvider:
+class OpenAIProvider(HttpCompletionProvider):
     """OpenAI chat completions. Also the code behind `OpenAICompatProvider`.
 
     client: injected (timeouts and pool limits come from the tier).
@@ -172,17 +171,14 @@ class OpenAIProvider:
             client, base_url=base_url, provider=name, api_key=api_key, auth_headers=bearer_auth
         )
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
+    path = "/chat/completions"
 
     def build_body(self, request: CompletionRequest) -> dict[str, Any]:
         """The JSON body this adapter sends for `request`."""
         return build_chat_body(request, structured_mode=self.structured_mode)
 
-    async def complete(self, request: CompletionRequest) -> Completion:
-        """One chat completion; raises only consumer.core.errors classes."""
-        reply = await self.http.request("POST", "/chat/completions", json_body=self.build_body(request))
-        completion = parse_chat_completion(
+    def parse(self, reply: HttpReply, request: CompletionRequest) -> Completion:
+        return parse_chat_completion(
             reply.json,
             request=request,
             structured_mode=self.structured_mode,
@@ -190,9 +186,3 @@ class OpenAIProvider:
             request_id=reply.request_id,
             latency_ms=reply.latency_ms,
         )
-        return replace(completion, rate_limit=reply.rate_limit)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client when this provider owns it (idempotent)."""
-        if self.owns_client:
-            await self.http.client.aclose()
