@@ -620,7 +620,11 @@ def _serve_command(args: argparse.Namespace) -> int:
             f"model {current.info.model}"
         )
         return 0
+    terminated = False
+
     def _on_sigterm(signum: int, _frame: object) -> None:
+        nonlocal terminated
+        terminated = True
         raise KeyboardInterrupt
 
     # installed before the start, so a SIGTERM while waiting for the server also stops it
@@ -652,7 +656,9 @@ def _serve_command(args: argparse.Namespace) -> int:
             handle.stop()
             return 0
     except KeyboardInterrupt:
-        return 130  # interrupted during the start; serve() already stopped the server
+        # stopped during the start (serve() already stopped the server): SIGTERM asked for a
+        # stop, so that is a clean exit; Ctrl-C keeps the shell's 130
+        return 0 if terminated else 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -84,10 +84,13 @@ def test_foreground_serve_stops_on_sigterm(model_path: Path, tmp_path: Path) -> 
         st = localmodel.status(port, tmp_path)
         assert st.answering and st.info is not None
         server_pid = st.info.pid
+        # the server answers a moment before `serve` prints "ready": signal only after that line
+        assert proc.stdout is not None
+        ready_line = proc.stdout.readline()
+        assert "ready" in ready_line, ready_line
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
-        assert "ready" in out
         assert not (tmp_path / f"server-{port}.pid").exists()
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
