@@ -89,7 +89,7 @@ def test_foreground_serve_stops_on_sigterm(model_path: Path, tmp_path: Path) -> 
         ready_line = proc.stdout.readline()
         assert "ready" in ready_line, ready_line
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert not (tmp_path / f"server-{port}.pid").exists()
         with pytest.raises(httpx.HTTPError):
