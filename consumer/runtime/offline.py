@@ -71,7 +71,6 @@ class OfflineCollector:
         self._pending: dict[str, _Pending] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
-        self.submitted_batches = 0
 
     def add(self, ctx: JobContext) -> None:
         pending = self._pending.setdefault(ctx.tier.name, _Pending())
@@ -152,7 +151,6 @@ class OfflineCollector:
             )
             for _, c in members:
                 self._on_recorded(c)
-        self.submitted_batches += len(jobs)
         log.info("tier %s: %d offline jobs submitted as %s", tier, len(ctxs), ", ".join(j.id for j in jobs))
 
 
@@ -211,11 +209,6 @@ class BatchTracker:
         self._open: dict[bytes, dict[str, Any]] = {}
         self._next_poll_s: dict[bytes, float] = {}
         self._task: asyncio.Task[None] | None = None
-        self.published = 0
-
-    @property
-    def open_batches(self) -> int:
-        return len(self._open)
 
     async def start(self) -> None:
         from aiokafka import ConsumerRebalanceListener
@@ -302,7 +295,6 @@ class BatchTracker:
             await asyncio.gather(*futures)
             # the tombstone only after every outcome is acked: a crash in between re-publishes (at least once)
             await self._producer.send_and_wait(tombstone.topic, None, key=key)
-        self.published += len(records)
 
 
 def outcome_records(

@@ -32,7 +32,7 @@ from consumer.core.errors import ErrorKind, JobError, ProviderError, RateLimited
 from consumer.core.jobs import Job, decode_job
 from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
-from consumer.core.templates import render, split_batchable
+from consumer.core.templates import BatchablePrompt, render, split_batchable
 from consumer.core.window import BatchKey, CollectionWindows, Flush, batch_key_for
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
@@ -65,6 +65,8 @@ class JobContext:
     messages: tuple[ChatMessage, ...]
     options: dict[str, Any]
     deadline_s: float | None
+    #: the prompt split for batching (prefix + its one trailing variable), when it can be
+    batchable: BatchablePrompt | None = None
     trace: Any = None
     done: bool = field(default=False)
 
@@ -99,7 +101,6 @@ class Pipeline:
         self._rng = rng or random.Random()
         self._clock = clock
         self._windows: CollectionWindows[JobContext] = CollectionWindows()
-        self._agreement = stats.agreement
         self._plans: set[asyncio.Task[None]] = set()
         self._paused = False
         self._next_expire_s = 0.0
@@ -213,11 +214,7 @@ class Pipeline:
                 return
             self._offline.add(ctx)
             return
-        batchable = (
-            split_batchable(job.prompt)
-            if (job.prompt is not None and job.batch and tier.config.batching.enabled)
-            else None
-        )
+        batchable = ctx.batchable if job.batch and tier.config.batching.enabled else None
         if batchable is None:
             self._start_plan(tier, [ctx], key=None)
             return
@@ -236,6 +233,7 @@ class Pipeline:
         self, job: Job, ticket: Ticket, tier: TierRuntime, record: InRecord, now_s: float
     ) -> JobContext:
         options = {**tier.config.options, **job.options}
+        batchable = None
         if job.messages is not None:
             messages = tuple(ChatMessage(m.role, m.content) for m in job.messages)
             text = job.messages[-1].content
@@ -250,7 +248,7 @@ class Pipeline:
         if job.deadline is not None:
             deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
         trace = self._telemetry.start_job(job, record.headers)
-        return JobContext(job, ticket, tier, now_s, text, messages, options, deadline_s, trace)
+        return JobContext(job, ticket, tier, now_s, text, messages, options, deadline_s, batchable, trace)
 
     # ------------------------------------------------------------------ plans
     def _dispatch(self, flushes: list[Flush[JobContext]]) -> None:
@@ -397,7 +395,7 @@ class Pipeline:
             return  # a failed verification says nothing about agreement
         token.success()
         agreed = int(answers_agree(batched, completion.text))
-        self._agreement.record(tier.name, size, agreed, 1)
+        self._stats.agreement.record(tier.name, size, agreed, 1)
         tier.stats.verify_compared += 1
         tier.stats.verify_agreed += agreed
         tier.sizes.record_agreement(key, agreed, 1, size, self._clock())
