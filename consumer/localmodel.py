@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -419,8 +419,12 @@ def serve(
     n_threads_batch: int | None = None,
     model_path: Path | None = None,
     directory: Path | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> ServerHandle:
     """Start the model server in the background and wait until `/v1/models` answers.
+
+    `should_stop` is polled while waiting; when it turns true the server is stopped and
+    `_StopRequested` is raised (the CLI's SIGTERM while starting).
 
     `port=0` picks a free port (read it back from `handle.info.port`). Fetches the model
     first (`ensure_model()`) unless `model_path` is given. The server runs
@@ -472,7 +476,7 @@ def serve(
     path.write_text(json.dumps(asdict(info)))
     handle = ServerHandle(process=process, info=info, pid_path=path)
     try:
-        _wait_until_answering(handle, wait_s)
+        _wait_until_answering(handle, wait_s, should_stop)
     except BaseException:
         # interrupted (Ctrl-C, SIGTERM turned into KeyboardInterrupt) or failed: never leave a
         # half-started server behind
@@ -481,7 +485,13 @@ def serve(
     return handle
 
 
-def _wait_until_answering(handle: ServerHandle, wait_s: float) -> None:
+class _StopRequested(Exception):
+    """A stop was asked for while the server was starting (it has been stopped)."""
+
+
+def _wait_until_answering(
+    handle: ServerHandle, wait_s: float, should_stop: Callable[[], bool] | None = None
+) -> None:
     process, base_url, path = handle.process, handle.info.base_url, handle.pid_path
     log_path = Path(handle.info.log_path)
     deadline = time.monotonic() + wait_s
@@ -496,6 +506,8 @@ def _wait_until_answering(handle: ServerHandle, wait_s: float) -> None:
         models = _models(base_url, timeout_s=1.0)
         if models is not None and MODEL_ALIAS in models:
             return
+        if should_stop is not None and should_stop():
+            raise _StopRequested
         if time.monotonic() >= deadline:
             raise LocalModelError(
                 f"local model server did not answer {base_url}/models within {wait_s:.0f} s; "
@@ -623,12 +635,13 @@ def _serve_command(args: argparse.Namespace) -> int:
     terminated = False
 
     def _on_sigterm(signum: int, _frame: object) -> None:
+        # only a flag: the waits below look at it (raising from a signal handler can land anywhere)
         nonlocal terminated
         terminated = True
-        raise KeyboardInterrupt
 
     # installed before the start, so a SIGTERM while waiting for the server also stops it
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if args.foreground else None
+    handle: ServerHandle | None = None
     try:
         started = time.monotonic()
         handle = serve(
@@ -638,6 +651,7 @@ def _serve_command(args: argparse.Namespace) -> int:
             args.n_threads,
             args.wait_s,
             n_threads_batch=args.n_threads_batch,
+            should_stop=lambda: terminated,
         )
         info = handle.info
         print(
@@ -649,16 +663,20 @@ def _serve_command(args: argparse.Namespace) -> int:
         )
         if not args.foreground:
             return 0
-        try:
-            # foreground: block until the server exits or we get SIGINT/SIGTERM, then stop it
-            return handle.process.wait()
-        except KeyboardInterrupt:
-            handle.stop()
-            return 0
+        # foreground: until the server exits or we get SIGTERM (flag) / SIGINT, then stop it
+        while not terminated:
+            code = handle.process.poll()
+            if code is not None:
+                return code
+            time.sleep(_POLL_INTERVAL_S)
+        handle.stop()
+        return 0
+    except _StopRequested:
+        return 0  # SIGTERM during the start: serve() already stopped the server
     except KeyboardInterrupt:
-        # stopped during the start (serve() already stopped the server): SIGTERM asked for a
-        # stop, so that is a clean exit; Ctrl-C keeps the shell's 130
-        return 0 if terminated else 130
+        if handle is not None:
+            handle.stop()
+        return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
