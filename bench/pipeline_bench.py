@@ -364,7 +364,7 @@ async def service_run(
 
 async def throughput(args: argparse.Namespace, base: Settings) -> dict[str, Any]:
     n = args.jobs
-    jobs = make_jobs(n, batched_share=0.5)
+    jobs = make_jobs(n, batched_share=args.batched_share)
     t0 = time.monotonic()
     await ensure_topics(base)
     sent = await submit_jobs(
@@ -372,7 +372,7 @@ async def throughput(args: argparse.Namespace, base: Settings) -> dict[str, Any]
     )
     _progress("throughput: produced %d jobs in %.1fs", sent, time.monotonic() - t0)
     timeout_s = args.variant_timeout_s
-    out: dict[str, Any] = {"jobs": n, "batched_share": 0.5, "max_items": 20, "partitions": 4}
+    out: dict[str, Any] = {"jobs": n, "batched_share": args.batched_share, "max_items": 20, "partitions": 4}
 
     if "raw" in args.variants:
         out["raw"] = await raw_loop(base, n, timeout_s)
@@ -818,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="throughput,limiter", help="comma list: throughput, limiter")
     parser.add_argument(
         "--variants", default="raw,sim,fake", help="throughput variants, comma list: raw, sim, fake"
+    )
+    parser.add_argument(
+        "--batched-share", type=float, default=0.5, help="share of throughput jobs with batch: true"
     )
     parser.add_argument("--profile", action="store_true", help="also profile the fake variant (cProfile)")
     parser.add_argument("--plot", action="store_true", help="draw bench/out/pipeline_bench.png")
