@@ -211,7 +211,7 @@ async def run_service(
         for tier in tiers.values():
             await tier.provider.aclose()
         for client in clients:
-            await client.aclose()
+            await client.close()
         telemetry.shutdown()
     log.info("promptbus %s stopped", instance)
     return 0

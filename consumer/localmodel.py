@@ -51,12 +51,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import httpx
 
 from consumer.core.errors import PromptbusError
 
@@ -360,15 +359,20 @@ def _port_in_use(host: str, port: int) -> bool:
 def _models(base_url: str, timeout_s: float = 2.0) -> tuple[str, ...] | None:
     """Model ids from `GET {base_url}/models`, or None when the server does not answer."""
     try:
-        resp = httpx.get(f"{base_url}/models", timeout=timeout_s)
-    except httpx.HTTPError:
-        return None
-    if resp.status_code != 200:
+        with _NO_PROXY.open(f"{base_url}/models", timeout=timeout_s) as resp:
+            if resp.status != 200:
+                return None
+            payload = json.loads(resp.read())
+    except (OSError, ValueError):  # refused, timed out, an HTTP error status (HTTPError), not JSON
         return None
     try:
-        return tuple(str(m.get("id")) for m in resp.json().get("data", []))
+        return tuple(str(m.get("id")) for m in payload.get("data", []))
     except (ValueError, AttributeError):
         return None
+
+
+#: health checks go straight to the local server, whatever proxy the environment names
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:

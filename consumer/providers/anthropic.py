@@ -1,4 +1,4 @@
-"""Anthropic messages over httpx (`POST {base_url}/v1/messages`).
+"""Anthropic messages over aiohttp (`POST {base_url}/v1/messages`).
 
 `x-api-key` and `anthropic-version` headers; system messages go to the top-level `system`
 field; `max_tokens` is always set (the API requires it). With an `answer_schema` in `tool` mode
@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 from pydantic import SecretStr
 
 from consumer.core.completion import Completion, CompletionRequest, Usage
@@ -146,7 +146,7 @@ def parse_message(
 
 
 def anthropic_http(
-    client: httpx.AsyncClient, *, base_url: str, api_key: SecretStr | None, name: str
+    client: aiohttp.ClientSession, *, base_url: str, api_key: SecretStr | None, name: str
 ) -> ProviderHttp:
     """The HTTP path for Anthropic: a base URL given with a trailing `/v1` is accepted too."""
     base = base_url.rstrip("/")
@@ -173,7 +173,7 @@ class AnthropicProvider(HttpCompletionProvider):
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         *,
         base_url: str,
         api_key: SecretStr | None,

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 from pydantic import SecretStr
 
@@ -54,7 +54,7 @@ class AnthropicBatchProvider:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         *,
         base_url: str,
         api_key: SecretStr | None,
@@ -212,7 +212,7 @@ class AnthropicBatchProvider:
     async def aclose(self) -> None:
         """Close the HTTP client when this provider owns it (idempotent)."""
         if self.owns_client:
-            await self.http.client.aclose()
+            await self.http.client.close()
 
 
 _STATUS_FOR_TYPE = {

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 from pydantic import SecretStr
 
@@ -57,7 +57,7 @@ class OpenAIBatchProvider:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         *,
         base_url: str,
         api_key: SecretStr | None,
@@ -230,7 +230,7 @@ class OpenAIBatchProvider:
     async def aclose(self) -> None:
         """Close the HTTP client when this provider owns it (idempotent)."""
         if self.owns_client:
-            await self.http.client.aclose()
+            await self.http.client.close()
 
 
 def _field(payload: Any, key: str, http: ProviderHttp) -> str:

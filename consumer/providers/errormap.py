@@ -7,14 +7,22 @@
     other 429                                             RateLimited (hint from the headers)
     503, 529                                              Overloaded
     other 5xx, 409                                        ServerError
-    408, httpx.TimeoutException                           RequestTimeout
-    httpx connect / read / write / protocol errors        ConnectionFailed
+    408; asyncio.TimeoutError and aiohttp's timeouts
+        (ServerTimeoutError, ConnectionTimeoutError,
+        SocketTimeoutError)                               RequestTimeout
+    connection refused (ClientConnectorError),
+        ServerDisconnectedError, ClientOSError,
+        ClientPayloadError, other ClientConnectionError,
+        an unparseable answer (ClientResponseError),
+        any other aiohttp ClientError or OSError          ConnectionFailed
     401, 403                                              AuthFailed
     other 4xx (400, 404, 413, 422, ...)                   Rejected
     2xx whose body is not the provider's format           MalformedResponse (raised by the adapters)
 
 Messages carry the provider name, the status and the provider's error type/code/message
-(truncated, with anything that looks like a key redacted) — never request headers.
+(truncated, with anything that looks like a key redacted) — never request headers. aiohttp
+exceptions can hold `request_info` (our headers, so our key): callers raise the mapped error
+outside their `except` block, so nothing chains back to it.
 """
 
 from __future__ import annotations
@@ -22,8 +30,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
-
-import httpx
 
 from consumer.core.errors import (
     AuthFailed,
@@ -145,9 +151,13 @@ def error_for_status(
     return cls(message, **kw)
 
 
-def error_for_exception(provider: str, exc: httpx.HTTPError, *, secret: str | None = None) -> ProviderError:
-    """An httpx transport failure -> RequestTimeout or ConnectionFailed (never a header, never a key)."""
+def error_for_exception(provider: str, exc: BaseException, *, secret: str | None = None) -> ProviderError:
+    """A transport failure (aiohttp ClientError, asyncio.TimeoutError, OSError) -> RequestTimeout
+    or ConnectionFailed. The message is the exception's text only (redacted, truncated): never
+    `request_info`, never a header, never a key."""
     detail = _truncate(redact(str(exc) or type(exc).__name__, secret))
-    if isinstance(exc, httpx.TimeoutException):
+    # asyncio.TimeoutError is TimeoutError; aiohttp's ServerTimeoutError (and its
+    # ConnectionTimeoutError / SocketTimeoutError) subclass it
+    if isinstance(exc, TimeoutError):
         return RequestTimeout(f"{provider}: timed out ({type(exc).__name__}): {detail}", provider=provider)
     return ConnectionFailed(f"{provider}: {type(exc).__name__}: {detail}", provider=provider)

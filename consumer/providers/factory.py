@@ -1,12 +1,13 @@
 """Builds HTTP clients and providers from a tier (`consumer.settings.TierConfig`).
 
-Each provider gets its own `httpx.AsyncClient` from `make_http_client` and owns it
-(`aclose()` closes it). The API key is read from the env var the tier names, at build time.
+Each provider gets its own `aiohttp.ClientSession` from `make_http_client` and owns it
+(the provider's `aclose()` closes it; closing it again with `session.close()` is harmless).
+The API key is read from the env var the tier names, at build time.
 """
 
 from __future__ import annotations
 
-import httpx
+import aiohttp
 from pydantic import SecretStr
 
 from consumer.core.errors import ConfigError, NotSupportedError
@@ -14,6 +15,7 @@ from consumer.providers.anthropic import ANTHROPIC_STRUCTURED_MODES, AnthropicPr
 from consumer.providers.base import BatchProvider, CompletionProvider
 from consumer.providers.batch_anthropic import AnthropicBatchProvider
 from consumer.providers.batch_openai import OpenAIBatchProvider
+from consumer.providers.httpapi import is_http_url
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
 from consumer.providers.structured import StructuredMode
@@ -23,6 +25,9 @@ from consumer.settings import TierConfig
 CONNECT_TIMEOUT_S = 10.0
 #: connections beyond the limiter's max, for batch polling and file downloads sharing the pool
 POOL_HEADROOM = 4
+#: an idle pooled connection is closed after this long: below the 5 s idle timeout of common
+#: servers (uvicorn, Node), so we close first and a request never races the server's close
+KEEPALIVE_S = 4.0
 
 #: what `batching.structured: auto` means per provider
 NATURAL_STRUCTURED_MODE: dict[str, StructuredMode] = {
@@ -32,12 +37,26 @@ NATURAL_STRUCTURED_MODE: dict[str, StructuredMode] = {
 }
 
 
-def make_http_client(tier: TierConfig) -> httpx.AsyncClient:
-    """A client with the tier's timeout and a pool sized from its limiter's max."""
-    timeout = httpx.Timeout(tier.timeout_s, connect=min(CONNECT_TIMEOUT_S, tier.timeout_s))
+def make_http_client(tier: TierConfig) -> aiohttp.ClientSession:
+    """A keep-alive session with the tier's timeouts and a pool sized from its limiter's max.
+
+    Call it inside the running event loop (aiohttp binds the session to it).
+
+    Timeouts, as httpx's were: `tier.timeout_s` between two reads of the answer (a provider that
+    stops sending for that long timed out; a long download that keeps flowing does not) and for
+    waiting on a free pooled connection; the TCP connect itself at most `CONNECT_TIMEOUT_S`.
+    Proxy variables and .netrc in the environment are not read (`trust_env=False`): reading
+    them costs a file read per request in aiohttp, and nothing here relies on them.
+    """
     size = tier.limiter.max + POOL_HEADROOM
-    limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
-    return httpx.AsyncClient(timeout=timeout, limits=limits)
+    connector = aiohttp.TCPConnector(limit=size, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        connect=tier.timeout_s,
+        sock_connect=min(CONNECT_TIMEOUT_S, tier.timeout_s),
+        sock_read=tier.timeout_s,
+    )
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, raise_for_status=False)
 
 
 def api_key_for(tier_name: str, tier: TierConfig) -> SecretStr | None:
@@ -65,18 +84,14 @@ def structured_mode_for(tier_name: str, tier: TierConfig) -> StructuredMode:
 def base_url_for(tier_name: str, tier: TierConfig) -> str:
     """The tier's base URL; ConfigError when it is not an http(s) URL with a host."""
     base_url = tier.resolved_base_url
-    try:
-        parsed = httpx.URL(base_url)
-    except httpx.InvalidURL as exc:
-        raise ConfigError(f"tiers.{tier_name}.base_url", f"not a URL: {exc}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
+    if not is_http_url(base_url):
         raise ConfigError(
             f"tiers.{tier_name}.base_url", f"must be an http(s) URL with a host, got {base_url!r}"
         )
     return base_url
 
 
-def build_provider(tier_name: str, tier: TierConfig, client: httpx.AsyncClient) -> CompletionProvider:
+def build_provider(tier_name: str, tier: TierConfig, client: aiohttp.ClientSession) -> CompletionProvider:
     """The online adapter for a tier. Its `name` is the provider name (openai, anthropic, openai_compat)."""
     key = api_key_for(tier_name, tier)
     mode = structured_mode_for(tier_name, tier)
@@ -88,7 +103,7 @@ def build_provider(tier_name: str, tier: TierConfig, client: httpx.AsyncClient) 
     return OpenAICompatProvider(client, base_url=base_url, api_key=key, structured_mode=mode)
 
 
-def build_batch_provider(tier_name: str, tier: TierConfig, client: httpx.AsyncClient) -> BatchProvider:
+def build_batch_provider(tier_name: str, tier: TierConfig, client: aiohttp.ClientSession) -> BatchProvider:
     """The offline Batch API adapter for a tier; NotSupportedError for openai_compat (no request sent)."""
     if tier.provider == "openai_compat":
         raise NotSupportedError(f"tier {tier_name}: provider openai_compat has no Batch API; use online mode")

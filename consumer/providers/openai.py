@@ -1,4 +1,4 @@
-"""OpenAI chat completions over httpx (`POST {base_url}/chat/completions`).
+"""OpenAI chat completions over aiohttp (`POST {base_url}/chat/completions`).
 
 `build_chat_body` and `parse_chat_completion` are shared by the online adapter, the
 OpenAI-compatible adapter (`openai_compat.py`) and the Batch API (`batch_openai.py`), so a request
@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 from pydantic import SecretStr
 
@@ -154,7 +154,7 @@ class OpenAIProvider(HttpCompletionProvider):
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         *,
         base_url: str,
         api_key: SecretStr | None,

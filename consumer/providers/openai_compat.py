@@ -7,7 +7,7 @@ These servers have no Batch API (see `factory.build_batch_provider`).
 
 from __future__ import annotations
 
-import httpx
+import aiohttp
 from pydantic import SecretStr
 
 from consumer.providers.openai import OpenAIProvider
@@ -19,7 +19,7 @@ class OpenAICompatProvider(OpenAIProvider):
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         *,
         base_url: str,
         api_key: SecretStr | None = None,

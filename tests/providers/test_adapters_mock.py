@@ -1,13 +1,14 @@
-"""The online adapters against httpx.MockTransport: bodies sent, answers read, errors mapped, no key leaks."""
+"""The online adapters against a recording HTTP server on 127.0.0.1: bodies sent, answers read,
+errors mapped (status codes and real transport failures), no key leaks."""
 
 from __future__ import annotations
 
 import logging
 import time
+import traceback
 from email.utils import formatdate
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from pydantic import SecretStr
@@ -28,7 +29,16 @@ from consumer.providers.anthropic import AnthropicProvider
 from consumer.providers.base import CompletionProvider
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
-from tests.providers.conftest import SECRET, Recorder, make_request, raising, recorder
+from tests.providers.conftest import (
+    SECRET,
+    Behaviour,
+    Recorder,
+    behaving,
+    client_session,
+    closed_port_url,
+    make_request,
+    recorder,
+)
 
 OPENAI_OK = {
     "id": "chatcmpl-1",
@@ -59,15 +69,25 @@ SCHEMA = {
 
 
 def openai(rec: Recorder, **kw: Any) -> OpenAIProvider:
-    return OpenAIProvider(rec.client(), base_url="http://llm.test/v1", api_key=SecretStr(SECRET), **kw)
+    return OpenAIProvider(rec.client(), base_url=rec.base_url + "/v1", api_key=SecretStr(SECRET), **kw)
 
 
 def compat(rec: Recorder, **kw: Any) -> OpenAICompatProvider:
-    return OpenAICompatProvider(rec.client(), base_url="http://llm.test/v1", **kw)
+    return OpenAICompatProvider(rec.client(), base_url=rec.base_url + "/v1", **kw)
 
 
 def anthropic(rec: Recorder, **kw: Any) -> AnthropicProvider:
-    return AnthropicProvider(rec.client(), base_url="http://llm.test", api_key=SecretStr(SECRET), **kw)
+    return AnthropicProvider(rec.client(), base_url=rec.base_url, api_key=SecretStr(SECRET), **kw)
+
+
+def at_url(name: str, base_url: str, *, timeout_s: float = 10.0) -> Any:
+    """The adapter `name` on `base_url` (an origin; `/v1` added for the OpenAI shapes)."""
+    client = client_session(timeout_s)
+    if name == "anthropic":
+        return AnthropicProvider(client, base_url=base_url, api_key=SecretStr(SECRET))
+    if name == "openai_compat":
+        return OpenAICompatProvider(client, base_url=base_url + "/v1", api_key=SecretStr(SECRET))
+    return OpenAIProvider(client, base_url=base_url + "/v1", api_key=SecretStr(SECRET))
 
 
 def openai_error(message: str, etype: str, code: str | None = None) -> dict[str, Any]:
@@ -93,7 +113,7 @@ async def test_openai_success_body_and_answer() -> None:
     assert completion.request_id == "req_9"
     assert completion.latency_ms >= 0
     sent = rec.requests[0]
-    assert str(sent.url) == "http://llm.test/v1/chat/completions"
+    assert str(sent.url) == rec.base_url + "/v1/chat/completions"
     assert sent.headers["authorization"] == f"Bearer {SECRET}"
     body = rec.json()
     assert body == {
@@ -138,7 +158,7 @@ async def test_anthropic_success_body_and_answer() -> None:
     assert completion.finish_reason == "stop"
     assert completion.request_id == "req_a"
     sent = rec.requests[0]
-    assert str(sent.url) == "http://llm.test/v1/messages"
+    assert str(sent.url) == rec.base_url + "/v1/messages"
     assert sent.headers["x-api-key"] == SECRET
     assert sent.headers["anthropic-version"] == "2023-06-01"
     assert "authorization" not in sent.headers
@@ -154,9 +174,9 @@ async def test_anthropic_success_body_and_answer() -> None:
 
 async def test_anthropic_base_url_with_v1_and_max_tokens_from_options() -> None:
     rec = recorder(200, {**ANTHROPIC_OK, "stop_reason": "max_tokens"})
-    provider = AnthropicProvider(rec.client(), base_url="http://llm.test/v1/", api_key=None)
+    provider = AnthropicProvider(rec.client(), base_url=rec.base_url + "/v1/", api_key=None)
     completion = await provider.complete(make_request(options={"max_tokens": 7}))
-    assert str(rec.requests[0].url) == "http://llm.test/v1/messages"
+    assert str(rec.requests[0].url) == rec.base_url + "/v1/messages"
     assert rec.json()["max_tokens"] == 7
     assert completion.finish_reason == "length"
 
@@ -231,22 +251,41 @@ async def test_status_errors(name: str, status: int, etype: str, cls: type[Provi
     assert etype in info.value.message
 
 
+def _chained(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions a traceback would show with it (cause, unsuppressed context)."""
+    seen: list[BaseException] = []
+    node: BaseException | None = exc
+    while node is not None and node not in seen:
+        seen.append(node)
+        node = node.__cause__ or (None if node.__suppress_context__ else node.__context__)
+    return seen
+
+
 @pytest.mark.parametrize("name", PROVIDERS)
 @pytest.mark.parametrize(
-    ("exc", "cls"),
+    ("behaviour", "cls"),
     [
-        (httpx.ReadTimeout("read timed out"), RequestTimeout),
-        (httpx.ConnectTimeout("connect timed out"), RequestTimeout),
-        (httpx.ConnectError("connection refused"), ConnectionFailed),
-        (httpx.RemoteProtocolError("peer closed connection without response"), ConnectionFailed),
-        (httpx.ReadError("connection reset"), ConnectionFailed),
+        (Behaviour.HANG, RequestTimeout),  # no answer within the read timeout
+        (Behaviour.DROP, ConnectionFailed),  # connection closed without an answer
+        (Behaviour.GARBAGE, ConnectionFailed),  # an answer that is not HTTP
+        (Behaviour.TRUNCATE, ConnectionFailed),  # the body ends before its Content-Length
     ],
 )
-async def test_transport_errors(name: str, exc: Exception, cls: type[ProviderError]) -> None:
+async def test_transport_failures(name: str, behaviour: Behaviour, cls: type[ProviderError]) -> None:
+    rec = behaving(behaviour)
     with pytest.raises(cls) as info:
-        await PROVIDERS[name](raising(exc)).complete(make_request())
-    assert info.value.provider == name
-    # the httpx exception (and its request, which carries the auth header) is not chained
+        await at_url(name, rec.base_url, timeout_s=0.3).complete(make_request())
+    assert type(info.value) is cls and info.value.provider == name and info.value.retryable
+    assert len(rec.requests) == 1  # it reached the server: the failure is the server's doing
+    # the aiohttp exception (whose request_info carries the auth header) is not chained
+    assert info.value.__cause__ is None and info.value.__context__ is None
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+async def test_closed_port_is_a_connection_failure(name: str) -> None:
+    with pytest.raises(ConnectionFailed) as info:
+        await at_url(name, closed_port_url()).complete(make_request())
+    assert info.value.provider == name and info.value.retryable
     assert info.value.__cause__ is None and info.value.__context__ is None
 
 
@@ -387,7 +426,7 @@ async def test_anthropic_tool_answer_of_a_wrapped_string_schema() -> None:
     assert completion.text == "negative"
 
 
-def test_anthropic_rejects_modes_it_has_not() -> None:
+async def test_anthropic_rejects_modes_it_has_not() -> None:
     with pytest.raises(ValueError):
         anthropic(recorder(200, {}), structured_mode="json_schema")
 
@@ -398,27 +437,37 @@ def test_anthropic_rejects_modes_it_has_not() -> None:
 async def test_key_never_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     seen: list[str] = []
-    for name, factory in (("openai", openai), ("anthropic", anthropic)):
+    for name in ("openai", "anthropic"):
         # the provider echoes the key back in its error message, as OpenAI's 401 does (masked)
         echo = _err_body(name, f"Incorrect API key provided: {SECRET}", "authentication_error")
         for rec in (
             recorder(401, echo),
             recorder(429, echo),
-            raising(httpx.ConnectError(f"refused {SECRET}")),
             recorder(200, b"junk " + SECRET.encode()),
+            # transport failures: aiohttp's exceptions hold request_info with our headers
+            behaving(Behaviour.HANG),
+            behaving(Behaviour.DROP),
+            behaving(Behaviour.GARBAGE),
+            behaving(Behaviour.TRUNCATE),
         ):
-            provider = factory(rec)
+            provider = at_url(name, rec.base_url, timeout_s=0.3)
             seen += [repr(provider), str(provider), repr(provider.http)]
             with pytest.raises(ProviderError) as info:
                 await provider.complete(make_request())
             seen += [str(info.value), repr(info.value), info.value.message]
-            assert SECRET in rec.requests[0].headers.get("authorization", "") + rec.requests[0].headers.get(
-                "x-api-key", ""
-            )  # it WAS sent: the test would catch a leak
+            seen += ["".join(traceback.format_exception(info.value))]
+            seen += [repr(vars(e)) for e in _chained(info.value)]
+            sent = rec.requests[0].headers
+            # it WAS sent: the test would catch a leak
+            assert SECRET in sent.get("authorization", "") + sent.get("x-api-key", "")
+        provider = at_url(name, closed_port_url())
+        with pytest.raises(ProviderError) as info:
+            await provider.complete(make_request())
+        seen += [str(info.value), repr(info.value), "".join(traceback.format_exception(info.value))]
     seen += [record.getMessage() for record in caplog.records]
     seen.append(caplog.text)
     assert caplog.records, "adapters log at DEBUG; nothing captured means the check is empty"
-    assert all(SECRET not in text for text in seen)
+    assert [text for text in seen if SECRET in text] == []
 
 
 async def test_unserializable_option_is_rejected_without_sending() -> None:

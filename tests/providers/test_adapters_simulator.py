@@ -40,6 +40,7 @@ from consumer.providers.batch_openai import OpenAIBatchProvider
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for, parse_faults
+from tests.providers.conftest import client_session
 
 KEY = "sim-adapter-key-42"
 ALIAS_SCHEMA = {
@@ -64,7 +65,7 @@ Factory = Callable[..., CompletionProvider]
 
 
 def make(kind: str, base: str, *, key: str | None = KEY, timeout_s: float = 30.0, **kw: Any) -> Any:
-    client = httpx.AsyncClient(timeout=timeout_s)
+    client = client_session(timeout_s)
     secret = SecretStr(key) if key else None
     if kind == "openai":
         return OpenAIProvider(client, base_url=base + "/v1", api_key=secret, **kw)
@@ -361,7 +362,7 @@ async def test_batch_round_trip_with_split_errors_and_expiry(kind: str) -> None:
         seed=5, api_key=KEY, batch_delay_s=0.05, batch_error_rate=0.2, batch_expire_rate=0.2
     )
     async with simulator(config) as (url, _):
-        client = httpx.AsyncClient(timeout=30)
+        client = client_session(30)
         provider: Any
         if kind == "openai":
             provider = OpenAIBatchProvider(
@@ -395,7 +396,7 @@ async def test_batch_round_trip_with_split_errors_and_expiry(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
 async def test_batch_cancel_over_http(kind: str) -> None:
     async with simulator(SimulatorConfig(batch_delay_s=3600)) as (url, _):
-        client = httpx.AsyncClient()
+        client = client_session()
         provider: Any = (
             OpenAIBatchProvider(client, base_url=url + "/v1", api_key=None)
             if kind == "openai"

@@ -1,21 +1,42 @@
-"""The Batch API adapters against httpx.MockTransport: what is sent, splitting, statuses, result files."""
+"""The Batch API adapters against a recording HTTP server on 127.0.0.1: what is sent, splitting,
+statuses, result files."""
 
 from __future__ import annotations
 
+import logging
+import traceback
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from pydantic import SecretStr
 
-from consumer.core.errors import AuthFailed, MalformedResponse, ProviderError, RateLimited, Rejected
+from consumer.core.errors import (
+    AuthFailed,
+    ConnectionFailed,
+    MalformedResponse,
+    ProviderError,
+    RateLimited,
+    Rejected,
+    RequestTimeout,
+)
 from consumer.providers.base import BatchProvider, BatchRequest, BatchStatus
 from consumer.providers.batch_anthropic import AnthropicBatchProvider
 from consumer.providers.batch_openai import OpenAIBatchProvider
-from tests.providers.conftest import SECRET, Recorder, make_request, reply
+from tests.providers.conftest import (
+    SECRET,
+    Behaviour,
+    Recorder,
+    Reply,
+    SentRequest,
+    behaving,
+    client_session,
+    make_request,
+    recorder,
+    reply,
+)
 
 SCHEMA = {
     "type": "object",
@@ -45,11 +66,12 @@ class FakeOpenAI:
 
     def __init__(self) -> None:
         self.uploads: list[tuple[dict[str, str], bytes]] = []
+        self.file_parts: list[tuple[str | None, str]] = []
         self.creates: list[dict[str, Any]] = []
         self.batch: dict[str, Any] = {}
         self.files: dict[str, bytes] = {}
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: SentRequest) -> Reply:
         path = request.url.path
         if request.method == "POST" and path == "/v1/files":
             msg = BytesParser(policy=HTTP).parsebytes(
@@ -62,6 +84,7 @@ class FakeOpenAI:
                 payload = part.get_payload(decode=True)
                 if name == "file":
                     content = payload
+                    self.file_parts.append((part.get_filename(), part.get_content_type()))
                 else:
                     fields[str(name)] = payload.decode()
             self.uploads.append((fields, content))
@@ -84,14 +107,14 @@ class FakeOpenAI:
         if request.method == "POST" and path.endswith("/cancel"):
             return reply(200, {**self.batch, "status": "cancelling"})
         if request.method == "GET" and path.startswith("/v1/files/"):
-            return httpx.Response(200, content=self.files[path.split("/")[3]])
+            return Reply(200, self.files[path.split("/")[3]])
         return reply(404, {"error": {"message": "no route", "type": "invalid_request_error"}})
 
 
 def openai_batch(fake: Any, **kw: Any) -> tuple[OpenAIBatchProvider, Recorder]:
     rec = Recorder(fake)
     provider = OpenAIBatchProvider(
-        rec.client(), base_url="http://llm.test/v1", api_key=SecretStr(SECRET), **kw
+        rec.client(), base_url=rec.base_url + "/v1", api_key=SecretStr(SECRET), **kw
     )
     return provider, rec
 
@@ -105,6 +128,8 @@ async def test_openai_submit_uploads_jsonl_and_creates_batch() -> None:
     assert [j.id for j in jobs] == ["batch_1"] and jobs[0].status is BatchStatus.PENDING
     fields, content = fake.uploads[0]
     assert fields == {"purpose": "batch"}
+    assert fake.file_parts == [("batch.jsonl", "application/jsonl")]
+    assert rec.requests[0].headers["content-type"].startswith("multipart/form-data; boundary=")
     lines = [orjson.loads(line) for line in content.splitlines()]
     assert [line["custom_id"] for line in lines] == ["job-0", "job-1", "with-schema"]
     assert all(line["method"] == "POST" and line["url"] == "/v1/chat/completions" for line in lines)
@@ -148,9 +173,7 @@ async def test_openai_split_by_count_and_bytes() -> None:
     assert [len(c.splitlines()) for _, c in fake.uploads] == [2, 2, 1]
 
     fake = FakeOpenAI()
-    one = len(
-        OpenAIBatchProvider(httpx.AsyncClient(), base_url="http://x/v1", api_key=None).jsonl_line(items(1)[0])
-    )
+    one = len(provider.jsonl_line(items(1)[0]))
     provider, _ = openai_batch(fake, max_bytes=one * 3 + 5)
     jobs = await provider.submit(items(7))
     sizes = [len(c) for _, c in fake.uploads]
@@ -280,7 +303,9 @@ async def test_openai_cancel_and_http_errors() -> None:
     job = await provider.cancel("b")
     assert job.status is BatchStatus.RUNNING and rec.requests[-1].url.path == "/v1/batches/b/cancel"
     denied = Recorder(lambda _r: reply(401, {"error": {"message": "no", "type": "invalid_request_error"}}))
-    provider = OpenAIBatchProvider(denied.client(), base_url="http://llm.test/v1", api_key=SecretStr(SECRET))
+    provider = OpenAIBatchProvider(
+        denied.client(), base_url=denied.base_url + "/v1", api_key=SecretStr(SECRET)
+    )
     with pytest.raises(AuthFailed) as info:
         await provider.submit(items(1))
     assert SECRET not in str(info.value)
@@ -307,7 +332,7 @@ class FakeAnthropic:
         self.batch: dict[str, Any] = {}
         self.results = b""
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: SentRequest) -> Reply:
         path = request.url.path
         if request.method == "POST" and path == "/v1/messages/batches":
             self.creates.append(orjson.loads(request.content))
@@ -321,7 +346,7 @@ class FakeAnthropic:
                 },
             )
         if path.endswith("/results"):
-            return httpx.Response(200, content=self.results)
+            return Reply(200, self.results)
         if request.method == "POST" and path.endswith("/cancel"):
             return reply(200, {**self.batch, "processing_status": "canceling"})
         if request.method == "GET" and path.startswith("/v1/messages/batches/"):
@@ -332,7 +357,7 @@ class FakeAnthropic:
 def anthropic_batch(fake: Any, **kw: Any) -> tuple[AnthropicBatchProvider, Recorder]:
     rec = Recorder(fake)
     provider = AnthropicBatchProvider(
-        rec.client(), base_url="http://llm.test", api_key=SecretStr(SECRET), **kw
+        rec.client(), base_url=rec.base_url, api_key=SecretStr(SECRET), **kw
     )
     return provider, rec
 
@@ -400,7 +425,7 @@ async def test_anthropic_results_all_kinds() -> None:
         "id": "msgbatch_1",
         "processing_status": "ended",
         "request_counts": {"succeeded": 1, "errored": 1, "canceled": 1, "expired": 1},
-        "results_url": "http://llm.test/v1/messages/batches/msgbatch_1/results",
+        "results_url": rec.base_url + "/v1/messages/batches/msgbatch_1/results",
     }
     fake.results = b"\n".join(
         orjson.dumps(x)
@@ -434,16 +459,19 @@ async def test_anthropic_results_all_kinds() -> None:
 async def test_anthropic_results_url_on_another_origin_is_not_sent_the_key() -> None:
     fake = FakeAnthropic()
     provider, rec = anthropic_batch(fake)
+    evil = recorder(200, b"")  # another origin: same host, another port
     fake.batch = {
         "id": "b",
         "processing_status": "ended",
         "request_counts": {"succeeded": 1},
-        "results_url": "http://evil.test/steal",
+        "results_url": evil.base_url + "/steal",
     }
     fake.results = orjson.dumps({"custom_id": "a", "result": {"type": "succeeded", "message": message("x")}})
     results = await provider.results("b")
     assert results[0].ok
-    assert all(r.url.host == "llm.test" for r in rec.requests)
+    assert evil.requests == []
+    assert all(r.url.port == rec.port for r in rec.requests)
+    assert rec.requests[-1].url.path == "/v1/messages/batches/b/results"
 
 
 async def test_anthropic_unfinished_batch_has_no_results_and_cancel() -> None:
@@ -469,8 +497,6 @@ async def test_malformed_batch_object() -> None:
 
 
 async def test_batch_adapters_never_leak_the_key(caplog: pytest.LogCaptureFixture) -> None:
-    import logging
-
     caplog.set_level(logging.DEBUG)
     seen: list[str] = []
     echo_openai = {"error": {"message": f"bad key {SECRET}", "type": "invalid_request_error"}}
@@ -478,12 +504,12 @@ async def test_batch_adapters_never_leak_the_key(caplog: pytest.LogCaptureFixtur
         "type": "error",
         "error": {"type": "authentication_error", "message": f"bad key {SECRET}"},
     }
-    for cls, base, body in (
-        (OpenAIBatchProvider, "http://llm.test/v1", echo_openai),
-        (AnthropicBatchProvider, "http://llm.test", echo_anthropic),
+    for cls, path, body in (
+        (OpenAIBatchProvider, "/v1", echo_openai),
+        (AnthropicBatchProvider, "", echo_anthropic),
     ):
         rec = Recorder(lambda _r, body=body: reply(401, body))
-        provider = cls(rec.client(), base_url=base, api_key=SecretStr(SECRET))
+        provider = cls(rec.client(), base_url=rec.base_url + path, api_key=SecretStr(SECRET))
         seen += [repr(provider), str(provider)]
         for call in (
             provider.submit(items(2)),
@@ -499,3 +525,63 @@ async def test_batch_adapters_never_leak_the_key(caplog: pytest.LogCaptureFixtur
     seen += [r.getMessage() for r in caplog.records] + [caplog.text]
     assert caplog.records
     assert all(SECRET not in text for text in seen)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "cls"),
+    [
+        (Behaviour.HANG, RequestTimeout),
+        (Behaviour.DROP, ConnectionFailed),
+        (Behaviour.GARBAGE, ConnectionFailed),
+        (Behaviour.TRUNCATE, ConnectionFailed),
+    ],
+)
+async def test_batch_transport_failures_map_and_never_leak_the_key(
+    behaviour: Behaviour, cls: type[ProviderError], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    seen: list[str] = []
+    for provider_cls, path in ((OpenAIBatchProvider, "/v1"), (AnthropicBatchProvider, "")):
+        rec = behaving(behaviour)
+        provider = provider_cls(client_session(0.3), base_url=rec.base_url + path, api_key=SecretStr(SECRET))
+        for call in (
+            provider.submit(items(2)),
+            provider.status("b"),
+            provider.results("b"),
+            provider.cancel("b"),
+        ):
+            with pytest.raises(cls) as info:
+                await call
+            # nothing chains back to aiohttp's exception (its request_info holds our headers)
+            assert info.value.__cause__ is None and info.value.__context__ is None
+            seen += [str(info.value), repr(info.value), "".join(traceback.format_exception(info.value))]
+        # each call reached the server (aiohttp resends a GET once when the server hangs up on it)
+        assert {(r.method, r.url.path.removeprefix("/v1")) for r in rec.requests} == (
+            {("POST", "/files"), ("GET", "/batches/b"), ("POST", "/batches/b/cancel")}
+            if provider_cls is OpenAIBatchProvider
+            else {("POST", "/messages/batches"), ("GET", "/messages/batches/b"),
+                  ("POST", "/messages/batches/b/cancel")}
+        )
+        sent = rec.requests[0].headers
+        assert SECRET in sent.get("authorization", "") + sent.get("x-api-key", "")
+    seen += [r.getMessage() for r in caplog.records] + [caplog.text]
+    assert caplog.records
+    assert [text for text in seen if SECRET in text] == []
+
+
+@pytest.mark.parametrize("behaviour", [Behaviour.DROP, Behaviour.TRUNCATE])
+async def test_openai_result_file_download_cut_is_a_connection_failure(behaviour: Behaviour) -> None:
+    fake = FakeOpenAI()
+    fake.batch = {"id": "b", "status": "completed", "output_file_id": "out"}
+    fake.files["out"] = orjson.dumps(
+        {"custom_id": "x", "response": {"status_code": 200, "body": chat_body("a")}}
+    )
+    rec = Recorder(lambda r: behaviour if r.url.path.startswith("/v1/files/") else fake(r))
+    provider = OpenAIBatchProvider(rec.client(), base_url=rec.base_url + "/v1", api_key=SecretStr(SECRET))
+    with pytest.raises(ConnectionFailed):
+        await provider.results("b")
+    # (aiohttp resends a GET once when the server hangs up on it)
+    assert {r.url.path for r in rec.requests} == {"/v1/batches/b", "/v1/files/out/content"}
+    rec.respond = fake  # the same download, answered in full
+    [item] = await provider.results("b")
+    assert item.ok and item.completion is not None and item.completion.text == "a"

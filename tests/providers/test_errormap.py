@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import httpx
+from types import SimpleNamespace
+
+import aiohttp
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from consumer.core.errors import (
     AuthFailed,
@@ -130,18 +134,59 @@ def test_key_echoes_are_redacted() -> None:
     assert redact("my key is S3CRETVALUE", "S3CRETVALUE") == "my key is [redacted]"
 
 
+SECRET = "zq7TOPSECRETVALUE91x"
+
+
+def _request_info() -> aiohttp.RequestInfo:
+    """What aiohttp attaches to ClientResponseError: our request, auth header included."""
+    headers = CIMultiDictProxy(CIMultiDict({"authorization": f"Bearer {SECRET}", "x-api-key": SECRET}))
+    url = URL("http://127.0.0.1:9/v1/chat/completions")
+    return aiohttp.RequestInfo(url, "POST", headers, url)
+
+
+def _refused() -> aiohttp.ClientConnectorError:
+    key = SimpleNamespace(host="127.0.0.1", port=9, ssl=None)
+    return aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "Connection refused"))  # type: ignore[arg-type]
+
+
+def _bad_status_line() -> aiohttp.ClientResponseError:
+    """What aiohttp raises for an answer that is not HTTP (not a provider's status code)."""
+    return aiohttp.ClientResponseError(_request_info(), (), status=400, message="Bad status line")
+
+
 @pytest.mark.parametrize(
     ("exc", "cls"),
     [
-        (httpx.ReadTimeout("timed out"), RequestTimeout),
-        (httpx.ConnectTimeout("timed out"), RequestTimeout),
-        (httpx.PoolTimeout("pool"), RequestTimeout),
-        (httpx.ConnectError("refused"), ConnectionFailed),
-        (httpx.ReadError("reset"), ConnectionFailed),
-        (httpx.RemoteProtocolError("peer closed"), ConnectionFailed),
+        (TimeoutError(), RequestTimeout),
+        (TimeoutError("timed out"), RequestTimeout),
+        (aiohttp.ServerTimeoutError("timeout"), RequestTimeout),
+        (aiohttp.ConnectionTimeoutError("connect timeout"), RequestTimeout),
+        (aiohttp.SocketTimeoutError("Timeout on reading data from socket"), RequestTimeout),
+        (_refused(), ConnectionFailed),
+        (aiohttp.ServerDisconnectedError(), ConnectionFailed),
+        (aiohttp.ClientOSError(104, "Connection reset by peer"), ConnectionFailed),
+        (aiohttp.ClientPayloadError("Response payload is not completed"), ConnectionFailed),
+        (aiohttp.ClientConnectionError("closed"), ConnectionFailed),
+        (_bad_status_line(), ConnectionFailed),
+        (ConnectionResetError(104, "reset"), ConnectionFailed),
     ],
 )
-def test_exception_mapping(exc: httpx.HTTPError, cls: type[ProviderError]) -> None:
+def test_exception_mapping(exc: BaseException, cls: type[ProviderError]) -> None:
     error = error_for_exception("p", exc)
     assert type(error) is cls
     assert error.retryable
+    assert error.provider == "p" and type(exc).__name__ in error.message
+    assert error.__cause__ is None and error.__context__ is None
+
+
+def test_exception_messages_carry_no_key() -> None:
+    """aiohttp's ClientResponseError holds request_info (our headers); the mapped error has
+    only the exception's text, and a key inside that text is redacted."""
+    for exc in (
+        _bad_status_line(),
+        aiohttp.ClientOSError(104, f"reset while sending {SECRET}"),
+        TimeoutError(f"waited for {SECRET}"),
+    ):
+        assert SECRET in repr(vars(exc)) or SECRET in str(exc)  # the raw exception does carry it
+        error = error_for_exception("p", exc, secret=SECRET)
+        assert SECRET not in error.message and SECRET not in repr(error) and SECRET not in str(error)

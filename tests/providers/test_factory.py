@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import httpx
+from collections.abc import AsyncIterator
+
+import aiohttp
 import pytest
+from aiohttp import web
 
 from consumer.core.errors import ConfigError, NotSupportedError
 from consumer.providers.anthropic import AnthropicProvider
@@ -21,74 +24,121 @@ def tier(**kw: object) -> TierConfig:
     return TierConfig.model_validate(data)
 
 
-def never_called(request: httpx.Request) -> httpx.Response:
-    raise AssertionError("no request may be sent")
+@pytest.fixture
+async def no_net() -> AsyncIterator[aiohttp.ClientSession]:
+    """A session that records every request it starts; the test fails if there is one."""
+    started: list[str] = []
 
+    async def on_start(_session: object, _ctx: object, params: aiohttp.TraceRequestStartParams) -> None:
+        started.append(f"{params.method} {params.url}")
 
-NO_NET = httpx.AsyncClient(transport=httpx.MockTransport(never_called))
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(on_start)
+    session = aiohttp.ClientSession(trace_configs=[trace])
+    yield session
+    await session.close()
+    assert started == [], "no request may be sent"
 
 
 async def test_http_client_timeouts_and_pool() -> None:
     client = make_http_client(tier(timeout_s=7.5, limiter={"initial": 2, "max": 12}))
     try:
-        assert client.timeout.read == 7.5 and client.timeout.connect == 7.5
-        pool = client._transport._pool  # type: ignore[attr-defined]
-        assert pool._max_connections == 16  # limiter max + headroom for polling
+        assert client.timeout.sock_read == 7.5 and client.timeout.connect == 7.5
+        assert client.timeout.sock_connect == 7.5 and client.timeout.total is None
+        assert client.connector is not None and client.connector.limit == 16  # limiter max + headroom
     finally:
-        await client.aclose()
+        await client.close()
+    client = make_http_client(tier(timeout_s=120))
+    try:
+        assert client.timeout.sock_read == 120 and client.timeout.sock_connect == 10.0  # connect capped
+        assert client.connector is not None and client.connector.limit == 64 + 4
+    finally:
+        await client.close()
 
 
-def test_provider_per_kind_and_auto_structured_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_http_client_keeps_connections_alive() -> None:
+    """Requests in a row reuse one pooled connection (the server sees one peer port)."""
+    peers: list[object] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    client = make_http_client(tier())
+    try:
+        for _ in range(3):
+            async with client.get(f"http://127.0.0.1:{port}/") as response:
+                await response.read()
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert len(peers) == 3 and len(set(peers)) == 1
+
+
+async def test_provider_per_kind_and_auto_structured_mode(
+    monkeypatch: pytest.MonkeyPatch,
+    no_net: aiohttp.ClientSession,
+) -> None:
     monkeypatch.setenv("SIM_KEY", SECRET)
-    p = build_provider("a", tier(api_key_env="SIM_KEY"), NO_NET)
+    p = build_provider("a", tier(api_key_env="SIM_KEY"), no_net)
     assert isinstance(p, OpenAIProvider) and p.structured_mode == "json_schema" and p.name == "openai"
     assert p.http.base_url == "https://api.openai.com/v1"
-    p = build_provider("b", tier(provider="anthropic", api_key_env="SIM_KEY"), NO_NET)
+    p = build_provider("b", tier(provider="anthropic", api_key_env="SIM_KEY"), no_net)
     assert isinstance(p, AnthropicProvider) and p.structured_mode == "tool"
-    p = build_provider("c", tier(provider="openai_compat", base_url="http://127.0.0.1:9/v1"), NO_NET)
+    p = build_provider("c", tier(provider="openai_compat", base_url="http://127.0.0.1:9/v1"), no_net)
     assert isinstance(p, OpenAICompatProvider) and p.structured_mode == "json_object"
     p = build_provider(
         "d",
         tier(provider="openai_compat", base_url="http://h/v1", batching={"structured": "json_schema"}),
-        NO_NET,
+        no_net,
     )
     assert p.structured_mode == "json_schema"  # type: ignore[attr-defined]
-    p = build_provider("e", tier(batching={"structured": "off"}), NO_NET)
+    p = build_provider("e", tier(batching={"structured": "off"}), no_net)
     assert p.structured_mode == "off"  # type: ignore[attr-defined]
     assert SECRET not in repr(p)
 
 
-def test_unset_key_env_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_unset_key_env_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+    no_net: aiohttp.ClientSession,
+) -> None:
     monkeypatch.delenv("NOPE_KEY", raising=False)
     with pytest.raises(ConfigError) as info:
-        build_provider("fast", tier(api_key_env="NOPE_KEY"), NO_NET)
+        build_provider("fast", tier(api_key_env="NOPE_KEY"), no_net)
     assert info.value.key == "tiers.fast.api_key_env"
     assert "NOPE_KEY" in info.value.reason
 
 
-def test_anthropic_with_a_response_format_mode_is_a_config_error() -> None:
+async def test_anthropic_with_a_response_format_mode_is_a_config_error(no_net: aiohttp.ClientSession) -> None:
     with pytest.raises(ConfigError) as info:
-        build_provider("x", tier(provider="anthropic", batching={"structured": "json_schema"}), NO_NET)
+        build_provider("x", tier(provider="anthropic", batching={"structured": "json_schema"}), no_net)
     assert info.value.key == "tiers.x.batching.structured"
 
 
-def test_batch_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_batch_providers(monkeypatch: pytest.MonkeyPatch, no_net: aiohttp.ClientSession) -> None:
     monkeypatch.setenv("SIM_KEY", SECRET)
-    b = build_batch_provider("a", tier(api_key_env="SIM_KEY", offline={"completion_window": "24h"}), NO_NET)
+    b = build_batch_provider("a", tier(api_key_env="SIM_KEY", offline={"completion_window": "24h"}), no_net)
     assert isinstance(b, OpenAIBatchProvider) and b.completion_window == "24h"
-    b = build_batch_provider("b", tier(provider="anthropic", api_key_env="SIM_KEY"), NO_NET)
+    b = build_batch_provider("b", tier(provider="anthropic", api_key_env="SIM_KEY"), no_net)
     assert isinstance(b, AnthropicBatchProvider)
 
 
-def test_openai_compat_has_no_batch_api() -> None:
+async def test_openai_compat_has_no_batch_api(no_net: aiohttp.ClientSession) -> None:
     with pytest.raises(NotSupportedError, match="no Batch API; use online mode"):
         build_batch_provider(
-            "local", tier(provider="openai_compat", base_url="http://127.0.0.1:9/v1"), NO_NET
+            "local", tier(provider="openai_compat", base_url="http://127.0.0.1:9/v1"), no_net
         )
 
 
 @pytest.mark.parametrize("url", ["ftp://h/v1", "not a url", "http:///v1"])
-def test_bad_base_url_is_a_config_error(url: str) -> None:
+async def test_bad_base_url_is_a_config_error(url: str, no_net: aiohttp.ClientSession) -> None:
     with pytest.raises(ConfigError) as info:
-        build_provider("t", tier(provider="openai_compat", base_url=url), NO_NET)
+        build_provider("t", tier(provider="openai_compat", base_url=url), no_net)
     assert info.value.key == "tiers.t.base_url"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from email.utils import formatdate
 
-import httpx
 import pytest
+from multidict import CIMultiDict
 
 from consumer.providers.ratelimit import (
     format_duration,
@@ -69,9 +69,9 @@ def test_retry_after_ms_wins() -> None:
 
 
 def test_openai_headers() -> None:
-    headers = httpx.Headers(
+    headers = CIMultiDict(  # aiohttp's header type; names in any case
         {
-            "x-ratelimit-remaining-requests": "59",
+            "X-RateLimit-Remaining-Requests": "59",
             "x-ratelimit-remaining-tokens": "149000",
             "x-ratelimit-reset-requests": "1s",
             "x-ratelimit-reset-tokens": "6m0s",
