@@ -3,7 +3,7 @@
 Every failure is translated into one of these classes at the boundary where it
 happens (provider adapters, job decoding, config loading). Retry-or-dead-letter
 decisions (`consumer.core.retry`) are made only from these classes, never from
-httpx, aiokafka or HTTP status codes directly.
+aiohttp, aiokafka or HTTP status codes directly.
 
     PromptbusError
     ├── ConfigError                 bad tier file / settings: stops startup, names the key
