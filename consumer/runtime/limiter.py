@@ -1,21 +1,29 @@
-"""Async concurrency limiter around a pure limit algorithm (`consumer.core.limit`).
+"""Async concurrency limiter around a pure limit algorithm (`consumer.core.limit`), paced by
+the provider's announced request budget (`consumer.core.pacing`).
 
 A caller acquires a `Token` before a provider call and ends it exactly once:
 `success()` (the call returned; its RTT feeds the algorithm), `dropped()` (overload:
 429/529/503/timeout — the algorithm shrinks), or `ignore()` (a failure that says nothing
 about load, e.g. a 400). Waiters are served first-in first-out.
+
+Two things bound admission: the concurrency limit (AIMD, gradient or fixed) and, once a
+provider has sent rate-limit headers, a mirror of its request bucket (`BudgetPacer`): the
+caller reports each answer's `RateLimitHint` with its token (`note_budget(hint, token)`), and
+a request is admitted only when the mirror holds one; otherwise the oldest waiter is woken
+when it will. A concurrency limit alone cannot sit at a *rate* ceiling. `pause()` (Retry-After,
+quota) stops all admissions for a while on top of both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Protocol
 
 from consumer.core.errors import RateLimitHint
+from consumer.core.pacing import BudgetPacer
 
 
 class LimitAlgorithm(Protocol):
@@ -26,44 +34,57 @@ class LimitAlgorithm(Protocol):
 
 
 class Token:
-    """One slot of the limiter; end it exactly once."""
+    """One slot of the limiter; end it exactly once.
 
-    __slots__ = ("_done", "_limiter", "_started_s")
+    seq: admission number (1, 2, ...), so a hint from its answer can be placed in order;
+    started_s: admission time on the limiter's clock.
+    """
 
-    def __init__(self, limiter: AsyncLimiter, started_s: float) -> None:
+    __slots__ = ("_done", "_limiter", "seq", "started_s")
+
+    def __init__(self, limiter: AsyncLimiter, started_s: float, seq: int) -> None:
         self._limiter = limiter
-        self._started_s = started_s
+        self.started_s = started_s
+        self.seq = seq
         self._done = False
 
     def success(self) -> None:
+        """The call returned an answer: its RTT is a sample of the limit algorithm."""
         self._end(dropped=False, sample=True)
 
     def dropped(self) -> None:
+        """The call met overload (429/529/503/timeout): the limit algorithm shrinks."""
         self._end(dropped=True, sample=True)
 
     def ignore(self) -> None:
+        """The call failed in a way that says nothing about load."""
         self._end(dropped=False, sample=False)
 
     def _end(self, *, dropped: bool, sample: bool) -> None:
         if self._done:
             return
         self._done = True
-        self._limiter._release(self._started_s, dropped=dropped, sample=sample)
+        self._limiter._release(self.started_s, dropped=dropped, sample=sample)
 
 
 class AsyncLimiter:
-    """Admits at most `limit` concurrent calls; the limit moves with the algorithm's samples."""
+    """Admits at most `limit` concurrent calls, no faster than the provider's announced budget."""
 
-    def __init__(self, algorithm: LimitAlgorithm, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        algorithm: LimitAlgorithm,
+        clock: Callable[[], float] = time.monotonic,
+        pacer: BudgetPacer | None = None,
+    ) -> None:
         self._algorithm = algorithm
         self._clock = clock
+        self._pacer = pacer if pacer is not None else BudgetPacer()
         self._inflight = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._seq = 0
+        self._waiters: collections.deque[asyncio.Future[Token]] = collections.deque()
         self._paused_until_s = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None
-        #: requests the provider said are left in its window, minus those admitted since
-        self._budget: int | None = None
-        self._budget_reset_s = 1.0
+        self._wake_at_s = 0.0  # loop time the pending timer fires
 
     @property
     def limit(self) -> int:
@@ -81,63 +102,93 @@ class AsyncLimiter:
     def paused_for_s(self) -> float:
         return max(0.0, self._paused_until_s - self._clock())
 
+    @property
+    def pacer(self) -> BudgetPacer:
+        """The mirror of the provider's request bucket (inactive until a hint arrives)."""
+        return self._pacer
+
+    @property
+    def pacing_wait_s(self) -> float:
+        """Seconds until the mirrored budget admits one more request (0.0: now)."""
+        return self._pacer.wait_s(self._clock())
+
     def pause(self, duration_s: float) -> None:
         """Admit nothing new for duration_s (quota exhausted, Retry-After): calls already running go on."""
         until_s = self._clock() + duration_s
         if until_s <= self._paused_until_s:
             return
         self._paused_until_s = until_s
-        self._wake_after_pause()
+        if self._waiters:
+            self._wake_in(self.paused_for_s)
 
-    def note_budget(self, hint: RateLimitHint | None) -> None:
-        """Pace admissions by the request budget a provider announced (x-ratelimit-remaining-*).
+    def note_budget(
+        self, hint: RateLimitHint | None, token: Token | None = None, *, rejected: bool = False
+    ) -> None:
+        """Pace admissions by the request budget a provider announced with `token`'s answer.
 
-        The limit bounds concurrency, not rate: with a requests-per-minute ceiling, a few slots
-        can exhaust the window. Each admission spends one of the announced remaining requests;
-        at zero the limiter pauses until the provider's window resets.
+        token: the admission the answer belongs to (None: taken as the newest admission);
+        rejected: the answer was a 429 (the provider did not count the request; its bucket
+        is empty). Hints older than the newest applied one are ignored.
         """
-        if hint is None or hint.remaining_requests is None:
-            return
-        self._budget_reset_s = hint.reset_requests_s if hint.reset_requests_s else 1.0
-        self._budget = hint.remaining_requests
-        if self._budget <= 0:
-            self._budget = None
-            self.pause(self._budget_reset_s)
+        now_s = self._clock()
+        if token is None:
+            applied = self._pacer.observe(hint, self._seq, now_s, now_s, rejected=rejected)
+        else:
+            applied = self._pacer.observe(hint, token.seq, token.started_s, now_s, rejected=rejected)
+        if applied:
+            self._wake()  # a larger budget may admit waiters now; a smaller one sets the timer
 
-    def _spend_budget(self) -> None:
-        if self._budget is None:
+    def _wake_in(self, delay_s: float) -> None:
+        """Run `_wake` after delay_s, unless a timer fires sooner: nothing else may wake the
+        waiters when a pause or a pacing wait ends with nothing in flight."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no running loop: nobody can be waiting either
             return
-        self._budget -= 1
-        if self._budget <= 0:
-            self._budget = None
-            self.pause(self._budget_reset_s)
+        at_s = loop.time() + delay_s + 0.001
+        timer = self._wake_timer
+        if timer is not None and not timer.cancelled() and self._wake_at_s > loop.time():
+            if self._wake_at_s <= at_s:
+                return
+            timer.cancel()
+        self._wake_at_s = at_s
+        self._wake_timer = loop.call_at(at_s, self._on_timer)
 
-    def _wake_after_pause(self) -> None:
-        # nothing else may wake the waiters when a pause ends (nothing in flight to release)
-        if self._wake_timer is not None and not self._wake_timer.cancelled():
-            self._wake_timer.cancel()
-        with contextlib.suppress(RuntimeError):  # no running loop: nobody can be waiting either
-            self._wake_timer = asyncio.get_running_loop().call_later(self.paused_for_s + 0.001, self._wake)
+    def _on_timer(self) -> None:
+        self._wake_timer = None
+        self._wake()
+
+    def _admit(self) -> Token:
+        self._inflight += 1
+        self._seq += 1
+        now_s = self._clock()
+        self._pacer.admit(self._seq, now_s)
+        return Token(self, now_s, self._seq)
 
     async def acquire(self) -> Token:
         """Wait for a slot: first come, first served; a released slot is handed to the oldest waiter."""
-        if self._inflight < self.limit and not self._waiters and self.paused_for_s <= 0:
-            self._inflight += 1
-            self._spend_budget()
-            return Token(self, self._clock())
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if (
+            self._inflight < self.limit
+            and not self._waiters
+            and self.paused_for_s <= 0
+            and self._pacer.wait_s(self._clock()) <= 0
+        ):
+            return self._admit()
+        fut: asyncio.Future[Token] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         self._wake()  # a slot may be free with nothing in flight to release it (after a pause)
         try:
-            await fut
+            return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
-                self._inflight -= 1  # a slot was handed to us that we will not use: pass it on
-                self._wake()
+                # a slot was handed to us that we will not use: pass it on; the provider will
+                # never count it, so the mirror must not wait for it either
+                token = fut.result()
+                self._pacer.observe(None, token.seq, token.started_s, self._clock(), rejected=True)
+                token.ignore()
             elif fut in self._waiters:
                 self._waiters.remove(fut)
             raise
-        return Token(self, self._clock())  # _wake counted the slot for us
 
     def _release(self, started_s: float, *, dropped: bool, sample: bool) -> None:
         now_s = self._clock()
@@ -147,14 +198,15 @@ class AsyncLimiter:
         self._wake()
 
     def _wake(self) -> None:
-        """Hand free slots to the oldest waiters (none while paused)."""
-        if self.paused_for_s > 0:
-            if self._waiters:
-                self._wake_after_pause()
-            return
-        while self._waiters and self._inflight < self.limit and self.paused_for_s <= 0:
+        """Hand free slots to the oldest waiters (none while paused or while the budget is empty)."""
+        while self._waiters and self._inflight < self.limit:
+            if self.paused_for_s > 0:
+                self._wake_in(self.paused_for_s)
+                return
+            wait_s = self._pacer.wait_s(self._clock())
+            if wait_s > 0:
+                self._wake_in(wait_s)
+                return
             fut = self._waiters.popleft()
             if not fut.done():
-                self._inflight += 1
-                self._spend_budget()
-                fut.set_result(None)
+                fut.set_result(self._admit())

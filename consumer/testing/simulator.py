@@ -33,11 +33,12 @@ The prompt is the text of the LAST user message.
 
 Faults (`SimulatorConfig`, seeded by `seed`) are decided per chat/messages request in this
 order: auth (401 when `api_key` is set and not presented), billing 429 (quota), rate limit 429
-(`rpm`/`tpm` over `rate_window_s`, with Retry-After, retry-after-ms and x-ratelimit-* /
-anthropic-ratelimit-* headers), then the request waits for a capacity slot and its latency,
-then drop (connection closed with no response), hang (sleeps `hang_s`), 5xx (500) and overload
-(503 OpenAI / 529 Anthropic). Batched answers may then be malformed (not JSON), truncated
-(cut JSON, finish_reason length), missing one alias or carrying an extra alias. Offline
+(`rpm`/`tpm` per `rate_window_s`, each a token bucket refilled continuously, with
+Retry-After, retry-after-ms and x-ratelimit-* / anthropic-ratelimit-* headers), then the
+request waits for a capacity slot and its latency, then drop (connection closed with no
+response), hang (sleeps `hang_s`), 5xx (500) and overload (503 OpenAI / 529 Anthropic).
+Batched answers may then be malformed (not JSON), truncated (cut JSON, finish_reason
+length), missing one alias or carrying an extra alias. Offline
 batches finish `batch_delay_s` after creation, with `batch_error_rate` items errored and
 `batch_expire_rate` items expired (an OpenAI batch with any expired item ends "expired").
 """
@@ -53,7 +54,7 @@ import math
 import random
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
@@ -128,9 +129,21 @@ KNOBS: tuple[Knob, ...] = (
         ("load", "load_ms"),
         "extra latency per other request being served, like a continuous-batching server (default 0)",
     ),
-    Knob("rpm", ("429_rpm", "rpm"), "requests per rate window before 429 + Retry-After (0 = no limit)"),
-    Knob("tpm", ("429_tpm", "tpm"), "tokens per rate window before 429 + Retry-After (0 = no limit)"),
-    Knob("rate_window_s", ("rate_window", "rate_window_s"), "length of the rpm/tpm window, s (default 60)"),
+    Knob(
+        "rpm",
+        ("429_rpm", "rpm"),
+        "request bucket: holds rpm, refills rpm per rate window; empty -> 429 + Retry-After (0 = no limit)",
+    ),
+    Knob(
+        "tpm",
+        ("429_tpm", "tpm"),
+        "token bucket: holds tpm, refills tpm per rate window; short -> 429 + Retry-After (0 = no limit)",
+    ),
+    Knob(
+        "rate_window_s",
+        ("rate_window", "rate_window_s"),
+        "seconds in which the rpm/tpm buckets refill from empty to full (default 60)",
+    ),
     Knob("error_rate", ("5xx", "500", "error_rate"), "share of chat requests answered 500"),
     Knob(
         "overload_rate",
@@ -427,6 +440,38 @@ def _parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | No
     return out
 
 
+class TokenBucket:
+    """One rate limit as a token bucket: at most `capacity`, refilled continuously at
+    `rate_per_s`, full at the start (a fresh API key has its whole budget)."""
+
+    def __init__(self) -> None:
+        self.capacity = 0.0
+        self.rate_per_s = 0.0
+        self.level = 0.0
+        self.at_s: float | None = None
+
+    def configure(self, count: int, window_s: float, now_s: float) -> None:
+        """Take the limit (`count` per `window_s`) and refill up to `now_s`."""
+        capacity, rate_per_s = float(count), count / window_s if window_s > 0 else 0.0
+        if self.at_s is None or self.capacity <= 0:
+            self.level = capacity
+        elif rate_per_s > 0:
+            self.level = min(self.level + (now_s - self.at_s) * self.rate_per_s, capacity)
+        self.capacity, self.rate_per_s, self.at_s = capacity, rate_per_s, now_s
+
+    def wait_for_s(self, amount: float) -> float:
+        """Seconds until the bucket holds `amount`."""
+        return max(0.0, (amount - self.level) / self.rate_per_s) if self.rate_per_s > 0 else math.inf
+
+    def full_in_s(self) -> float:
+        """Seconds until the bucket is full again (the providers' "reset")."""
+        return self.wait_for_s(self.capacity)
+
+    def take(self, amount: float) -> None:
+        """Count an admitted request."""
+        self.level -= amount
+
+
 @dataclass
 class _Batch:
     id: str
@@ -514,7 +559,8 @@ class SimulatorApp:
         """Forget counters, rate windows, files and batches; re-seed the rng."""
         self.rng = random.Random(self.config.seed)
         self.stats_ = _Stats()
-        self.window: deque[tuple[float, int]] = deque()
+        self.buckets = {"requests": TokenBucket(), "tokens": TokenBucket()}
+        self.limited_by = "requests"
         self.files: dict[str, tuple[str, bytes]] = {}
         self.batches: dict[str, _Batch] = {}
         self._ids = 0
@@ -604,54 +650,57 @@ class SimulatorApp:
     def _rate_headers(
         self, kind: str, now_s: float, tokens_needed: int
     ) -> tuple[dict[str, str], float | None]:
-        """Rate-limit headers and, when over a limit, seconds until it frees up."""
+        """Rate-limit headers and, when over a limit, seconds until the request would fit.
+
+        Each limit is a token bucket, as OpenAI and Anthropic document theirs: it holds at most
+        the per-window count (`rpm`, `tpm`), refills continuously at count / `rate_window_s`
+        per second, and an admitted request takes 1 request and its tokens. Headers: the limit,
+        what remains after this request (rounded down), and the reset: the time until the bucket
+        is full again (OpenAI: a duration; Anthropic: an RFC 3339 time). A request that does not
+        fit is not counted; its 429 carries Retry-After (whole seconds, at least 1) and, OpenAI
+        style, retry-after-ms: the time until it would fit (a request larger than the token
+        limit never fits: it is told the time until the bucket is full).
+        """
         cfg = self.config
-        window_s = cfg.rate_window_s
-        while self.window and now_s - self.window[0][0] >= window_s:
-            self.window.popleft()
         if not cfg.rpm and not cfg.tpm:
             return {}, None
-        used_requests = len(self.window)
-        used_tokens = sum(t for _, t in self.window)
-        reset_s = (self.window[0][0] + window_s - now_s) if self.window else 0.0
+        window_s = cfg.rate_window_s
+        req_bucket = self.buckets["requests"]
+        tok_bucket = self.buckets["tokens"]
+        req_bucket.configure(cfg.rpm, window_s, now_s)
+        tok_bucket.configure(cfg.tpm, window_s, now_s)
         wait_s: float | None = None
-        if cfg.rpm and used_requests + 1 > cfg.rpm:
-            wait_s = reset_s
-        if cfg.tpm and used_tokens + tokens_needed > cfg.tpm:
-            freed, wait_tokens = used_tokens, 0.0
-            for ts, tokens in self.window:
-                freed -= tokens
-                wait_tokens = ts + window_s - now_s
-                if freed + tokens_needed <= cfg.tpm:
-                    break
-            wait_s = max(wait_s or 0.0, wait_tokens)
+        if cfg.rpm and req_bucket.level < 1:
+            wait_s = req_bucket.wait_for_s(1)
+            self.limited_by = "requests"
+        if cfg.tpm and tok_bucket.level < tokens_needed:
+            tok_wait_s = tok_bucket.wait_for_s(min(tokens_needed, cfg.tpm))
+            if wait_s is None or tok_wait_s > wait_s:
+                self.limited_by = "tokens"
+            wait_s = max(wait_s or 0.0, tok_wait_s)
+        if wait_s is None:
+            if cfg.rpm:
+                req_bucket.take(1)
+            if cfg.tpm:
+                tok_bucket.take(tokens_needed)
         headers: dict[str, str] = {}
-        rem_req = max(0, cfg.rpm - used_requests - (0 if wait_s is not None else 1)) if cfg.rpm else None
-        rem_tok = max(0, cfg.tpm - used_tokens) if cfg.tpm else None
-        if kind == "openai":
-            if cfg.rpm:
-                headers["x-ratelimit-limit-requests"] = str(cfg.rpm)
-                headers["x-ratelimit-remaining-requests"] = str(rem_req)
-                headers["x-ratelimit-reset-requests"] = format_duration(reset_s)
-            if cfg.tpm:
-                headers["x-ratelimit-limit-tokens"] = str(cfg.tpm)
-                headers["x-ratelimit-remaining-tokens"] = str(rem_tok)
-                headers["x-ratelimit-reset-tokens"] = format_duration(reset_s)
-        else:
-            reset_at = _now_iso(time.time() + reset_s)
-            if cfg.rpm:
-                headers["anthropic-ratelimit-requests-limit"] = str(cfg.rpm)
-                headers["anthropic-ratelimit-requests-remaining"] = str(rem_req)
-                headers["anthropic-ratelimit-requests-reset"] = reset_at
-            if cfg.tpm:
-                headers["anthropic-ratelimit-tokens-limit"] = str(cfg.tpm)
-                headers["anthropic-ratelimit-tokens-remaining"] = str(rem_tok)
-                headers["anthropic-ratelimit-tokens-reset"] = reset_at
+        for what, limit, bucket in (("requests", cfg.rpm, req_bucket), ("tokens", cfg.tpm, tok_bucket)):
+            if not limit:
+                continue
+            remaining = str(max(0, math.floor(bucket.level)))
+            if kind == "openai":
+                headers[f"x-ratelimit-limit-{what}"] = str(limit)
+                headers[f"x-ratelimit-remaining-{what}"] = remaining
+                headers[f"x-ratelimit-reset-{what}"] = format_duration(bucket.full_in_s())
+            else:
+                headers[f"anthropic-ratelimit-{what}-limit"] = str(limit)
+                headers[f"anthropic-ratelimit-{what}-remaining"] = remaining
+                headers[f"anthropic-ratelimit-{what}-reset"] = _now_iso(time.time() + bucket.full_in_s())
         if wait_s is not None:
             wait_s = max(wait_s, 0.001)
             headers["retry-after"] = str(max(1, math.ceil(wait_s)))
             if kind == "openai":
-                headers["retry-after-ms"] = str(max(1, round(wait_s * 1000)))
+                headers["retry-after-ms"] = str(max(1, math.ceil(wait_s * 1000)))
         return headers, wait_s
 
     def _drop(self, request: Request) -> None:
@@ -730,7 +779,7 @@ class SimulatorApp:
         now_s = time.monotonic()
         headers, wait_s = self._rate_headers(kind, now_s, input_tokens + output_tokens)
         if wait_s is not None:
-            what = "requests" if cfg.rpm and len(self.window) + 1 > cfg.rpm else "tokens"
+            what = self.limited_by
             return self._error(
                 kind,
                 429,
@@ -740,7 +789,6 @@ class SimulatorApp:
                 code="rate_limit_exceeded",
                 headers=headers,
             )
-        self.window.append((now_s, input_tokens + output_tokens))
 
         fault = self.rng.random()
         delay_s = (

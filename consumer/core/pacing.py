@@ -1,0 +1,241 @@
+"""Request pacing from a provider's rate-limit headers: a mirror of its token bucket.
+
+OpenAI and Anthropic enforce requests-per-minute as a token bucket: the bucket holds at most
+the limit, refills continuously at limit / minute, and each request takes one. Every answer
+says what was left (`remaining`, after this request) and when the bucket is full again
+(`reset`). A concurrency limit alone cannot sit at such a *rate* ceiling: a few slots with
+short latencies exhaust the bucket, and the 429s that follow halve the limit. So the limiter
+keeps a mirror of the provider's bucket and admits a request only when the mirror holds one.
+
+The bucket in GCRA terms: a request arriving at `a` is answered with `reset = TAT - a`, where
+TAT (theoretical arrival time) moves 1/rate further out per counted request and the bucket is
+full once TAT is in the past. Two hints (admission times a_i < a_j, resets T_i, T_j) with `k`
+requests counted between them, and the bucket never full in between (a_i + T_i > a_j), give
+
+    1 / rate = ((a_j + T_j) - (a_i + T_i)) / k
+
+without knowing the limit, and without the rounding of `remaining` (an integer). The level is
+taken from `remaining` (rounded down: a reserve of less than one request) and advanced from
+the hinted request's admission: requests admitted after it were not yet counted by the
+provider when it answered, so they are subtracted. A hint older than the newest applied one
+says nothing new and is ignored. A 429 is counted by nobody (not in `k`) and leaves the
+mirror empty. With no hints (local servers) the pacer is inactive and admits everything.
+
+Token budgets (TPM) are not mirrored: a request's token cost is not known before its answer;
+a TPM 429 still carries Retry-After, which pauses the tier.
+
+Pure: the caller passes the clock (`now_s`, monotonic seconds); nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+from dataclasses import dataclass
+
+from consumer.core.errors import RateLimitHint
+
+__all__ = ["BudgetPacer"]
+
+#: seconds to wait when the mirror is empty, no rate is known yet and the hint gave no reset
+FALLBACK_WAIT_S = 1.0
+#: hints kept for the rate estimate (a bound on memory at high rates)
+MAX_MARKS = 1024
+#: 429s remembered (their sequence numbers), so hints around them count requests right
+MAX_REJECTED = 4096
+_EPSILON = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """One applied hint in GCRA terms: TAT = admitted_s + reset_s after request `seq`."""
+
+    seq: int
+    admitted_s: float
+    tat_s: float
+
+
+class BudgetPacer:
+    """Mirror of a provider's request bucket, kept from the rate-limit hints of its answers.
+
+    The caller numbers admissions 1, 2, 3 ... (`admit(seq, now_s)`), reports each answer's
+    hint with the number and admission time of its request (`observe`), and asks `wait_s(now_s)`
+    before admitting: 0.0 means one may go now.
+
+    min_baseline_s: the resets of two hints must differ at least this much to estimate the
+        refill rate from them (the resets are rounded to milliseconds);
+    max_baseline_s: the age of the oldest hint kept for it (a longer baseline averages more,
+        a shorter follows a changed limit sooner);
+    margin: the share of one request the mirror must hold beyond it before one is admitted.
+    """
+
+    def __init__(
+        self, *, min_baseline_s: float = 0.05, max_baseline_s: float = 5.0, margin: float = 0.05
+    ) -> None:
+        if not 0.0 < min_baseline_s < max_baseline_s:
+            raise ValueError("need 0 < min_baseline_s < max_baseline_s")
+        if not 0.0 <= margin < 1.0:
+            raise ValueError("need 0 <= margin < 1")
+        self.margin = margin
+        self.min_baseline_s = min_baseline_s
+        self.max_baseline_s = max_baseline_s
+        self._level: float | None = None  # requests in the mirror at _level_s (None: no hint yet)
+        self._level_s = 0.0
+        self._capacity: float | None = None  # a lower bound of the provider's limit
+        self._limit_floor = 1.0  # the limit is at least one more than any hint said remained
+        self._rate_per_s: float | None = None
+        self._full_at_s: float | None = None  # when the newest hint said the bucket is full again
+        self._newest_seq = -1  # sequence number of the newest applied hint
+        self._marks: collections.deque[_Mark] = collections.deque()
+        #: (sequence number, admission time) of admissions after the newest applied hint
+        self._since: collections.deque[tuple[int, float]] = collections.deque()
+        self._rejected: list[int] = []  # sorted sequence numbers answered 429 (not counted)
+        self._rejected_horizon = 0  # 429s up to this sequence number were forgotten
+
+    @property
+    def active(self) -> bool:
+        """True once a hint with a request budget arrived (before that, nothing is paced)."""
+        return self._level is not None
+
+    @property
+    def rate_per_s(self) -> float | None:
+        """The estimated refill rate of the provider's request bucket (None: not known yet)."""
+        return self._rate_per_s
+
+    @property
+    def capacity(self) -> float | None:
+        """The largest budget the hints imply (remaining + rate x reset), a lower bound of the limit."""
+        return self._capacity
+
+    def level(self, now_s: float) -> float | None:
+        """Requests the mirror holds at now_s (negative: more admitted than the provider allowed yet)."""
+        if self._level is None:
+            return None
+        level = self._level
+        if self._rate_per_s is None:
+            # no rate yet: by its reset time the bucket is full, and it holds at least one more
+            # than any hint said remained
+            if self._full_at_s is not None and now_s >= self._full_at_s:
+                level = max(level, self._limit_floor)
+            return level
+        if now_s > self._level_s:
+            level = max(self._level, self._refilled(level, self._level_s, now_s))
+        return level
+
+    def wait_s(self, now_s: float) -> float:
+        """Seconds until the mirror holds one request (0.0: admit now)."""
+        level = self.level(now_s)
+        if level is None:
+            return 0.0
+        if self._rate_per_s is None:
+            if level >= 1.0:
+                return 0.0
+            assert self._full_at_s is not None  # set with the level
+            return max(0.0, self._full_at_s - now_s)
+        # aim a little above one request: the provider's clock is not ours, and one sent at
+        # exactly its refill instant is a coin toss (rounding decides); the level stays bounded,
+        # so the margin costs no rate, only that much reserve
+        need = 1.0 + self.margin
+        if level >= need - _EPSILON:  # float rounding must not wait 1e-17 s forever
+            return 0.0
+        return (need - level) / self._rate_per_s
+
+    def admit(self, seq: int, now_s: float) -> None:
+        """Request `seq` (numbered from 1, increasing) was admitted at now_s: it takes one."""
+        self._since.append((seq, now_s))
+        if len(self._since) > MAX_MARKS:
+            self._since.popleft()
+        level = self.level(now_s)
+        if level is not None:
+            if self._rate_per_s is None and self._full_at_s is not None and now_s >= self._full_at_s:
+                # the reset passed with no hint since: the full bucket is being spent now; with
+                # no answer, assume at least one more after another FALLBACK_WAIT_S
+                self._full_at_s = now_s + FALLBACK_WAIT_S
+            self._level = level - 1.0
+            self._level_s = now_s
+
+    def observe(
+        self, hint: RateLimitHint | None, seq: int, admitted_s: float, now_s: float, *, rejected: bool = False
+    ) -> bool:
+        """Apply the hint of request `seq`'s answer (rejected: it was a 429). True if applied.
+
+        A hint older than the newest applied one is ignored (the newer one already counted
+        more); a 429 is remembered either way, since the provider did not count it.
+        """
+        if rejected and seq > self._rejected_horizon:
+            bisect.insort(self._rejected, seq)
+            if len(self._rejected) > MAX_REJECTED:  # keep memory bounded; older 429s are forgotten
+                self._rejected_horizon = self._rejected[MAX_REJECTED // 2]
+                del self._rejected[: MAX_REJECTED // 2 + 1]
+        if hint is None or hint.remaining_requests is None:
+            return False
+        if not rejected:
+            self._limit_floor = max(self._limit_floor, hint.remaining_requests + 1.0)
+        reset_s = hint.reset_requests_s
+        if reset_s is not None and reset_s > 0:
+            self._learn_rate(_Mark(seq, admitted_s, admitted_s + reset_s))
+        if seq <= self._newest_seq:
+            return False
+        self._newest_seq = seq
+        self._full_at_s = admitted_s + reset_s if reset_s is not None else now_s + FALLBACK_WAIT_S
+        remaining = 0 if rejected else max(0, hint.remaining_requests)
+        if self._rate_per_s is not None and reset_s is not None:
+            implied = max(remaining + self._rate_per_s * reset_s, self._limit_floor)
+            self._capacity = implied if self._capacity is None else max(self._capacity, implied)
+        # the provider's level right after `seq`, replayed to now: refills, and the requests
+        # admitted since that it had not counted yet when it answered
+        since = self._since
+        while since and since[0][0] <= seq:
+            since.popleft()
+        level, at_s = float(remaining), admitted_s
+        for later_seq, later_s in since:
+            if self._is_rejected(later_seq):
+                continue
+            level = self._refilled(level, at_s, later_s) - 1.0
+            at_s = max(at_s, later_s)
+        self._level = self._refilled(level, at_s, now_s)
+        self._level_s = now_s
+        return True
+
+    def _refilled(self, level: float, from_s: float, to_s: float) -> float:
+        if self._rate_per_s is None or to_s <= from_s:
+            return level
+        level += self._rate_per_s * (to_s - from_s)
+        return min(level, self._capacity if self._capacity is not None else self._limit_floor)
+
+    def _is_rejected(self, seq: int) -> bool:
+        i = bisect.bisect_left(self._rejected, seq)
+        return i < len(self._rejected) and self._rejected[i] == seq
+
+    def _counted_between(self, first: int, last: int) -> int:
+        """Requests in (first, last] the provider counted (429s excepted)."""
+        rejected = bisect.bisect_right(self._rejected, last) - bisect.bisect_right(self._rejected, first)
+        return last - first - rejected
+
+    def _learn_rate(self, mark: _Mark) -> None:
+        # marks are kept in admission order (answers come back in any order)
+        marks = self._marks
+        if mark.seq <= self._rejected_horizon:
+            return  # the 429s around it are forgotten: it cannot be placed
+        if not marks or mark.seq > marks[-1].seq:
+            marks.append(mark)
+        else:
+            pos = bisect.bisect_left([m.seq for m in marks], mark.seq)
+            if marks[pos].seq == mark.seq:
+                return
+            marks.insert(pos, mark)
+        last = marks[-1]
+        # a bucket that was full between two hints forgot what came before (the TAT only
+        # moves forward while the bucket is not full); very old hints describe another limit
+        while len(marks) > 1 and (
+            marks[0].tat_s <= last.admitted_s
+            or last.admitted_s - marks[0].admitted_s > self.max_baseline_s
+            or len(marks) > MAX_MARKS
+        ):
+            marks.popleft()
+        first = marks[0]
+        spread_s = last.tat_s - first.tat_s
+        if spread_s >= self.min_baseline_s:
+            counted = self._counted_between(first.seq, last.seq)
+            if counted > 0:
+                self._rate_per_s = counted / spread_s

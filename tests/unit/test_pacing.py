@@ -1,0 +1,214 @@
+"""BudgetPacer: a mirror of a provider's request bucket kept from rate-limit hints (fake clock)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumer.core.errors import RateLimitHint
+from consumer.core.pacing import FALLBACK_WAIT_S, BudgetPacer
+
+
+@dataclass
+class Bucket:
+    """The provider side, as OpenAI/Anthropic document it: a token bucket, full at the start."""
+
+    limit: int
+    rate_per_s: float
+    level: float = -1.0
+    at_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.level = float(self.limit)
+
+    def request(self, now_s: float) -> tuple[bool, RateLimitHint]:
+        self.level = min(self.limit, self.level + (now_s - self.at_s) * self.rate_per_s)
+        self.at_s = now_s
+        ok = self.level >= 1.0
+        if ok:
+            self.level -= 1.0
+        reset_s = round((self.limit - self.level) / self.rate_per_s, 3)  # headers carry ms
+        retry_s = None if ok else (1.0 - self.level) / self.rate_per_s
+        return ok, RateLimitHint(
+            retry_after_s=retry_s,
+            remaining_requests=math.floor(self.level),
+            reset_requests_s=reset_s,
+        )
+
+
+def test_without_hints_nothing_is_paced() -> None:
+    pacer = BudgetPacer()
+    for seq in range(1, 100):
+        assert pacer.wait_s(seq * 0.001) == 0.0
+        pacer.admit(seq, seq * 0.001)
+    assert not pacer.active and pacer.rate_per_s is None
+    assert not pacer.observe(None, 5, 0.0, 1.0)
+    assert not pacer.observe(RateLimitHint(retry_after_s=1.0), 6, 0.0, 1.0), "no request budget in it"
+    assert not pacer.active
+
+
+def test_the_rate_is_learnt_from_resets_without_the_limit() -> None:
+    bucket = Bucket(limit=20, rate_per_s=20.0)
+    pacer = BudgetPacer()
+    # 10 requests 10 ms apart, each answered 50 ms later
+    for seq in range(1, 11):
+        pacer.admit(seq, seq * 0.01)
+    for seq in range(1, 11):
+        _, hint = bucket.request(seq * 0.01)
+        pacer.observe(hint, seq, seq * 0.01, seq * 0.01 + 0.05)
+    assert pacer.rate_per_s == pytest.approx(20.0, rel=0.03)
+    assert pacer.capacity == pytest.approx(20.0, rel=0.05)
+
+
+def test_requests_admitted_after_the_hinted_one_are_subtracted() -> None:
+    pacer = BudgetPacer()
+    for seq in (1, 2, 3, 4):
+        pacer.admit(seq, 0.0)
+    # request 1's answer: 5 left after it; 2, 3 and 4 are not counted in that yet
+    assert pacer.observe(RateLimitHint(remaining_requests=5, reset_requests_s=30.0), 1, 0.0, 0.0)
+    assert pacer.level(0.0) == 2.0
+    pacer.admit(5, 0.0)
+    pacer.admit(6, 0.0)
+    assert pacer.wait_s(0.0) == 30.0, "empty, no rate known: wait until the announced reset"
+
+
+def test_an_older_hint_never_overrides_a_newer_one() -> None:
+    pacer = BudgetPacer()
+    for seq in (1, 2, 3):
+        pacer.admit(seq, 0.0)
+    assert pacer.observe(RateLimitHint(remaining_requests=0, reset_requests_s=2.0), 3, 0.0, 0.05)
+    assert pacer.level(0.05) == 0.0
+    # request 2's answer arrives late and announces more: it is stale
+    assert not pacer.observe(RateLimitHint(remaining_requests=9), 2, 0.0, 0.06)
+    assert pacer.level(0.06) == 0.0
+    assert pacer.wait_s(0.06) == pytest.approx(1.94), "until request 3's reset"
+
+
+def test_a_429_empties_the_mirror_and_is_not_counted_in_the_rate() -> None:
+    bucket = Bucket(limit=5, rate_per_s=10.0)
+    pacer = BudgetPacer()
+    seq = 0
+    rejected = 0
+    # 40 requests 20 ms apart: twice the rate, so about half are answered 429
+    for i in range(40):
+        now_s = i * 0.02
+        seq += 1
+        pacer.admit(seq, now_s)
+        ok, hint = bucket.request(now_s)
+        rejected += not ok
+        pacer.observe(hint, seq, now_s, now_s + 0.001, rejected=not ok)
+        if not ok:
+            assert pacer.level(now_s + 0.001) == pytest.approx(0.0, abs=0.02)
+            assert pacer.wait_s(now_s + 0.001) > 0
+    assert rejected > 10
+    assert pacer.rate_per_s == pytest.approx(10.0, rel=0.03)
+
+
+def test_an_empty_mirror_waits_for_one_request_at_the_learnt_rate() -> None:
+    pacer = BudgetPacer()
+    for seq, t in ((1, 0.0), (2, 0.5)):
+        pacer.admit(seq, t)
+    pacer.observe(RateLimitHint(remaining_requests=3, reset_requests_s=0.7), 1, 0.0, 0.01)
+    # one counted request between the two hints; the bucket's TAT moved from 0.0 + 0.7 to
+    # 0.5 + 0.3: 0.1 s per request, 10 requests/s
+    pacer.observe(RateLimitHint(remaining_requests=0, reset_requests_s=0.3), 2, 0.5, 0.51)
+    assert pacer.rate_per_s == pytest.approx(10.0, rel=1e-6)
+    # 0 left after request 2, refilled for 10 ms since its admission: 0.1; 0.9 to go at 10/s,
+    # and the margin
+    assert pacer.wait_s(0.51) == pytest.approx((1.0 + pacer.margin - 0.1) / 10, rel=1e-6)
+
+
+def test_an_idle_mirror_refills_no_higher_than_the_implied_limit() -> None:
+    bucket = Bucket(limit=10, rate_per_s=10.0)
+    pacer = BudgetPacer()
+    for seq in range(1, 11):
+        pacer.admit(seq, seq * 0.01)
+        _, hint = bucket.request(seq * 0.01)
+        pacer.observe(hint, seq, seq * 0.01, seq * 0.01)
+    level = pacer.level(100.0)
+    assert level is not None and level <= 10.0 + 0.5
+
+
+def test_no_rate_and_no_reset_waits_a_fallback() -> None:
+    pacer = BudgetPacer()
+    pacer.admit(1, 0.0)
+    pacer.observe(RateLimitHint(remaining_requests=0), 1, 0.0, 0.0)
+    assert pacer.wait_s(0.0) == FALLBACK_WAIT_S
+
+
+def run_closed_loop(
+    limit: int, rate_per_s: float, latency_s: float, jitter_s: float, run_s: float, seed: int
+) -> tuple[int, int, float]:
+    """A client that always has work, paced only by the pacer (concurrency up to 64), against
+    a token bucket. Returns (answered, rejected once paced, answered per second after the
+    first second). Requests sent before the first answer cannot be paced: their 429s are not
+    counted."""
+    rng = random.Random(seed)
+    bucket = Bucket(limit=limit, rate_per_s=rate_per_s)
+    pacer = BudgetPacer()
+    answers: list[tuple[float, int, float, bool, RateLimitHint, bool]] = []  # heap by arrival
+    now_s, seq, answered, rejected, inflight = 0.0, 0, 0, 0, 0
+    answered_after_1s = 0
+    for _ in range(200_000):  # bounded
+        if now_s >= run_s:
+            break
+        wait_s = pacer.wait_s(now_s)
+        if wait_s <= 0 and inflight < 64:
+            seq += 1
+            inflight += 1
+            pacer.admit(seq, now_s)
+            ok, hint = bucket.request(now_s)
+            back_s = now_s + (max(0.0, latency_s + rng.uniform(-jitter_s, jitter_s)) if ok else 0.001)
+            heapq.heappush(answers, (back_s, seq, now_s, ok, hint, pacer.active))
+            continue
+        next_s = now_s + wait_s if wait_s > 0 else math.inf
+        if answers and answers[0][0] <= next_s:
+            back_s, s, admitted_s, ok, hint, paced = heapq.heappop(answers)
+            now_s = back_s
+            inflight -= 1
+            pacer.observe(hint, s, admitted_s, now_s, rejected=not ok)
+            answered += ok
+            rejected += not ok and paced
+            answered_after_1s += ok and now_s >= 1.0
+        else:
+            now_s = next_s
+    return answered, rejected, answered_after_1s / (run_s - 1.0)
+
+
+@pytest.mark.parametrize(("limit", "rate_per_s"), [(20, 20.0), (120, 120.0), (60, 1.0)])
+def test_a_paced_client_sits_at_the_ceiling_with_few_429s(limit: int, rate_per_s: float) -> None:
+    run_s = 30.0 if rate_per_s >= 20 else 300.0
+    answered, rejected, steady_rate = run_closed_loop(limit, rate_per_s, 0.05, 0.01, run_s, seed=1)
+    assert steady_rate >= 0.97 * rate_per_s
+    assert rejected <= 0.01 * (answered + rejected)
+
+
+def test_a_tiny_bucket_and_long_latency_still_flow() -> None:
+    """Two requests of budget and 0.5 s answers: the rate is learnt from few, stale hints."""
+    answered, rejected, steady_rate = run_closed_loop(2, 12.0, 0.5, 0.1, 30.0, seed=2)
+    assert steady_rate >= 0.9 * 12.0
+    assert rejected <= 0.03 * (answered + rejected)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rate_per_s=st.floats(1.0, 200.0),
+    window_s=st.sampled_from([1.0, 10.0, 60.0]),
+    latency_s=st.floats(0.005, 0.5),
+    seed=st.integers(0, 1000),
+)
+def test_pacing_never_runs_away_into_429s(
+    rate_per_s: float, window_s: float, latency_s: float, seed: int
+) -> None:
+    """Limits as providers set them (a count per window, the bucket holds the window's count)."""
+    limit = max(2, round(rate_per_s * window_s))
+    answered, rejected, _ = run_closed_loop(limit, rate_per_s, latency_s, latency_s / 5, 8.0, seed)
+    total = answered + rejected
+    assert answered >= 0.85 * min(rate_per_s, 64 / latency_s) * 7.0
+    assert rejected <= max(3, 0.02 * total)
