@@ -5,20 +5,24 @@
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092; `deploy/kafka-local/kafka
 start`). Prints one JSON object on stdout; progress goes to stderr.
 
-1. Throughput. N jobs with short inputs (half `batch: true`, max_items 20) are produced once
-   to a fresh 4-partition jobs topic. Then, each with its own consumer group and output topic:
-     raw        a plain aiokafka loop: getmany -> one small record per message to another
-                topic (same producer settings as the service: acks=all, idempotent,
-                linger 5 ms) -> wait for the acks -> commit; the floor cost of Kafka I/O;
+1. Throughput. Per workload (`batched`: every job `batch: true`; `mixed`: every other one;
+   max_items 20, short classification inputs), N jobs are produced once to a fresh 4-partition
+   jobs topic. Then, each run with its own consumer group and output topic:
+     raw        a plain aiokafka loop: getmany -> each message produced as it is (key and
+                value) to another topic (same producer settings as the service: acks=all,
+                idempotent, linger 5 ms) -> wait for the acks -> commit: the floor cost of
+                consuming and producing these messages;
      sim        the service (`run_service`, in this process) against the simulator with no
                 latency, run as a separate process (`python -m consumer.cli simulate`) so
                 it has the other core;
      fake       the service with the in-memory `FakeProvider` (no HTTP): the service's own
                 cost.
-   Items/s is counted from the output records' own Kafka timestamps (first to last), so
-   start-up and group join are left out of every variant alike; `wall_s` (start to the last
-   outcome, join included) is printed next to it. `ratio` = variant items/s / raw items/s
-   (target >= 0.6).
+   Each variant runs `--repeats` times, interleaved (raw, sim, fake, raw, ...), so drifts in
+   the machine's load hit all of them alike; the medians are compared. Items/s is counted
+   from the output records' own Kafka timestamps (first to last), so start-up and group join
+   are left out of every variant alike; `wall_s` (join included) is printed next to it.
+   `ratio_vs_raw` = median items/s / raw's median (target >= 0.6). The process runs with the
+   service's GC settings (`consumer.app.tune_gc`) for every variant.
 2. Limiter vs ceiling. The simulator has `capacity` (requests served at once; more queue),
    `latency_ms` and a rate limit of `rpm` requests per minute, enforced as rpm/60*window
    requests per sliding `rate_window_s` (429 + Retry-After beyond it). The ceiling is
@@ -50,6 +54,7 @@ import platform
 import pstats
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -66,6 +71,7 @@ from aiokafka.structs import TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from consumer.app import tune_gc
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
 from consumer.core.errors import ProviderError
 from consumer.kafka.admin import ensure_topics
@@ -276,7 +282,8 @@ def rate_from_stamps(stamps: list[int]) -> tuple[float, float]:
 
 
 async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
-    """Consume the jobs topic in a group, produce one small record per message, wait acks, commit."""
+    """Consume the jobs topic in a group, produce each message as it is to another topic, wait
+    for the acks, commit: the floor cost of moving these messages through Kafka."""
     settings = variant_settings(base, "raw")
     await ensure_topics(settings)
     out_topic = settings.results_topic
@@ -299,8 +306,7 @@ async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
             futures = []
             for records in batches.values():
                 for r in records:
-                    value = b'{"id":"%s","status":"ok","offset":%d}' % (r.key or b"", r.offset)
-                    futures.append(await producer.send(out_topic, value, key=r.key))
+                    futures.append(await producer.send(out_topic, r.value, key=r.key))
             if futures:
                 await asyncio.gather(*futures)
                 await consumer.commit()
@@ -362,51 +368,81 @@ async def service_run(
     return out, settings
 
 
+#: throughput workloads: name -> share of jobs with batch: true
+WORKLOADS = {"batched": 1.0, "mixed": 0.5}
+
+
 async def throughput(args: argparse.Namespace, base: Settings) -> dict[str, Any]:
+    """Per workload: the jobs produced once to their own topic, then every variant `repeats`
+    times, interleaved (raw, sim, fake, raw, ...) so drifts of the machine's load hit all of
+    them alike; medians and their ratios to raw's median."""
+    out: dict[str, Any] = {"jobs": args.jobs, "max_items": 20, "partitions": 4, "repeats": args.repeats}
+    for name in args.workloads:
+        out[name] = await throughput_workload(args, base, name, WORKLOADS[name])
+    out["target_ratio"] = 0.6
+    if args.profile:
+        out["profile_fake"] = await profile_fake(base, args.jobs, args.variant_timeout_s)
+    return out
+
+
+async def throughput_workload(
+    args: argparse.Namespace, base: Settings, workload: str, batched_share: float
+) -> dict[str, Any]:
     n = args.jobs
-    jobs = make_jobs(n, batched_share=args.batched_share)
+    base = base.model_copy(update={"jobs_topic": f"bench-jobs-{workload}-{uuid.uuid4().hex[:6]}"})
+    jobs = make_jobs(n, batched_share=batched_share)
     t0 = time.monotonic()
     await ensure_topics(base)
     sent = await submit_jobs(
         base, (orjson.dumps(j) for j in jobs), key_of=lambda v: orjson.loads(v)["id"].encode()
     )
-    _progress("throughput: produced %d jobs in %.1fs", sent, time.monotonic() - t0)
+    del jobs
+    _progress("throughput %s: produced %d jobs in %.1fs", workload, sent, time.monotonic() - t0)
     timeout_s = args.variant_timeout_s
-    out: dict[str, Any] = {"jobs": n, "batched_share": args.batched_share, "max_items": 20, "partitions": 4}
-
-    if "raw" in args.variants:
-        out["raw"] = await raw_loop(base, n, timeout_s)
-        _progress("throughput raw: %s", out["raw"])
-    if "sim" in args.variants:
-        async with SimProcess({"seed": 1}, ROOT / "bench/out/sim-throughput.log") as sim:
-            sim_res, _ = await service_run(
-                base, "sim", tier_dict(f"{sim.base}/v1", batching=True), n, timeout_s
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in ("raw", "sim", "fake") if v in args.variants}
+    async with contextlib.AsyncExitStack() as stack:
+        sim = None
+        if "sim" in runs:
+            sim = await stack.enter_async_context(
+                SimProcess({"seed": 1}, ROOT / f"bench/out/sim-throughput-{workload}.log")
             )
-            sim_stats = await sim.stats()
-        keep = ("requests", "batched_requests", "items_answered", "max_inflight")
-        sim_res["simulator"] = {k: v for k, v in sim_stats.items() if k in keep}
-        _progress("throughput service+simulator: %s", sim_res)
-        out["service_sim"] = sim_res
-    if "fake" in args.variants:
-        fake = FakeProvider(fake_answer, name="openai_compat")
-        fake_tiers = tier_dict("http://127.0.0.1:9/v1", batching=True)
-        out["service_fake"], _ = await service_run(
-            base, "fake", fake_tiers, n, timeout_s, providers={TIER: fake}
-        )
-        _progress("throughput service+fake: %s", out["service_fake"])
-    if "raw" in args.variants:
-        # raw again at the end: the machine's load drifts; the better raw run is the reference
-        out["raw_again"] = await raw_loop(base, n, timeout_s)
-        _progress("throughput raw (again): %s", out["raw_again"])
-        raw_rate = max(out["raw"]["items_per_s"], out["raw_again"]["items_per_s"])
-        out["raw_items_per_s_best"] = raw_rate
-        for key in ("service_sim", "service_fake"):
-            if key in out:
-                out[key]["ratio_vs_raw"] = round(out[key]["items_per_s"] / raw_rate, 3) if raw_rate else None
-    out["target_ratio"] = 0.6
-
-    if args.profile:
-        out["profile_fake"] = await profile_fake(base, n, timeout_s)
+        for rep in range(args.repeats):
+            for variant in runs:
+                if variant == "raw":
+                    res = await raw_loop(base, n, timeout_s)
+                elif variant == "sim":
+                    assert sim is not None
+                    await sim.reset()
+                    res, _ = await service_run(
+                        base, "sim", tier_dict(f"{sim.base}/v1", batching=True), n, timeout_s
+                    )
+                    sim_stats = await sim.stats()
+                    keep = ("requests", "batched_requests", "items_answered", "max_inflight")
+                    res["simulator"] = {k: v for k, v in sim_stats.items() if k in keep}
+                else:
+                    fake = FakeProvider(fake_answer, name="openai_compat")
+                    res, _ = await service_run(
+                        base,
+                        "fake",
+                        tier_dict("http://127.0.0.1:9/v1", batching=True),
+                        n,
+                        timeout_s,
+                        providers={TIER: fake},
+                    )
+                _progress("throughput %s %s #%d: %s", workload, variant, rep + 1, res)
+                runs[variant].append(res)
+    out: dict[str, Any] = {"batched_share": batched_share, "jobs": n}
+    for variant, results in runs.items():
+        rates = [r["items_per_s"] for r in results]
+        out[variant] = {
+            "items_per_s_median": round(statistics.median(rates), 1),
+            "items_per_s_runs": rates,
+            "last_run": results[-1],
+        }
+    raw_rate = out.get("raw", {}).get("items_per_s_median")
+    for variant in ("sim", "fake"):
+        if variant in out and raw_rate:
+            out[variant]["ratio_vs_raw"] = round(out[variant]["items_per_s_median"] / raw_rate, 3)
     return out
 
 
@@ -693,10 +729,15 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     """The issue's figures next to its targets."""
     out: dict[str, Any] = {}
     tp = result.get("throughput") or {}
-    for key in ("service_sim", "service_fake"):
-        if key in tp and tp[key].get("ratio_vs_raw") is not None:
-            ratio = tp[key]["ratio_vs_raw"]
-            out[f"{key}_ratio_vs_raw"] = {"value": ratio, "target": 0.6, "met": ratio >= 0.6}
+    for workload in WORKLOADS:
+        for variant in ("sim", "fake"):
+            ratio = tp.get(workload, {}).get(variant, {}).get("ratio_vs_raw")
+            if ratio is not None:
+                out[f"{workload}_{variant}_ratio_vs_raw"] = {
+                    "value": ratio,
+                    "target": 0.6,
+                    "met": ratio >= 0.6,
+                }
     for sc in result.get("limiter", []):
         svc = sc["service"]
         rate, share = svc.get("rate_vs_ceiling"), svc.get("share_429")
@@ -724,12 +765,17 @@ def plot(result: dict[str, Any], path: Path) -> str:
     axes = axes if len(scenarios) else [axes]
     tp = result.get("throughput")
     if tp:
-        names = [k for k in ("raw", "raw_again", "service_sim", "service_fake") if k in tp]
-        colors = {"raw": "grey", "raw_again": "grey", "service_sim": "C0", "service_fake": "C1"}
-        axes[0].bar(names, [tp[k]["items_per_s"] for k in names], color=[colors[k] for k in names])
-        axes[0].set_ylabel("items/s")
-        axes[0].set_title(f"throughput, {tp['jobs']} jobs")
-        axes[0].tick_params(axis="x", rotation=20)
+        colors = {"raw": "grey", "sim": "C0", "fake": "C1"}
+        names, rates, cols = [], [], []
+        for workload in WORKLOADS:
+            for variant, color in colors.items():
+                if variant in tp.get(workload, {}):
+                    names.append(f"{workload}\n{variant}")
+                    rates.append(tp[workload][variant]["items_per_s_median"])
+                    cols.append(color)
+        axes[0].bar(names, rates, color=cols)
+        axes[0].set_ylabel("items/s (median)")
+        axes[0].set_title(f"throughput, {tp['jobs']} jobs per run")
     for ax, sc in zip(axes[1:], scenarios, strict=False):
         for i, name in enumerate(("service", "fixed16", "await_each")):
             trace = sc.get(f"{name}_trace") or []
@@ -771,6 +817,9 @@ SCENARIOS = [
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    # every variant runs under the GC settings the service gives its process (run_service
+    # applies them at start; here they apply to raw from the start too)
+    tune_gc()
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     base = settings_from_env(service_env(bootstrap, partitions=4, PROMPTBUS_SHUTDOWN_TIMEOUT_S="30"))
     result: dict[str, Any] = {
@@ -820,14 +869,22 @@ def main(argv: list[str] | None = None) -> int:
         "--variants", default="raw,sim,fake", help="throughput variants, comma list: raw, sim, fake"
     )
     parser.add_argument(
-        "--batched-share", type=float, default=0.5, help="share of throughput jobs with batch: true"
+        "--workloads",
+        default="batched,mixed",
+        help="throughput workloads, comma list: batched (every job batch: true), mixed (half)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs of each variant, interleaved (default 3; quick 1)"
     )
     parser.add_argument("--profile", action="store_true", help="also profile the fake variant (cProfile)")
     parser.add_argument("--plot", action="store_true", help="draw bench/out/pipeline_bench.png")
     parser.add_argument("--traces", action="store_true", help="keep the limiter timelines in the JSON")
     args = parser.parse_args(argv)
     args.parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    args.variants = {v.strip() for v in args.variants.split(",") if v.strip()}
+    args.variants = [v for v in ("raw", "sim", "fake") if v in {x.strip() for x in args.variants.split(",")}]
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip() in WORKLOADS]
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
     if args.jobs is None:
         args.jobs = 4000 if args.quick else 20000
     if args.limiter_run_s is None:

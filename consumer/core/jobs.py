@@ -267,6 +267,12 @@ def decode_job(raw: bytes) -> Job:
     JSON, not a JSON object or do not match the Job schema.
     """
     try:
+        # the common case in one pass (pydantic parses the JSON itself); anything wrong is
+        # explained by the checks below, which name the problem as the user sees it
+        return Job.model_validate_json(raw)
+    except ValidationError:
+        pass
+    try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         # orjson reports invalid UTF-8 as a decode error too; tell the two apart for the user.

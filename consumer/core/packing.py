@@ -119,12 +119,17 @@ def make_aliases(count: int, rng: random.Random) -> tuple[str, ...]:
     """`count` unique aliases: 4-6 chars, [a-z][a-z0-9]*, drawn from `rng`."""
     # Length grows with the count so collisions stay rare: 26*36^3 ~ 1.2M four-char aliases.
     length = _ALIAS_MIN_LEN if count <= 2000 else _ALIAS_MAX_LEN
-    rest_space = len(_ALIAS_REST) ** (length - 1)
+    space = 26 * len(_ALIAS_REST) ** (length - 1)
+    bits = space.bit_length()
     seen: set[str] = set()
     out: list[str] = []
     while len(out) < count:
-        n = rng.randrange(rest_space)
-        chars = [_ALIAS_FIRST[rng.randrange(26)]]
+        # one draw per alias (this runs for every batched job); rejection keeps it uniform
+        n = rng.getrandbits(bits)
+        if n >= space:
+            continue
+        n, first = divmod(n, 26)
+        chars = [_ALIAS_FIRST[first]]
         for _ in range(length - 1):
             n, r = divmod(n, 36)
             chars.append(_ALIAS_REST[r])

@@ -18,13 +18,21 @@ not guess which trailing text is safe to move.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from consumer.core.errors import ErrorKind, JobError
 
-__all__ = ["BatchablePrompt", "find_data_marker", "placeholders", "render", "split_batchable"]
+__all__ = [
+    "BatchablePrompt",
+    "find_data_marker",
+    "placeholders",
+    "render",
+    "render_and_split",
+    "split_batchable",
+]
 
 # group 1: the escaping "$" (present for `$${name}`); group 2: the name
 _PLACEHOLDER = re.compile(r"\$(\$)?\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -77,6 +85,22 @@ def render(prompt: str, variables: Mapping[str, str]) -> str:
     return text
 
 
+def render_and_split(prompt: str, variables: Mapping[str, str]) -> tuple[str, BatchablePrompt | None]:
+    """`render(prompt, variables)` and `split_batchable(prompt)` together.
+
+    The hot path of intake: for a batchable prompt given exactly its one variable the
+    rendered text is the prefix plus the value, so the template is not scanned again.
+    """
+    shape = split_batchable(prompt)
+    if shape is not None and len(variables) == 1:
+        value = variables.get(shape.variable)
+        if value is not None:
+            return shape.prefix + value, shape
+    return render(prompt, variables), shape
+
+
+# Producers send the same few templates over and over: remember their shape.
+@functools.lru_cache(maxsize=1024)
 def split_batchable(prompt: str) -> BatchablePrompt | None:
     """`prefix` + `variable` when the prompt has exactly one placeholder, at its very end.
 

@@ -21,10 +21,11 @@ class SourceOffset:
     topic: str
     partition: int
     offset: int
+    #: built once: every map along a record's way is keyed by it
+    tp: TopicPartition = field(init=False, repr=False, compare=False)
 
-    @property
-    def tp(self) -> TopicPartition:
-        return TopicPartition(self.topic, self.partition)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tp", TopicPartition(self.topic, self.partition))
 
     def header_value(self) -> bytes:
         return f"{self.topic}/{self.partition}/{self.offset}".encode()

@@ -44,6 +44,8 @@ CommitFn = Callable[[dict[TopicPartition, int]], Awaitable[None]]
 COMMIT_INTERVAL_S = 0.2
 #: one commit may not take longer than this; it is retried on the next round
 COMMIT_TIMEOUT_S = 10.0
+#: producer batch size per partition (aiokafka default 16 KiB)
+PRODUCER_BATCH_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,10 @@ class OutcomeSink(Protocol):
         """Input records taken in whose offsets are not committable yet."""
         ...
 
+    async def wait_for_room(self, max_inflight: int, timeout_s: float) -> None:
+        """Return once fewer than `max_inflight` records are in flight, or after `timeout_s`."""
+        ...
+
 
 class ProducerFactory(Protocol):
     def __call__(self, *, transactional_id: str | None) -> AIOKafkaProducer: ...
@@ -96,6 +102,9 @@ def kafka_producer_factory(settings: Settings, client_id: str) -> ProducerFactor
             enable_idempotence=True,
             transactional_id=transactional_id,
             linger_ms=5,
+            # results are small and many: bigger batches mean fewer produce requests (each one
+            # costs a socket write and a response to parse), which is what limits throughput
+            max_batch_size=PRODUCER_BATCH_BYTES,
             max_request_size=MAX_MESSAGE_BYTES,
             **client_kwargs(settings),
         )
@@ -113,6 +122,8 @@ class _SinkBase:
         self._next_epoch = 1
         self._commit_task: asyncio.Task[None] | None = None
         self._wakeup = asyncio.Event()
+        #: set whenever an in-flight record completes (intake waits on it under backpressure)
+        self._progress = asyncio.Event()
         self._dropped_late = 0
 
     # -- intake side
@@ -126,6 +137,19 @@ class _SinkBase:
 
     def inflight(self, partition: TopicPartition | None = None) -> int:
         return self._tracker.pending_count(partition)
+
+    async def wait_for_room(self, max_inflight: int, timeout_s: float) -> None:
+        # Intake must not sleep through a whole poll interval while acks free room: at a
+        # full max_inflight that wait, not the work, set the pace.
+        self._progress.clear()
+        if self.inflight() < max_inflight:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._progress.wait(), timeout_s)
+
+    def _completed(self, tp: TopicPartition, offset: int) -> None:
+        if self._tracker.complete(tp, offset):
+            self._progress.set()
 
     @property
     def dropped_late(self) -> int:
@@ -245,7 +269,7 @@ class AtLeastOnceSink(_SinkBase):
 
     def _complete(self, ticket: Ticket) -> None:
         if self._epochs.get(ticket.source.tp) == ticket.epoch:
-            self._tracker.complete(ticket.source.tp, ticket.source.offset)
+            self._completed(ticket.source.tp, ticket.source.offset)
 
     async def _send_loop(self) -> None:
         delay_s = 0.5
@@ -343,7 +367,7 @@ class ExactlyOnceSink(_SinkBase):
             return
         tp = ticket.source.tp
         self._ready.setdefault(tp, {})[ticket.source.offset] = records
-        self._tracker.complete(tp, ticket.source.offset)
+        self._completed(tp, ticket.source.offset)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
         # One partition's failure must not hold back the others: each commits on its own,

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -32,7 +32,7 @@ from consumer.core.errors import ErrorKind, JobError, ProviderError, RateLimited
 from consumer.core.jobs import Job, decode_job
 from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
-from consumer.core.templates import BatchablePrompt, render, split_batchable
+from consumer.core.templates import BatchablePrompt, render_and_split
 from consumer.core.window import BatchKey, CollectionWindows, Flush, batch_key_for
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
@@ -103,6 +103,9 @@ class Pipeline:
         self._windows: CollectionWindows[JobContext] = CollectionWindows()
         self._plans: set[asyncio.Task[None]] = set()
         self._paused = False
+        # resume well below the pause point, so the pause does not flap with every ack and a
+        # resumed poll can take a full batch
+        self._resume_at = settings.max_inflight - min(MAX_POLL_RECORDS, settings.max_inflight // 4)
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
 
@@ -117,8 +120,17 @@ class Pipeline:
                 if next_due is not None:
                     timeout_s = max(0.0, min(timeout_s, next_due - self._clock()))
                 # never take more than max_inflight allows: the pause below only stops the next poll
-                room = self._settings.max_inflight - self._sink.inflight()
-                records = await self._intake.poll(timeout_s, max(1, min(MAX_POLL_RECORDS, room)))
+                inflight = self._sink.inflight()
+                room = self._settings.max_inflight - inflight
+                if self._paused and inflight > self._resume_at:
+                    # full: wait for outcomes to free room rather than in a poll of paused
+                    # partitions (aiokafka heartbeats on its own; a poll comes soon enough)
+                    records = []
+                    await self._sink.wait_for_room(self._resume_at + 1, timeout_s)
+                elif room > 0:
+                    records = await self._intake.poll(timeout_s, min(MAX_POLL_RECORDS, room))
+                else:
+                    records = []  # paused just below
                 now_s = self._clock()
                 for record in records:
                     self._take(record, now_s)
@@ -240,9 +252,8 @@ class Pipeline:
         else:
             assert job.prompt is not None
             variables = job.variables or {}
-            rendered = render(job.prompt, variables)
+            rendered, batchable = render_and_split(job.prompt, variables)
             messages = (ChatMessage("user", rendered),)
-            batchable = split_batchable(job.prompt)
             text = variables.get(batchable.variable, rendered) if batchable else rendered
         deadline_s = None
         if job.deadline is not None:
@@ -327,6 +338,9 @@ class Pipeline:
                 tier.stats.provider_errors += 1
                 if exc.status_code == 429:
                     tier.stats.rate_limited += 1
+                if isinstance(exc, RateLimited):
+                    # the provider's bucket is empty: the mirror restarts from there
+                    tier.limiter.note_budget(exc.hint, token, rejected=True)
                 if isinstance(exc, RateLimited) and exc.hint.retry_after_s:
                     # the provider said when it takes requests again: nobody on this tier
                     # should try before then (the limit alone bounds concurrency, not rate)
@@ -339,7 +353,7 @@ class Pipeline:
                 step = plan.on_error(req, ServerError(f"unexpected {type(exc).__name__}", provider=tier.name))
             else:
                 token.success()
-                tier.limiter.note_budget(completion.rate_limit)
+                tier.limiter.note_budget(completion.rate_limit, token)
                 step = plan.on_answer(req, completion.text, completion.finish_reason)
         self._apply_step(tier, plan, req, step, completion)
         if step.verdict is not None and key is not None:
@@ -365,7 +379,7 @@ class Pipeline:
     def _expire(self, tier: TierRuntime, plan: RequestPlan, req: PlannedRequest) -> bool:
         """Dead-letter members whose deadline passed before `req` goes out; True: nothing left to send."""
         now_s = self._clock()
-        expired = [m for m in req.members if _past_deadline(_ctx(m), now_s)]
+        expired = [m for m in req.members if (d := _ctx(m).deadline_s) is not None and now_s >= d]
         if not expired:
             return False
         step = plan.cancel(
@@ -427,6 +441,7 @@ class Pipeline:
             tier.limiter.pause(step.pause_tier_s)
             log.warning("tier %s: quota exhausted, paused %.1fs", tier.name, step.pause_tier_s)
         now_s = self._clock()
+        completed_at = datetime.now(UTC)  # one answer: one completion time for all its jobs
         for member, answer, answered_by in step.answered:
             ctx = _ctx(member)
             if _past_deadline(ctx, now_s):
@@ -450,6 +465,7 @@ class Pipeline:
                 attempts=plan.attempts(member),
                 latency_ms=(now_s - ctx.received_s) * 1000.0,
                 traceparent=self._telemetry.traceparent(ctx.trace),
+                completed_at=completed_at,
             )
             self._finish(ctx, record, ok=True)
         for member, kind, message in step.failed:
@@ -542,7 +558,7 @@ class Pipeline:
                 inflight,
                 self._settings.max_inflight,
             )
-        elif self._paused and inflight < self._settings.max_inflight:
+        elif self._paused and inflight <= self._resume_at:
             self._intake.resume(self._intake.assignment())
             self._paused = False
             log.info("backpressure released: %d items in flight", inflight)
@@ -564,9 +580,7 @@ class Pipeline:
 
 
 def _ctx(member: Member) -> JobContext:
-    ref = member.ref
-    assert isinstance(ref, JobContext)
-    return ref
+    return cast(JobContext, member.ref)  # every Member this pipeline makes refers to its JobContext
 
 
 def _past_deadline(ctx: JobContext, now_s: float) -> bool:

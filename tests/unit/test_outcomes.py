@@ -1,0 +1,100 @@
+"""The hand-written Result encoding must stay the `Result` model's JSON, field for field."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumer.core.completion import Completion, Usage
+from consumer.core.jobs import BatchInfo, Job, Result, SourceRef, UsageInfo, encode
+from consumer.kafka.records import SOURCE_HEADER, TRACEPARENT_HEADER, SourceOffset
+from consumer.runtime.outcomes import result_record
+
+_text = st.text(min_size=1, max_size=12)
+_json_leaf = st.none() | st.booleans() | st.integers(-1000, 1000) | st.text(max_size=8)
+
+
+def _model_json(
+    job: Job, source: SourceOffset, completion: Completion, output: str, size: int, attempts: int, ms: float
+) -> dict[str, Any]:
+    """What `encode(Result(...))` says for the same inputs (the reference)."""
+    share = max(size, 1)
+    result = Result(
+        id=job.id,
+        tier=job.tier,
+        output=output,
+        provider=completion.provider,
+        model=completion.model,
+        finish_reason=completion.finish_reason if size == 1 else "stop",
+        usage=UsageInfo(
+            input_tokens=completion.usage.input_tokens // share,
+            output_tokens=completion.usage.output_tokens // share,
+        ),
+        batch=BatchInfo(request_id=completion.request_id, size=size) if size > 1 else None,
+        attempts=attempts,
+        latency_ms=round(ms, 3),
+        metadata=job.metadata,
+        source=SourceRef(topic=source.topic, partition=source.partition, offset=source.offset),
+        completed_at=datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
+    )
+    return orjson.loads(encode(result))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    job_id=_text,
+    output=st.text(max_size=40),
+    metadata=st.none() | st.dictionaries(st.text(max_size=6), _json_leaf, max_size=4),
+    size=st.integers(1, 50),
+    attempts=st.integers(0, 9),
+    latency_ms=st.floats(0, 1e6, allow_nan=False),
+    tokens=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)),
+    request_id=st.none() | _text,
+    finish=st.sampled_from(["stop", "length", "tool_use"]),
+    offset=st.integers(0, 2**40),
+)
+def test_result_record_is_the_result_models_json(
+    job_id: str,
+    output: str,
+    metadata: dict[str, Any] | None,
+    size: int,
+    attempts: int,
+    latency_ms: float,
+    tokens: tuple[int, int],
+    request_id: str | None,
+    finish: str,
+    offset: int,
+) -> None:
+    job = Job.model_validate(
+        {"id": job_id, "tier": "small", "prompt": "Say: ${x}", "variables": {"x": "hi"}, "metadata": metadata}
+    )
+    source = SourceOffset("jobs", 3, offset)
+    completion = Completion(output, finish, Usage(*tokens), "openai", "m-1", request_id=request_id)
+    record = result_record(
+        "results",
+        job=job,
+        source=source,
+        completion=completion,
+        output=output,
+        batch_size=size,
+        attempts=attempts,
+        latency_ms=latency_ms,
+        traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+    )
+    got = orjson.loads(record.value or b"")
+    want = _model_json(job, source, completion, output, size, attempts, latency_ms)
+    # the timestamp is "now": same format, compared apart
+    assert got.pop("completed_at").endswith("Z")
+    want.pop("completed_at")
+    assert got == want
+    assert list(got) == [k for k in Result.model_fields if k != "completed_at"]  # same field order
+    Result.model_validate_json(record.value or b"")  # and the model accepts it
+    assert record.key == job_id.encode()
+    assert dict(record.headers) == {
+        SOURCE_HEADER: f"jobs/3/{offset}".encode(),
+        TRACEPARENT_HEADER: ("00-" + "a" * 32 + "-" + "b" * 16 + "-01").encode(),
+    }
