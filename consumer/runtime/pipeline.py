@@ -291,8 +291,12 @@ class Pipeline:
             tier.stats.items_in_batched_plans += len(ctxs)
         try:
             async with asyncio.TaskGroup() as group:
-                for req in plan.start():
+                first, *others = plan.start()
+                for req in others:
                     group.create_task(self._send(tier, plan, req, group, key, batched))
+                # the first request runs in this task: most plans are one request, and a
+                # task per request was a large share of an unbatched job's cost
+                await self._send(tier, plan, first, group, key, batched)
         except BaseException:
             # cancelled (shutdown) or a bug: members without an outcome stay uncommitted and
             # are read again after restart; never publish a guess
