@@ -68,6 +68,8 @@ class SentRequest:
     url: URL
     headers: CIMultiDictProxy[str]
     content: bytes
+    #: the client's (host, port): the same for requests sent on one kept-alive connection
+    peer: Any = None
 
 
 Script = Callable[[SentRequest], "Reply | Behaviour"]
@@ -134,7 +136,8 @@ class Recorder:
         return int(self._runner.addresses[0][1])
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        sent = SentRequest(request.method, request.url, request.headers, await request.read())
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        sent = SentRequest(request.method, request.url, request.headers, await request.read(), peer)
         self.requests.append(sent)
         answer = self.respond(sent)
         transport = request.transport

@@ -129,6 +129,33 @@ async def test_openai_success_body_and_answer() -> None:
     assert isinstance(provider, CompletionProvider)
 
 
+async def test_answer_headers_are_case_insensitive_and_carry_the_budget() -> None:
+    """Request id and rate-limit budget come from the answer's headers, whatever their case."""
+    headers = {
+        "X-Request-ID": "req_C",
+        "X-RateLimit-Remaining-Requests": "59",
+        "X-RateLimit-Reset-Requests": "1s",
+    }
+    completion = await openai(recorder(200, OPENAI_OK, headers)).complete(make_request())
+    assert completion.request_id == "req_C"
+    assert completion.rate_limit is not None
+    assert completion.rate_limit.remaining_requests == 59 and completion.rate_limit.reset_requests_s == 1.0
+    plain = await openai(recorder(200, OPENAI_OK)).complete(make_request())
+    assert plain.rate_limit is None and plain.request_id == "chatcmpl-1"  # the body's id
+
+
+async def test_requests_in_a_row_share_one_connection() -> None:
+    rec = recorder(200, OPENAI_OK)
+    provider = openai(rec)
+    for _ in range(3):
+        await provider.complete(make_request())
+    assert len(rec.requests) == 3
+    assert len({r.peer for r in rec.requests}) == 1 and rec.requests[0].peer is not None  # kept alive
+    await provider.aclose()
+    assert provider.http.client.closed
+    await provider.aclose()  # idempotent
+
+
 async def test_openai_compat_sends_no_auth_without_key() -> None:
     rec = recorder(200, OPENAI_OK)
     completion = await compat(rec).complete(make_request())

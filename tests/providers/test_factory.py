@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from consumer.core.errors import ConfigError, NotSupportedError
 from consumer.providers.anthropic import AnthropicProvider
@@ -16,7 +15,7 @@ from consumer.providers.factory import build_batch_provider, build_provider, mak
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
 from consumer.settings import TierConfig
-from tests.providers.conftest import SECRET
+from tests.providers.conftest import SECRET, recorder
 
 
 def tier(**kw: object) -> TierConfig:
@@ -58,28 +57,15 @@ async def test_http_client_timeouts_and_pool() -> None:
 
 async def test_http_client_keeps_connections_alive() -> None:
     """Requests in a row reuse one pooled connection (the server sees one peer port)."""
-    peers: list[object] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_get("/", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    rec = recorder(200, {})
     client = make_http_client(tier())
     try:
         for _ in range(3):
-            async with client.get(f"http://127.0.0.1:{port}/") as response:
+            async with client.get(rec.base_url + "/") as response:
                 await response.read()
     finally:
         await client.close()
-        await runner.cleanup()
-    assert len(peers) == 3 and len(set(peers)) == 1
+    assert len(rec.requests) == 3 and len({r.peer for r in rec.requests}) == 1
 
 
 async def test_provider_per_kind_and_auto_structured_mode(
