@@ -24,10 +24,15 @@ start`). Prints one JSON object on stdout; progress goes to stderr.
    `ratio_vs_raw` = median items/s / raw's median (target >= 0.6). The process runs with the
    service's GC settings (`consumer.app.tune_gc`) for every variant.
 2. Limiter vs ceiling. The simulator has `capacity` (requests served at once; more queue),
-   `latency_ms` and a rate limit of `rpm` requests per minute, enforced as rpm/60*window
-   requests per sliding `rate_window_s` (429 + Retry-After beyond it). The ceiling is
-   min(rpm/60, capacity*1000/latency_ms) requests/s. The same unbatched jobs go through
-     service    the service with its AIMD limiter (tier limiter aimd, initial 4, max 64);
+   `latency_ms` and a rate limit of `rpm` requests per minute as a token bucket, the way
+   OpenAI and Anthropic enforce theirs: it holds rpm/60*window requests and refills
+   continuously over `rate_window_s` (full at the start); an empty bucket answers 429 +
+   Retry-After (the time until one request fits); every answer says what remains and when
+   the bucket is full again. The ceiling is min(rpm/60, capacity*1000/latency_ms) requests/s.
+   The same unbatched jobs go through
+     service    the service with its AIMD limiter (tier limiter aimd, initial 4, max 64),
+                which paces admissions by a mirror of the provider's bucket kept from those
+                headers (`consumer.core.pacing`);
      fixed16    16 workers calling the tier's adapter (`build_provider`) directly, honouring
                 Retry-After on 429;
      await_each one call at a time, same adapter and retry handling.
@@ -635,7 +640,7 @@ async def direct_loop(
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     finally:
         await provider.aclose()
-        await client.aclose()
+        await client.close()
     return counts
 
 
@@ -677,9 +682,11 @@ async def limiter_scenario(
         await sim.reset()
         sampler = Sampler(sim)
 
+        seen: dict[str, Any] = {}
+
         async def watch(svc: InProcessService) -> None:
             tier_runtime = svc.pipeline._tiers[TIER]
-
+            seen["limiter"] = tier_runtime.limiter
             sampler.limit_of = lambda: tier_runtime.limiter.limit
             await asyncio.Event().wait()
 
@@ -691,6 +698,10 @@ async def limiter_scenario(
             "dead_letters": svc_res["dead_letters"],
             "service_rate_limited": svc_res["rate_limited"],
         }
+        if "limiter" in seen:  # what the service learnt of the provider's bucket
+            pacer = seen["limiter"].pacer
+            out["service"]["pacer_rate_per_s"] = round(pacer.rate_per_s, 2) if pacer.rate_per_s else None
+            out["service"]["pacer_capacity"] = round(pacer.capacity, 1) if pacer.capacity else None
         out["service_trace"] = _trace(sampler.samples)
         _progress("limiter %s service: %s", scenario["name"], out["service"])
 
