@@ -70,7 +70,7 @@ class BudgetPacer:
     """
 
     def __init__(
-        self, *, min_baseline_s: float = 0.05, max_baseline_s: float = 5.0, margin: float = 0.05
+        self, *, min_baseline_s: float = 0.05, max_baseline_s: float = 5.0, margin: float = 0.5
     ) -> None:
         if not 0.0 < min_baseline_s < max_baseline_s:
             raise ValueError("need 0 < min_baseline_s < max_baseline_s")
@@ -81,7 +81,7 @@ class BudgetPacer:
         self.max_baseline_s = max_baseline_s
         self._level: float | None = None  # requests in the mirror at _level_s (None: no hint yet)
         self._level_s = 0.0
-        self._capacity: float | None = None  # a lower bound of the provider's limit
+        self._capacity: float | None = None  # the provider's limit, as the hints imply it
         self._limit_floor = 1.0  # the limit is at least one more than any hint said remained
         self._rate_per_s: float | None = None
         self._full_at_s: float | None = None  # when the newest hint said the bucket is full again
@@ -104,7 +104,7 @@ class BudgetPacer:
 
     @property
     def capacity(self) -> float | None:
-        """The largest budget the hints imply (remaining + rate x reset), a lower bound of the limit."""
+        """The provider's limit as the newest hint implies it (remaining + rate x reset)."""
         return self._capacity
 
     def level(self, now_s: float) -> float | None:
@@ -132,9 +132,9 @@ class BudgetPacer:
                 return 0.0
             assert self._full_at_s is not None  # set with the level
             return max(0.0, self._full_at_s - now_s)
-        # aim a little above one request: the provider's clock is not ours, and one sent at
-        # exactly its refill instant is a coin toss (rounding decides); the level stays bounded,
-        # so the margin costs no rate, only that much reserve
+        # aim above one request: a request reaches the provider a little after its admission
+        # (the mirror refills from the admission), and one sent at exactly the refill instant is
+        # a coin toss; the level stays bounded, so the margin costs no rate, only that reserve
         need = 1.0 + self.margin
         if level >= need - _EPSILON:  # float rounding must not wait 1e-17 s forever
             return 0.0
@@ -180,8 +180,8 @@ class BudgetPacer:
         self._full_at_s = admitted_s + reset_s if reset_s is not None else now_s + FALLBACK_WAIT_S
         remaining = 0 if rejected else max(0, hint.remaining_requests)
         if self._rate_per_s is not None and reset_s is not None:
-            implied = max(remaining + self._rate_per_s * reset_s, self._limit_floor)
-            self._capacity = implied if self._capacity is None else max(self._capacity, implied)
+            # the newest estimate, not the largest: an early rate estimate may be off
+            self._capacity = max(remaining + self._rate_per_s * reset_s, self._limit_floor)
         # the provider's level right after `seq`, replayed to now: refills, and the requests
         # admitted since that it had not counted yet when it answered
         since = self._since
