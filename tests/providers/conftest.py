@@ -98,6 +98,7 @@ _SERVER_LOOP: _ServerLoop | None = None
 #: recorders and sessions made during the current test (closed by `_close_recorders`)
 _LIVE: list[Recorder] = []
 _SESSIONS: list[aiohttp.ClientSession] = []
+_SOCKETS: list[socket.socket] = []
 
 
 def _server_loop() -> _ServerLoop:
@@ -189,6 +190,9 @@ async def _close_recorders() -> AsyncIterator[None]:
         await session.close()
     for rec in recorders:
         await rec.aclose()
+    for sock in _SOCKETS:
+        sock.close()
+    _SOCKETS.clear()
 
 
 def reply(status: int = 200, body: Any = None, headers: dict[str, str] | None = None) -> Reply:
@@ -212,6 +216,22 @@ def closed_port_url() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def unaccepting_url() -> str:
+    """`http://127.0.0.1:PORT` whose listener never accepts and whose backlog is full: a new
+    connection's SYN goes unanswered, so connecting times out (closed at the end of the test)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    _SOCKETS.append(listener)
+    for _ in range(3):  # fill the accept queue (Linux keeps backlog + 1)
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        _SOCKETS.append(filler)
     return f"http://127.0.0.1:{port}"
 
 

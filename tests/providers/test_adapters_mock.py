@@ -38,6 +38,7 @@ from tests.providers.conftest import (
     closed_port_url,
     make_request,
     recorder,
+    unaccepting_url,
 )
 
 OPENAI_OK = {
@@ -309,6 +310,15 @@ async def test_transport_failures(name: str, behaviour: Behaviour, cls: type[Pro
 
 
 @pytest.mark.parametrize("name", PROVIDERS)
+async def test_connect_timeout_is_a_timeout(name: str) -> None:
+    with pytest.raises(RequestTimeout) as info:
+        await at_url(name, unaccepting_url(), timeout_s=0.3).complete(make_request())
+    assert info.value.provider == name and info.value.retryable
+    assert "ConnectionTimeoutError" in info.value.message
+    assert info.value.__cause__ is None and info.value.__context__ is None
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
 async def test_closed_port_is_a_connection_failure(name: str) -> None:
     with pytest.raises(ConnectionFailed) as info:
         await at_url(name, closed_port_url()).complete(make_request())
@@ -487,10 +497,10 @@ async def test_key_never_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixtur
             sent = rec.requests[0].headers
             # it WAS sent: the test would catch a leak
             assert SECRET in sent.get("authorization", "") + sent.get("x-api-key", "")
-        provider = at_url(name, closed_port_url())
-        with pytest.raises(ProviderError) as info:
-            await provider.complete(make_request())
-        seen += [str(info.value), repr(info.value), "".join(traceback.format_exception(info.value))]
+        for url in (closed_port_url(), unaccepting_url()):
+            with pytest.raises(ProviderError) as info:
+                await at_url(name, url, timeout_s=0.3).complete(make_request())
+            seen += [str(info.value), repr(info.value), "".join(traceback.format_exception(info.value))]
     seen += [record.getMessage() for record in caplog.records]
     seen.append(caplog.text)
     assert caplog.records, "adapters log at DEBUG; nothing captured means the check is empty"
