@@ -75,7 +75,7 @@ async def run_mode(name: str, algorithm: LimitAlgorithm, base_url: str, inputs: 
     await asyncio.gather(*(one(t) for t in inputs))
     wall_s = time.monotonic() - started
     await provider.aclose()
-    await client.aclose()
+    await client.close()
     q = statistics.quantiles(latencies_ms, n=20)
     half = limits[len(limits) // 2 :]
     return {
