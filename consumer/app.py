@@ -62,23 +62,29 @@ def validate_keys(tier_file: TierFile, *, strict: bool = True) -> list[str]:
     return problems
 
 
-def build_tiers(
+async def build_tiers(
     tier_file: TierFile, stats: ServiceStats, providers: dict[str, CompletionProvider] | None = None
 ) -> tuple[dict[str, TierRuntime], list[Any]]:
     """One TierRuntime per configured tier; also returns the HTTP clients to close.
 
     `providers` replaces the HTTP adapters of the tiers it names (tests and benchmarks).
+    A tier that cannot be built (ConfigError) closes the clients made so far before it raises.
     """
     tiers: dict[str, TierRuntime] = {}
     clients: list[Any] = []
-    for name, config in tier_file.tiers.items():
-        if providers and name in providers:
-            tiers[name] = TierRuntime.build(name, config, providers[name], stats.tier(name))
-            continue
-        client = make_http_client(config)
-        clients.append(client)
-        provider = build_provider(name, config, client)
-        tiers[name] = TierRuntime.build(name, config, provider, stats.tier(name))
+    try:
+        for name, config in tier_file.tiers.items():
+            if providers and name in providers:
+                tiers[name] = TierRuntime.build(name, config, providers[name], stats.tier(name))
+                continue
+            client = make_http_client(config)
+            clients.append(client)
+            provider = build_provider(name, config, client)
+            tiers[name] = TierRuntime.build(name, config, provider, stats.tier(name))
+    except BaseException:
+        for client in clients:
+            await client.close()
+        raise
     return tiers, clients
 
 
@@ -174,7 +180,7 @@ async def run_service(
     for topic, state in report.items():
         log.info("topic %s: %s", topic, state)
 
-    tiers, clients = build_tiers(tier_file, stats, providers)
+    tiers, clients = await build_tiers(tier_file, stats, providers)
     intake = KafkaIntake(settings, client_id=f"promptbus-{instance}")
     make_producer = kafka_producer_factory(settings, client_id=f"promptbus-{instance}")
     sink: OutcomeSink
