@@ -459,6 +459,10 @@ class TokenBucket:
             self.level = min(self.level + (now_s - self.at_s) * self.rate_per_s, capacity)
         self.capacity, self.rate_per_s, self.at_s = capacity, rate_per_s, now_s
 
+    def holds(self, amount: float) -> bool:
+        """True if `amount` can be taken now (float rounding of the refill forgiven)."""
+        return self.level >= amount - 1e-9
+
     def wait_for_s(self, amount: float) -> float:
         """Seconds until the bucket holds `amount`."""
         return max(0.0, (amount - self.level) / self.rate_per_s) if self.rate_per_s > 0 else math.inf
@@ -670,10 +674,10 @@ class SimulatorApp:
         req_bucket.configure(cfg.rpm, window_s, now_s)
         tok_bucket.configure(cfg.tpm, window_s, now_s)
         wait_s: float | None = None
-        if cfg.rpm and req_bucket.level < 1:
+        if cfg.rpm and not req_bucket.holds(1):
             wait_s = req_bucket.wait_for_s(1)
             self.limited_by = "requests"
-        if cfg.tpm and tok_bucket.level < tokens_needed:
+        if cfg.tpm and not tok_bucket.holds(tokens_needed):
             tok_wait_s = tok_bucket.wait_for_s(min(tokens_needed, cfg.tpm))
             if wait_s is None or tok_wait_s > wait_s:
                 self.limited_by = "tokens"
