@@ -14,12 +14,24 @@ requests counted between them, and the bucket never full in between (a_i + T_i >
 
     1 / rate = ((a_j + T_j) - (a_i + T_i)) / k
 
-without knowing the limit, and without the rounding of `remaining` (an integer). The level is
-taken from `remaining` (rounded down: a reserve of less than one request) and advanced from
-the hinted request's admission: requests admitted after it were not yet counted by the
-provider when it answered, so they are subtracted. A hint older than the newest applied one
-says nothing new and is ignored. A 429 is counted by nobody (not in `k`) and leaves the
-mirror empty. With no hints (local servers) the pacer is inactive and admits everything.
+without knowing the limit, and without the rounding of `remaining` (an integer). Where the
+reset is measured from the answer's arrival (Anthropic sends a time of day), that estimate
+jitters with the round trip; `remaining` over the admissions' own times gives a second one
+(refilled = remaining_j - remaining_i + k over a_j - a_i), and the smaller of the two is
+taken: a rate too low only keeps a reserve in the bucket, one too high costs 429s. The level
+is taken from `remaining` (rounded down: a reserve of less than one request) and replayed
+from the hinted request's admission: requests admitted after it were not yet counted by the
+provider when it answered, so they are subtracted. A request is admitted once the mirror
+holds 1 + `margin` (it reaches the provider a little after its admission). A hint older
+than the newest applied one says nothing new about the level and is ignored (it still helps
+the rate estimate). A 429 is counted by nobody (not in `k`) and leaves the mirror empty.
+With no hints (local servers) the pacer is inactive and admits everything.
+
+Two resets give a rate only when they are far apart against the round trip's jitter (a
+reset measured from the answer's arrival moves with it). Known limit: a bucket that refills
+completely within about a round trip (a few requests of budget, long answers) yields no rate;
+the pacer then spends the bucket each time it is surely full: slower than the limit, without
+429s. Real limits are per minute, far longer than a round trip.
 
 Token budgets (TPM) are not mirrored: a request's token cost is not known before its answer;
 a TPM 429 still carries Retry-After, which pauses the tier.
@@ -43,6 +55,14 @@ FALLBACK_WAIT_S = 1.0
 MAX_MARKS = 1024
 #: 429s remembered (their sequence numbers), so hints around them count requests right
 MAX_REJECTED = 4096
+#: requests refilled between two hints before `remaining` (an integer) is trusted for the rate
+MIN_REFILLED = 10
+#: resets come rounded (OpenAI: to the millisecond); a TAT this close to an admission may
+#: still have been in the future
+RESET_ROUNDING_S = 0.002
+#: the resets of two hints must be this many round-trip jitters apart to give a rate
+JITTER_FACTOR = 20.0
+RTT_SMOOTHING = 0.1
 _EPSILON = 1e-9
 
 
@@ -53,6 +73,7 @@ class _Mark:
     seq: int
     admitted_s: float
     tat_s: float
+    remaining: int
 
 
 class BudgetPacer:
@@ -70,7 +91,7 @@ class BudgetPacer:
     """
 
     def __init__(
-        self, *, min_baseline_s: float = 0.05, max_baseline_s: float = 5.0, margin: float = 0.5
+        self, *, min_baseline_s: float = 0.05, max_baseline_s: float = 60.0, margin: float = 0.5
     ) -> None:
         if not 0.0 < min_baseline_s < max_baseline_s:
             raise ValueError("need 0 < min_baseline_s < max_baseline_s")
@@ -91,6 +112,8 @@ class BudgetPacer:
         self._since: collections.deque[tuple[int, float]] = collections.deque()
         self._rejected: list[int] = []  # sorted sequence numbers answered 429 (not counted)
         self._rejected_horizon = 0  # 429s up to this sequence number were forgotten
+        self._rtt_s: float | None = None  # smoothed round trip of answers with a budget
+        self._rtt_jitter_s = 0.0  # its smoothed absolute deviation
 
     @property
     def active(self) -> bool:
@@ -127,15 +150,16 @@ class BudgetPacer:
         level = self.level(now_s)
         if level is None:
             return 0.0
-        if self._rate_per_s is None:
-            if level >= 1.0:
-                return 0.0
-            assert self._full_at_s is not None  # set with the level
-            return max(0.0, self._full_at_s - now_s)
         # aim above one request: a request reaches the provider a little after its admission
         # (the mirror refills from the admission), and one sent at exactly the refill instant is
         # a coin toss; the level stays bounded, so the margin costs no rate, only that reserve
         need = 1.0 + self.margin
+        if self._rate_per_s is None:
+            # nothing refills in the mirror: `remaining` (rounded down) is safe as it stands
+            if level >= 1.0:
+                return 0.0
+            assert self._full_at_s is not None  # set with the level
+            return max(0.0, self._full_at_s - now_s)
         if level >= need - _EPSILON:  # float rounding must not wait 1e-17 s forever
             return 0.0
         return (need - level) / self._rate_per_s
@@ -171,13 +195,19 @@ class BudgetPacer:
             return False
         if not rejected:
             self._limit_floor = max(self._limit_floor, hint.remaining_requests + 1.0)
+        self._note_rtt(now_s - admitted_s)
         reset_s = hint.reset_requests_s
         if reset_s is not None and reset_s > 0:
-            self._learn_rate(_Mark(seq, admitted_s, admitted_s + reset_s))
+            remaining_now = 0 if rejected else max(0, hint.remaining_requests)
+            self._learn_rate(_Mark(seq, admitted_s, admitted_s + reset_s, remaining_now))
         if seq <= self._newest_seq:
             return False
         self._newest_seq = seq
-        self._full_at_s = admitted_s + reset_s if reset_s is not None else now_s + FALLBACK_WAIT_S
+        # Until a rate is known, the mirror does not refill: it jumps to full when the bucket
+        # surely is. Counted from the answer's arrival (an Anthropic reset is measured from
+        # there; an OpenAI one from the provider, earlier), rounded up, and later if requests
+        # admitted since will have taken from it (their own answers will say more).
+        self._full_at_s = now_s + (reset_s + RESET_ROUNDING_S if reset_s is not None else FALLBACK_WAIT_S)
         remaining = 0 if rejected else max(0, hint.remaining_requests)
         if self._rate_per_s is not None and reset_s is not None:
             # the newest estimate, not the largest: an early rate estimate may be off
@@ -193,9 +223,19 @@ class BudgetPacer:
                 continue
             level = self._refilled(level, at_s, later_s) - 1.0
             at_s = max(at_s, later_s)
+            if self._rate_per_s is None:
+                self._full_at_s = max(self._full_at_s, now_s + FALLBACK_WAIT_S)
         self._level = self._refilled(level, at_s, now_s)
         self._level_s = now_s
         return True
+
+    def _note_rtt(self, rtt_s: float) -> None:
+        """Track the answers' round trip and how much it varies (mean absolute deviation)."""
+        if self._rtt_s is None:
+            self._rtt_s = rtt_s
+            return
+        self._rtt_jitter_s += (abs(rtt_s - self._rtt_s) - self._rtt_jitter_s) * RTT_SMOOTHING
+        self._rtt_s += (rtt_s - self._rtt_s) * RTT_SMOOTHING
 
     def _refilled(self, level: float, from_s: float, to_s: float) -> float:
         if self._rate_per_s is None or to_s <= from_s:
@@ -228,14 +268,26 @@ class BudgetPacer:
         # a bucket that was full between two hints forgot what came before (the TAT only
         # moves forward while the bucket is not full); very old hints describe another limit
         while len(marks) > 1 and (
-            marks[0].tat_s <= last.admitted_s
+            marks[0].tat_s + RESET_ROUNDING_S <= last.admitted_s
             or last.admitted_s - marks[0].admitted_s > self.max_baseline_s
             or len(marks) > MAX_MARKS
         ):
             marks.popleft()
         first = marks[0]
+        counted = self._counted_between(first.seq, last.seq)
         spread_s = last.tat_s - first.tat_s
-        if spread_s >= self.min_baseline_s:
-            counted = self._counted_between(first.seq, last.seq)
-            if counted > 0:
-                self._rate_per_s = counted / spread_s
+        # a reset measured from the answer's arrival moves with the round trip: a spread that
+        # is not long against the round trip's jitter says little
+        if counted <= 0 or spread_s < max(self.min_baseline_s, JITTER_FACTOR * self._rtt_jitter_s):
+            return
+        rate_per_s = counted / spread_s
+        elapsed_s = last.admitted_s - first.admitted_s
+        refilled = last.remaining - first.remaining + counted
+        if refilled >= MIN_REFILLED and elapsed_s >= self.min_baseline_s:
+            # the same from `remaining` over the admissions' own times: independent of where
+            # the reset is measured from (Anthropic's is a time of day, which the client turns
+            # into a delay when the answer arrives, one round trip late); off by less than one
+            # request. Taking the smaller errs towards waiting, which costs no rate (the level
+            # comes from `remaining`) while a rate too high costs 429s.
+            rate_per_s = min(rate_per_s, refilled / elapsed_s)
+        self._rate_per_s = rate_per_s
