@@ -128,8 +128,11 @@ class KafkaIntake:
                         timestamp_ms=r.timestamp,
                     )
                 )
-            if records:
-                self._next_offset[tp] = records[-1].offset + 1
+        for tp in self._consumer.assignment():
+            # the consumer's own position: it also steps over transaction markers, which take
+            # an offset after a transactional producer's records but are never returned
+            # (last record + 1 would leave one "unfetched" offset behind forever)
+            self._next_offset[tp] = await self._consumer.position(tp)
         return out
 
     def assignment(self) -> set[TopicPartition]:

@@ -1,0 +1,83 @@
+"""`KafkaIntake.has_unfetched` against a real broker: rule 3 of the batching rules flushes a
+window as soon as nothing fetched-but-unrouted could still join it, so the intake must know
+when it has read everything — also when the jobs came from a transactional producer, whose
+commit marker takes an offset after the last record and is never returned as a record."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from consumer.kafka.intake import InRecord, KafkaIntake
+from consumer.kafka.records import TopicPartition
+from tests.service.harness import service_env, settings_from_env
+
+pytestmark = pytest.mark.integration
+
+RECORDS = 5
+#: polls are bounded in count; each waits at most POLL_S
+MAX_POLLS = 100
+POLL_S = 0.2
+
+
+class _Handler:
+    """Rebalance callbacks the intake calls; this test only reads."""
+
+    async def on_revoked(self, partitions: set[TopicPartition]) -> None:
+        return None
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        return None
+
+
+async def _read_all(intake: KafkaIntake, expected: int) -> list[InRecord]:
+    records: list[InRecord] = []
+    for _ in range(MAX_POLLS):
+        records += await intake.poll(POLL_S, 500)
+        if len(records) >= expected:
+            break
+    return records
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
+async def test_nothing_unfetched_once_every_record_is_read(
+    kafka_bootstrap: str, create_topic: Callable[..., Awaitable[str]], topic_name: str, transactional: bool
+) -> None:
+    await create_topic(topic_name, partitions=1)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap,
+        enable_idempotence=True,
+        transactional_id=f"t-{uuid.uuid4().hex[:8]}" if transactional else None,
+    )
+    await producer.start()
+    try:
+        if transactional:
+            async with producer.transaction():
+                for i in range(RECORDS):
+                    await producer.send(topic_name, f"job {i}".encode())
+        else:
+            for i in range(RECORDS):
+                await producer.send_and_wait(topic_name, f"job {i}".encode())
+    finally:
+        await producer.stop()
+
+    settings = settings_from_env(service_env(kafka_bootstrap, PROMPTBUS_JOBS_TOPIC=topic_name))
+    intake = KafkaIntake(settings, client_id="test-unfetched")
+    await intake.start(_Handler())
+    try:
+        records = await _read_all(intake, RECORDS)
+        assert [r.value for r in records] == [f"job {i}".encode() for i in range(RECORDS)]
+        # the next poll returns nothing; by then the intake must know it has read everything
+        # (the transaction's commit marker is past the last record, and is not one)
+        unfetched = True
+        for _ in range(MAX_POLLS):
+            assert await intake.poll(POLL_S, 500) == []
+            unfetched = intake.has_unfetched()
+            if not unfetched:
+                break
+        assert not unfetched, "has_unfetched() stayed true after every record was read"
+    finally:
+        await intake.stop()
