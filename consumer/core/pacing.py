@@ -60,6 +60,8 @@ MIN_REFILLED = 10
 #: resets come rounded (OpenAI: to the millisecond); a TAT this close to an admission may
 #: still have been in the future
 RESET_ROUNDING_S = 0.002
+#: a 429 for a request the mirror admitted scales the rate estimate by this
+RATE_CUT_ON_429 = 0.9
 #: the resets of two hints must be this many round-trip jitters apart to give a rate
 JITTER_FACTOR = 20.0
 RTT_SMOOTHING = 0.1
@@ -202,6 +204,11 @@ class BudgetPacer:
             self._learn_rate(_Mark(seq, admitted_s, admitted_s + reset_s, remaining_now))
         if seq <= self._newest_seq:
             return False
+        if rejected and self._rate_per_s is not None:
+            # the mirror said there was budget: the rate is likely too high (a stale estimate
+            # the hints cannot correct, e.g. resets that jitter with the round trip); a rate
+            # too low costs nothing, and the next good estimate replaces this one
+            self._rate_per_s *= RATE_CUT_ON_429
         self._newest_seq = seq
         # Until a rate is known, the mirror does not refill: it jumps to full when the bucket
         # surely is. Counted from the answer's arrival (an Anthropic reset is measured from
