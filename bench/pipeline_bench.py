@@ -425,15 +425,7 @@ async def throughput_workload(
                     keep = ("requests", "batched_requests", "items_answered", "max_inflight")
                     res["simulator"] = {k: v for k, v in sim_stats.items() if k in keep}
                 else:
-                    fake = FakeProvider(fake_answer, name="openai_compat")
-                    res, _ = await service_run(
-                        base,
-                        "fake",
-                        tier_dict("http://127.0.0.1:9/v1", batching=True),
-                        n,
-                        timeout_s,
-                        providers={TIER: fake},
-                    )
+                    res = await fake_run(base, "fake", n, timeout_s)
                 _progress("throughput %s %s #%d: %s", workload, variant, rep + 1, res)
                 runs[variant].append(res)
     out: dict[str, Any] = {"batched_share": batched_share, "jobs": n}
@@ -451,20 +443,20 @@ async def throughput_workload(
     return out
 
 
+async def fake_run(base: Settings, name: str, n: int, timeout_s: float) -> dict[str, Any]:
+    """The service with the in-memory provider (answers as the simulator would, no HTTP)."""
+    fake = FakeProvider(fake_answer, name="openai_compat")
+    tiers = tier_dict("http://127.0.0.1:9/v1", batching=True)
+    res, _ = await service_run(base, name, tiers, n, timeout_s, providers={TIER: fake})
+    return res
+
+
 async def profile_fake(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
     """The fake variant again under cProfile: top functions by own time, us per job."""
-    fake = FakeProvider(fake_answer, name="openai_compat")
     prof = cProfile.Profile()
     prof.enable()
     try:
-        res, _ = await service_run(
-            base,
-            "prof",
-            tier_dict("http://127.0.0.1:9/v1", batching=True),
-            n,
-            timeout_s,
-            providers={TIER: fake},
-        )
+        res = await fake_run(base, "prof", n, timeout_s)
     finally:
         prof.disable()
     stats = pstats.Stats(prof, stream=io.StringIO())
