@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ProducerFenced
+from aiokafka.partitioner import DefaultPartitioner
 
 from consumer.core.offsets import OffsetTracker
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
@@ -233,6 +234,27 @@ class _SinkBase:
             )
 
 
+#: the producer's own default partitioner (murmur2 of the key, as the Java client)
+_PARTITIONER = DefaultPartitioner()
+
+
+def _append(batch: Any, record: OutRecord) -> Any:
+    """Add `record` to an aiokafka BatchBuilder; None when the batch is full."""
+    return batch.append(key=record.key, value=record.value, timestamp=None, headers=list(record.headers))
+
+
+class _Outgoing:
+    """One job's outcome records on their way to the broker."""
+
+    __slots__ = ("failed", "records", "remaining", "ticket")
+
+    def __init__(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
+        self.ticket = ticket
+        self.records = records
+        self.remaining = len(records)
+        self.failed = False
+
+
 class AtLeastOnceSink(_SinkBase):
     """Idempotent producer; commit the contiguous watermark of acked outcomes."""
 
@@ -277,47 +299,85 @@ class AtLeastOnceSink(_SinkBase):
             await self._queued.wait()
             self._queued.clear()
             while self._queue:
-                ticket, records = self._queue[0]
+                # everything queued goes out now, as one batch per output partition
+                outcomes = [_Outgoing(ticket, records) for ticket, records in self._queue]
+                self._queue.clear()
                 try:
-                    futures = [
-                        await self._producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
-                        for r in records
-                    ]
+                    await self._send_batches(outcomes)
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:  # the offset stays uncommitted until the outcome is acked
-                    log.warning("producing outcome for %s failed (%s); retrying", ticket.source, exc)
+                except Exception as exc:  # the offsets stay uncommitted until the outcomes are acked
+                    log.warning("producing %d outcomes failed (%s); retrying", len(outcomes), exc)
                     await asyncio.sleep(delay_s)
                     delay_s = min(delay_s * 2, 10.0)
                     continue
                 delay_s = 0.5
-                self._queue.popleft()
-                self._on_acked(ticket, records, futures)
 
-    def _on_acked(
-        self, ticket: Ticket, records: Sequence[OutRecord], futures: list[asyncio.Future[Any]]
-    ) -> None:
-        """Complete the ticket when every record is acked; send it again if any failed."""
-        remaining = len(futures)
-        failed = False
+    async def _send_batches(self, outcomes: list[_Outgoing]) -> None:
+        """Hand `outcomes` to the producer as record batches, one per (topic, partition).
 
-        def done(fut: asyncio.Future[Any]) -> None:
-            nonlocal remaining, failed
-            remaining -= 1
-            if fut.cancelled() or fut.exception() is not None:
-                failed = True
-            if remaining:
-                return
-            if failed:
-                # the idempotent producer already retried up to its delivery timeout: try again
-                log.warning("outcome for %s was not acknowledged; sending it again", ticket.source)
-                self._queue.append((ticket, records))
-                self._queued.set()
-            else:
-                self._complete(ticket)
+        A batch carries one delivery future instead of one per record: producing record by
+        record cost ~11 us of CPU each, by batch ~4 us (bench/README.md). Records keep the
+        producer's default partitioning (murmur2 of the key; keyless ones spread).
+        """
+        by_partition: dict[tuple[str, int], list[tuple[_Outgoing, OutRecord]]] = {}
+        partitions: dict[str, list[int]] = {}
+        try:
+            for outgoing in outcomes:
+                for record in outgoing.records:
+                    known = partitions.get(record.topic)
+                    if known is None:
+                        known = sorted(await self._producer.partitions_for(record.topic))
+                        partitions[record.topic] = known
+                    key = (record.topic, _PARTITIONER(record.key, known, known))
+                    by_partition.setdefault(key, []).append((outgoing, record))
+        except BaseException:
+            for outgoing in outcomes:  # nothing was handed over: all go out again
+                outgoing.remaining = 1
+                self._record_done(outgoing, ok=False)
+            raise
+        shipped = 0
+        try:
+            for (topic, partition), items in by_partition.items():
+                batch = self._producer.create_batch()
+                members: list[_Outgoing] = []
+                for outgoing, record in items:
+                    if _append(batch, record) is None:
+                        await self._ship(batch, topic, partition, members)
+                        shipped += len(members)
+                        batch, members = self._producer.create_batch(), []
+                        _append(batch, record)  # a fresh batch always takes its first record
+                    members.append(outgoing)
+                await self._ship(batch, topic, partition, members)
+                shipped += len(members)
+        except BaseException:
+            # records not handed over count as failed: their outcomes go out again whole
+            for outgoing, _ in [item for items in by_partition.values() for item in items][shipped:]:
+                self._record_done(outgoing, ok=False)
+            raise
 
-        for fut in futures:
-            fut.add_done_callback(done)
+    async def _ship(self, batch: Any, topic: str, partition: int, members: list[_Outgoing]) -> None:
+        delivered = await self._producer.send_batch(batch, topic, partition=partition)
+        delivered.add_done_callback(lambda fut: self._batch_done(fut, members))
+
+    def _batch_done(self, fut: asyncio.Future[Any], members: list[_Outgoing]) -> None:
+        ok = not fut.cancelled() and fut.exception() is None
+        for outgoing in members:
+            self._record_done(outgoing, ok=ok)
+
+    def _record_done(self, outgoing: _Outgoing, *, ok: bool) -> None:
+        """Complete the ticket when every record is acked; send the outcome again if any failed."""
+        outgoing.remaining -= 1
+        outgoing.failed |= not ok
+        if outgoing.remaining:
+            return
+        if outgoing.failed:
+            # the idempotent producer already retried up to its delivery timeout: try again
+            log.warning("outcome for %s was not acknowledged; sending it again", outgoing.ticket.source)
+            self._queue.append((outgoing.ticket, outgoing.records))
+            self._queued.set()
+        else:
+            self._complete(outgoing.ticket)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
         ready = self._tracker.committable()
