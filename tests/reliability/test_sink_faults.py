@@ -1,4 +1,5 @@
-"""Delivery-layer faults without a broker: failed commits on revoke, a fenced transactional producer.
+"""Delivery-layer faults without a broker: failed commits on revoke, a fenced transactional
+producer, unacknowledged or unsendable at-least-once batches.
 
 The sinks (`consumer.kafka.sink`) are driven directly with in-memory fakes of the producer and
 the commit function, so each fault happens exactly where the test puts it:
@@ -9,7 +10,10 @@ the commit function, so each fault happens exactly where the test puts it:
   zombie) drops that partition's outcomes and must not hold back the other partitions;
 - a revoke that closes a partition's producer while the commit loop waits to use it must
   not hand the closed producer to the commit loop (aiokafka never ends a transaction on a
-  stopped producer: the commit loop, and every partition's commits, would hang for good).
+  stopped producer: the commit loop, and every partition's commits, would hang for good);
+- at_least_once outcomes go out as one batch per output partition: a batch the broker did
+  not acknowledge, or a round that could not even learn the partitions, sends its outcomes
+  again, and offsets commit only once every outcome is acked.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import pytest
 from aiokafka.errors import CommitFailedError, KafkaConnectionError, ProducerFenced
 
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
-from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink
+from consumer.kafka.sink import _PARTITIONER, AtLeastOnceSink, ExactlyOnceSink
 
 TOPIC = "jobs"
 GROUP = "g"
@@ -213,3 +217,107 @@ async def test_a_commit_waiting_for_a_dropped_partition_never_uses_its_closed_pr
     sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
     await asyncio.wait_for(sink.flush(timeout_s=1), timeout=5)
     assert factory.made[sink.transactional_id(tp)].offsets == [{tp: 1}]
+
+
+class FakeBatch:
+    """aiokafka BatchBuilder stand-in: takes `room` records, then says it is full (None)."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.records: list[tuple[bytes | None, bytes | None]] = []
+
+    def append(
+        self, *, key: bytes | None, value: bytes | None, timestamp: None, headers: Any
+    ) -> object | None:
+        if self.records and len(self.records) >= self.room:
+            return None
+        self.records.append((key, value))
+        return object()
+
+
+class FakeBatchProducer:
+    """At-least-once producer fake: batches per partition; scripted failures."""
+
+    def __init__(self, *, room: int = 2, partitions: int = 2) -> None:
+        self.room = room
+        self.partitions = partitions
+        self.fail_partitions_for = 0  # partitions_for raises this many times
+        self.fail_deliveries = 0  # this many delivery futures end with an error
+        self.sent: list[tuple[str, int, list[tuple[bytes | None, bytes | None]]]] = []
+        self.acked: list[bytes | None] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        if self.fail_partitions_for:
+            self.fail_partitions_for -= 1
+            raise KafkaConnectionError("no metadata")
+        return set(range(self.partitions))
+
+    def create_batch(self) -> FakeBatch:
+        return FakeBatch(self.room)
+
+    async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> asyncio.Future[None]:
+        self.sent.append((topic, partition, list(batch.records)))
+        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.fail_deliveries:
+            self.fail_deliveries -= 1
+            delivered.set_exception(KafkaConnectionError("not acknowledged"))
+        else:
+            self.acked += [value for _key, value in batch.records]
+            delivered.set_result(None)
+        return delivered
+
+
+async def _deliver_all(
+    producer: FakeBatchProducer, offsets: range
+) -> tuple[AtLeastOnceSink, list[dict[TopicPartition, int]]]:
+    commits: list[dict[TopicPartition, int]] = []
+
+    async def commit(offsets: dict[TopicPartition, int]) -> None:
+        commits.append(offsets)
+
+    sink = AtLeastOnceSink(producer=producer, commit=commit)
+    await sink.start()
+    tp = TopicPartition(TOPIC, 0)
+    await sink.on_assigned({tp})
+    for o in offsets:
+        sink.deliver(sink.track(SourceOffset(TOPIC, 0, o)), outcome(o))
+    await asyncio.wait_for(sink.flush(timeout_s=5), timeout=10)
+    await sink.stop()
+    return sink, commits
+
+
+async def test_at_least_once_sends_batches_per_partition_and_commits_when_all_are_acked() -> None:
+    producer = FakeBatchProducer(room=2, partitions=2)
+    sink, commits = await _deliver_all(producer, range(7))
+    assert sink.inflight() == 0
+    assert commits[-1] == {TopicPartition(TOPIC, 0): 7}
+    assert sorted(producer.acked) == sorted(f"result-{o}".encode() for o in range(7))  # type: ignore[type-var]
+    # full batches were split (room 2) and every record went to its key's partition
+    assert all(len(records) <= 2 for _t, _p, records in producer.sent)
+    for _topic, partition, records in producer.sent:
+        for key, _value in records:
+            assert partition == _PARTITIONER(key, [0, 1], [0, 1])
+
+
+async def test_an_unacknowledged_batch_sends_its_outcomes_again() -> None:
+    producer = FakeBatchProducer(room=2, partitions=2)
+    producer.fail_deliveries = 2
+    sink, commits = await _deliver_all(producer, range(5))
+    assert sink.inflight() == 0 and commits[-1] == {TopicPartition(TOPIC, 0): 5}
+    # every outcome acked at least once; the failed batches' ones were sent again
+    assert set(producer.acked) == {f"result-{o}".encode() for o in range(5)}
+    assert sum(len(records) for _t, _p, records in producer.sent) > 5
+
+
+async def test_outcomes_wait_out_a_metadata_failure_and_go_out_after_it() -> None:
+    producer = FakeBatchProducer(room=10, partitions=3)
+    producer.fail_partitions_for = 1
+    sink, commits = await _deliver_all(producer, range(4))
+    assert sink.inflight() == 0 and commits[-1] == {TopicPartition(TOPIC, 0): 4}
+    assert sorted(producer.acked) == sorted(f"result-{o}".encode() for o in range(4))  # type: ignore[type-var]
