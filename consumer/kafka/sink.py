@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ProducerFenced
-from aiokafka.partitioner import DefaultPartitioner
 
 from consumer.core.offsets import OffsetTracker
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
+from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.settings import Settings
 
@@ -234,10 +234,6 @@ class _SinkBase:
             )
 
 
-#: the producer's own default partitioner (murmur2 of the key, as the Java client)
-_PARTITIONER = DefaultPartitioner()
-
-
 def _append(batch: Any, record: OutRecord) -> Any:
     """Add `record` to an aiokafka BatchBuilder; None when the batch is full."""
     return batch.append(key=record.key, value=record.value, timestamp=None, headers=list(record.headers))
@@ -318,7 +314,8 @@ class AtLeastOnceSink(_SinkBase):
 
         A batch carries one delivery future instead of one per record: producing record by
         record cost ~11 us of CPU each, by batch ~4 us (bench/README.md). Records keep the
-        producer's default partitioning (murmur2 of the key; keyless ones spread).
+        producer's default partitioning (murmur2 of the key, `consumer.kafka.partitioning`;
+        keyless ones spread).
         """
         by_partition: dict[tuple[str, int], list[tuple[_Outgoing, OutRecord]]] = {}
         partitions: dict[str, list[int]] = {}
@@ -329,7 +326,7 @@ class AtLeastOnceSink(_SinkBase):
                     if known is None:
                         known = sorted(await self._producer.partitions_for(record.topic))
                         partitions[record.topic] = known
-                    key = (record.topic, _PARTITIONER(record.key, known, known))
+                    key = (record.topic, partition_for(record.key, known))
                     by_partition.setdefault(key, []).append((outgoing, record))
         except BaseException:
             for outgoing in outcomes:  # nothing was handed over: all go out again

@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 from aiokafka.errors import CommitFailedError, KafkaConnectionError, ProducerFenced
 
+from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
-from consumer.kafka.sink import _PARTITIONER, AtLeastOnceSink, ExactlyOnceSink
+from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink
 
 TOPIC = "jobs"
 GROUP = "g"
@@ -302,7 +303,7 @@ async def test_at_least_once_sends_batches_per_partition_and_commits_when_all_ar
     assert all(len(records) <= 2 for _t, _p, records in producer.sent)
     for _topic, partition, records in producer.sent:
         for key, _value in records:
-            assert partition == _PARTITIONER(key, [0, 1], [0, 1])
+            assert partition == partition_for(key, [0, 1])
 
 
 async def test_an_unacknowledged_batch_sends_its_outcomes_again() -> None:
