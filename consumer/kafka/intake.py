@@ -124,7 +124,7 @@ class KafkaIntake:
                         source=SourceOffset(tp.topic, tp.partition, r.offset),
                         key=r.key,
                         value=r.value,
-                        headers=tuple((k, v) for k, v in (r.headers or ())),
+                        headers=tuple(r.headers) if r.headers else (),
                         timestamp_ms=r.timestamp,
                     )
                 )
