@@ -34,6 +34,22 @@ TOPIC = "jobs"
 GROUP = "g"
 
 
+class FakeBatch:
+    """aiokafka BatchBuilder stand-in: takes `room` records, then says it is full (None)."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.records: list[tuple[bytes | None, bytes | None]] = []
+
+    def append(
+        self, *, key: bytes | None, value: bytes | None, timestamp: None, headers: Any
+    ) -> object | None:
+        if self.records and len(self.records) >= self.room:
+            return None
+        self.records.append((key, value))
+        return object()
+
+
 class FakeTxnProducer:
     """Transactional producer fake: records sent in a transaction appear on commit only."""
 
@@ -64,8 +80,14 @@ class FakeTxnProducer:
         yield  # an exception inside aborts: nothing staged becomes visible
         self.committed += self._staged
 
-    async def send(self, topic: str, value: bytes, **_: Any) -> asyncio.Future[None]:
-        self._staged.append((topic, value))
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0}
+
+    def create_batch(self) -> FakeBatch:
+        return FakeBatch(room=100)
+
+    async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> asyncio.Future[None]:
+        self._staged += [(topic, value or b"") for _key, value in batch.records]
         delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         delivered.set_result(None)
         return delivered
@@ -218,22 +240,6 @@ async def test_a_commit_waiting_for_a_dropped_partition_never_uses_its_closed_pr
     sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
     await asyncio.wait_for(sink.flush(timeout_s=1), timeout=5)
     assert factory.made[sink.transactional_id(tp)].offsets == [{tp: 1}]
-
-
-class FakeBatch:
-    """aiokafka BatchBuilder stand-in: takes `room` records, then says it is full (None)."""
-
-    def __init__(self, room: int) -> None:
-        self.room = room
-        self.records: list[tuple[bytes | None, bytes | None]] = []
-
-    def append(
-        self, *, key: bytes | None, value: bytes | None, timestamp: None, headers: Any
-    ) -> object | None:
-        if self.records and len(self.records) >= self.room:
-            return None
-        self.records.append((key, value))
-        return object()
 
 
 class FakeBatchProducer:
