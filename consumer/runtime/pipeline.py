@@ -105,7 +105,7 @@ class Pipeline:
         self._paused = False
         # resume well below the pause point, so the pause does not flap with every ack and a
         # resumed poll can take a full batch
-        self._resume_at = settings.max_inflight - min(MAX_POLL_RECORDS, settings.max_inflight // 4)
+        self._resume_at = settings.max_inflight - max(1, min(MAX_POLL_RECORDS, settings.max_inflight // 4))
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
 
@@ -122,15 +122,13 @@ class Pipeline:
                 # never take more than max_inflight allows: the pause below only stops the next poll
                 inflight = self._sink.inflight()
                 room = self._settings.max_inflight - inflight
-                if self._paused and inflight > self._resume_at:
+                if room <= 0 or (self._paused and inflight > self._resume_at):
                     # full: wait for outcomes to free room rather than in a poll of paused
                     # partitions (aiokafka heartbeats on its own; a poll comes soon enough)
                     records = []
                     await self._sink.wait_for_room(self._resume_at + 1, timeout_s)
-                elif room > 0:
-                    records = await self._intake.poll(timeout_s, min(MAX_POLL_RECORDS, room))
                 else:
-                    records = []  # paused just below
+                    records = await self._intake.poll(timeout_s, min(MAX_POLL_RECORDS, room))
                 now_s = self._clock()
                 for record in records:
                     self._take(record, now_s)

@@ -56,13 +56,19 @@ class BackpressureRun:
     final: dict[str, Any]
 
 
-async def run_backpressure(kafka_bootstrap: str, caplog: pytest.LogCaptureFixture) -> BackpressureRun:
-    """Run JOBS jobs through an in-process service with max_inflight MAX_INFLIGHT; sample stats."""
+async def run_backpressure(
+    kafka_bootstrap: str,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    max_inflight: int = MAX_INFLIGHT,
+    jobs_n: int = JOBS,
+) -> BackpressureRun:
+    """Run jobs_n jobs through an in-process service with max_inflight; sample stats."""
     caplog.set_level(logging.INFO, logger="consumer.runtime.pipeline")
-    env = service_env(kafka_bootstrap, partitions=4, PROMPTBUS_MAX_INFLIGHT=MAX_INFLIGHT)
+    env = service_env(kafka_bootstrap, partitions=4, PROMPTBUS_MAX_INFLIGHT=max_inflight)
     settings = settings_from_env(env)
     await create_topics(settings)
-    jobs = mixed_jobs(JOBS)
+    jobs = mixed_jobs(jobs_n)
     ids = {j["id"] for j in jobs}
     peak_inflight = peak_paused = samples = 0
 
@@ -123,3 +129,15 @@ async def test_small_max_inflight_pauses_stays_bounded_and_every_job_completes(
         f"{run.resumes} resumes; peak in-flight {run.peak_inflight}, peak paused partitions "
         f"{run.peak_paused} ({run.samples} samples)"
     )
+
+
+@pytest.mark.parametrize("max_inflight", [1, 3])
+async def test_a_max_inflight_of_one_or_three_still_completes_every_job(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture, max_inflight: int
+) -> None:
+    # a pause/resume threshold equal to the limit once made the poll loop spin without awaiting
+    run = await run_backpressure(kafka_bootstrap, caplog, max_inflight=max_inflight, jobs_n=24)
+    assert set(run.results) == {j["id"] for j in run.jobs}
+    assert not run.dead, list(run.dead.items())[:3]
+    assert run.peak_inflight <= max_inflight, f"peak in-flight {run.peak_inflight} > {max_inflight}"
+    assert run.final["inflight"] == 0 and run.final["paused_partitions"] == 0, run.final
