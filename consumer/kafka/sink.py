@@ -103,8 +103,9 @@ def kafka_producer_factory(settings: Settings, client_id: str) -> ProducerFactor
             enable_idempotence=True,
             transactional_id=transactional_id,
             linger_ms=5,
-            # results are small and many: bigger batches mean fewer produce requests (each one
-            # costs a socket write and a response to parse), which is what limits throughput
+            # results are small and many, and a partition's next batch waits until the one
+            # before it is sent: at aiokafka's 16 KiB the bench ran at 21.5k items/s, at
+            # 256 KiB at 34k (bench/pipeline_bench.py, 50,000 batched jobs in memory)
             max_batch_size=PRODUCER_BATCH_BYTES,
             max_request_size=MAX_MESSAGE_BYTES,
             **client_kwargs(settings),

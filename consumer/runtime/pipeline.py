@@ -343,10 +343,10 @@ class Pipeline:
                 if isinstance(exc, RateLimited):
                     # the provider's bucket is empty: the mirror restarts from there
                     tier.limiter.note_budget(exc.hint, token, rejected=True)
-                if isinstance(exc, RateLimited) and exc.hint.retry_after_s:
-                    # the provider said when it takes requests again: nobody on this tier
-                    # should try before then (the limit alone bounds concurrency, not rate)
-                    tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
+                    if exc.hint.retry_after_s:
+                        # the provider said when it takes requests again: nobody on this tier
+                        # should try before then (the limit alone bounds concurrency, not rate)
+                        tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
                 self._telemetry.record_error(span, exc)
                 step = plan.on_error(req, exc)
             except Exception as exc:  # an adapter bug must not lose jobs: treat as a retryable failure
@@ -381,7 +381,7 @@ class Pipeline:
     def _expire(self, tier: TierRuntime, plan: RequestPlan, req: PlannedRequest) -> bool:
         """Dead-letter members whose deadline passed before `req` goes out; True: nothing left to send."""
         now_s = self._clock()
-        expired = [m for m in req.members if (d := _ctx(m).deadline_s) is not None and now_s >= d]
+        expired = [m for m in req.members if _past_deadline(_ctx(m), now_s)]
         if not expired:
             return False
         step = plan.cancel(
