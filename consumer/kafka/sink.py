@@ -240,6 +240,18 @@ def _append(batch: Any, record: OutRecord) -> Any:
     return batch.append(key=record.key, value=record.value, timestamp=None, headers=list(record.headers))
 
 
+def _producer_dead(producer: AIOKafkaProducer | None) -> bool:
+    """True when the producer's sender routine has ended: it never sends again.
+
+    aiokafka ends it on an error it does not expect (e.g. the group coordinator's connection
+    closing during a transactional offset commit) and leaves the producer in FATAL_ERROR;
+    no public API says so, hence the private attribute.
+    """
+    sender = getattr(producer, "_sender", None)
+    task = getattr(sender, "sender_task", None)
+    return task is not None and task.done()
+
+
 M = TypeVar("M")
 
 
@@ -453,8 +465,37 @@ class ExactlyOnceSink(_SinkBase):
                 await self._drop(tp)
             except Exception as exc:
                 error = error or exc
+                if _producer_dead(self._producers.get(tp)):
+                    await self._replace_producer(tp)
         if error is not None:
             raise error
+
+    async def _replace_producer(self, tp: TopicPartition) -> None:
+        """A new producer for a partition this instance still owns, whose producer died.
+
+        Its start() takes over the transactional id (the dead one's open transaction is
+        aborted); the partition's outcomes stay in memory and go out in the next transaction.
+        While the brokers are unreachable the start fails and the next round tries again.
+        """
+        lock = self._locks.get(tp)
+        old = self._producers.get(tp)
+        if lock is None or old is None:
+            return
+        async with lock:
+            if not self._owns(tp, old):
+                return
+            new = self._make_producer(transactional_id=self.transactional_id(tp))
+            try:
+                await new.start()
+            except Exception:
+                log.warning("%s: replacing its dead producer failed; retrying", tp, exc_info=True)
+                with contextlib.suppress(Exception):
+                    await new.stop()
+                return
+            self._producers[tp] = new
+        log.warning("%s: producer %s had died; replaced it", tp, self.transactional_id(tp))
+        with contextlib.suppress(Exception):  # dead: it may not close cleanly
+            await old.stop()
 
     async def _drop(self, tp: TopicPartition) -> None:
         """Forget a partition this instance no longer owns and close its producer."""

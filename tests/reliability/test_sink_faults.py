@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import types
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -61,7 +62,15 @@ class FakeTxnProducer:
         self.stopped = False
         self.gate: asyncio.Event | None = None  # when set, a transaction waits for it to open
         self.used_after_stop = False
+        self.dead = False
         self._staged: list[tuple[str, bytes]] = []
+
+    def die(self) -> None:
+        """End the sender routine, as aiokafka does on an error it does not expect."""
+        self.dead = True
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ended.set_result(None)
+        self._sender = types.SimpleNamespace(sender_task=ended)
 
     async def start(self) -> None:
         pass
@@ -76,6 +85,8 @@ class FakeTxnProducer:
             await asyncio.Event().wait()
         if self.gate is not None:
             await self.gate.wait()
+        if self.dead:  # like aiokafka once its sender routine ended: FATAL_ERROR for good
+            raise AssertionError("Invalid state transition FATAL_ERROR -> IN_TRANSACTION")
         self._staged = []
         yield  # an exception inside aborts: nothing staged becomes visible
         self.committed += self._staged
@@ -328,3 +339,22 @@ async def test_outcomes_wait_out_a_metadata_failure_and_go_out_after_it() -> Non
     sink, commits = await _deliver_all(producer, range(4))
     assert sink.inflight() == 0 and commits[-1] == {TopicPartition(TOPIC, 0): 4}
     assert sorted(producer.acked) == sorted(f"result-{o}".encode() for o in range(4))  # type: ignore[type-var]
+
+
+async def test_a_dead_transactional_producer_is_replaced_and_its_outcomes_commit() -> None:
+    factory = FakeFactory()
+    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    tp = TopicPartition(TOPIC, 0)
+    await sink.on_assigned({tp})
+    dead = factory.made[sink.transactional_id(tp)]
+    dead.die()
+    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+
+    with pytest.raises(AssertionError):  # this round fails on the dead producer ...
+        await sink.flush(timeout_s=0)
+    fresh = factory.made[sink.transactional_id(tp)]
+    assert fresh is not dead and dead.stopped, "the dead producer was not replaced"
+    await sink.flush(timeout_s=1)  # ... the next commits the kept outcome with the new one
+    assert fresh.committed == [("results", b"result-0")]
+    assert fresh.offsets == [{tp: 1}]
+    assert dead.committed == []
