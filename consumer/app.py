@@ -185,7 +185,7 @@ async def run_service(
     make_producer = kafka_producer_factory(settings, client_id=f"promptbus-{instance}")
     sink: OutcomeSink
     if settings.processing_guarantee == "exactly_once":
-        sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit)
+        sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit, intake.rejoin)
     else:
         sink = AtLeastOnceSink(make_producer(transactional_id=None), intake.commit)
     side_producer = make_producer(transactional_id=None)

@@ -191,6 +191,9 @@ class Settings(BaseSettings):
     max_job_bytes: int = Field(1024 * 1024, ge=1)
     shutdown_timeout_s: float = Field(30.0, ge=0)
     revoke_timeout_s: float = Field(10.0, ge=0)
+    #: exactly_once: the broker aborts a transaction open longer than this and fences its
+    #: producer (the partition is then assigned afresh). Transactions close every 0.2 s.
+    transaction_timeout_s: float = Field(60.0, gt=0)
     topic_partitions: int = Field(4, ge=1)
     topic_replication: int = Field(1, ge=1)
     metrics_port: int | None = None

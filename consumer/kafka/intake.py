@@ -102,10 +102,21 @@ class KafkaIntake:
             **client_kwargs(settings),
         )
         self._next_offset: dict[TopicPartition, int] = {}
+        self._listener: _Listener | None = None
 
     async def start(self, handler: RebalanceHandler) -> None:
-        self._consumer.subscribe([self._topic], listener=_Listener(handler, self._forget_positions))
+        self._listener = _Listener(handler, self._forget_positions)
+        self._consumer.subscribe([self._topic], listener=self._listener)
         await self._consumer.start()
+
+    def rejoin(self) -> None:
+        """Ask the group for a new assignment: a rebalance revokes every partition (the
+        handler's `on_revoked`) and assigns them afresh, read from their committed offsets.
+
+        Subscribing again is aiokafka's public way to make its coordinator rejoin the group.
+        """
+        log.info("rejoining group %s for a new assignment", self.group_id)
+        self._consumer.subscribe([self._topic], listener=self._listener)
 
     async def stop(self) -> None:
         await self._consumer.stop()

@@ -6,8 +6,9 @@ the commit function, so each fault happens exactly where the test puts it:
 
 - a revoke whose last commit fails (the group moved on) must still forget the partition, or
   a reassignment that reads it again from the committed offset would be rejected;
-- an exactly_once producer fenced by a newer owner of its partition (this instance is a
-  zombie) drops that partition's outcomes and must not hold back the other partitions;
+- an exactly_once producer fenced (a newer owner of its partition, or a transaction the
+  broker timed out) drops that partition's outcomes, asks the group for a new assignment,
+  and must not hold back the other partitions;
 - a revoke that closes a partition's producer while the commit loop waits to use it must
   not hand the closed producer to the commit loop (aiokafka never ends a transaction on a
   stopped producer: the commit loop, and every partition's commits, would hang for good);
@@ -121,6 +122,20 @@ class FakeFactory:
         return producer
 
 
+class Rejoins:
+    """The intake's `rejoin`: counts the new assignments the sink asked the group for."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+def eos_sink(factory: FakeFactory, rejoin: Rejoins | None = None) -> ExactlyOnceSink:
+    return ExactlyOnceSink(factory, GROUP, commit=None, rejoin=rejoin or Rejoins())  # type: ignore[arg-type]
+
+
 def outcome(offset: int) -> Sequence[OutRecord]:
     return [OutRecord("results", f"job-{offset}".encode(), f"result-{offset}".encode())]
 
@@ -158,7 +173,7 @@ async def test_revoke_forgets_the_partition_even_when_its_last_commit_fails() ->
 
 async def test_exactly_once_revoke_closes_producers_even_when_the_commit_fails() -> None:
     factory = FakeFactory()
-    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    sink = eos_sink(factory)
     tp = TopicPartition(TOPIC, 0)
     await sink.on_assigned({tp})
     producer = factory.made[sink.transactional_id(tp)]
@@ -179,7 +194,8 @@ async def test_exactly_once_revoke_closes_producers_even_when_the_commit_fails()
 
 async def test_a_fenced_partition_is_dropped_and_the_others_keep_committing() -> None:
     factory = FakeFactory()
-    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    rejoins = Rejoins()
+    sink = eos_sink(factory, rejoins)
     tps = [TopicPartition(TOPIC, p) for p in range(3)]
     await sink.on_assigned(set(tps))
     fenced = factory.made[sink.transactional_id(tps[0])]
@@ -196,6 +212,9 @@ async def test_a_fenced_partition_is_dropped_and_the_others_keep_committing() ->
     await sink.flush(timeout_s=0.2)  # raises nothing: a fence is not retried
 
     assert fenced.committed == [] and fenced.stopped
+    # a fence may also be a transaction timeout while this instance still owns the partition:
+    # only a new assignment gives it a producer again
+    assert rejoins.count == 1, "a fenced partition did not ask the group for a new assignment"
     for tp in tps[1:]:
         producer = factory.made[sink.transactional_id(tp)]
         assert producer.offsets == [{tp: 2}], f"{tp} was held back by the fenced partition"
@@ -207,7 +226,7 @@ async def test_a_fenced_partition_is_dropped_and_the_others_keep_committing() ->
 
 async def test_an_ordinary_failure_on_one_partition_does_not_block_the_others() -> None:
     factory = FakeFactory()
-    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    sink = eos_sink(factory)
     tps = [TopicPartition(TOPIC, p) for p in range(2)]
     await sink.on_assigned(set(tps))
     failing = factory.made[sink.transactional_id(tps[0])]
@@ -227,7 +246,7 @@ async def test_an_ordinary_failure_on_one_partition_does_not_block_the_others() 
 
 async def test_a_commit_waiting_for_a_dropped_partition_never_uses_its_closed_producer() -> None:
     factory = FakeFactory()
-    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    sink = eos_sink(factory)
     tp = TopicPartition(TOPIC, 0)
     await sink.on_assigned({tp})
     old = factory.made[sink.transactional_id(tp)]
@@ -343,7 +362,7 @@ async def test_outcomes_wait_out_a_metadata_failure_and_go_out_after_it() -> Non
 
 async def test_a_dead_transactional_producer_is_replaced_and_its_outcomes_commit() -> None:
     factory = FakeFactory()
-    sink = ExactlyOnceSink(factory, GROUP, commit=None)  # type: ignore[arg-type]
+    sink = eos_sink(factory)
     tp = TopicPartition(TOPIC, 0)
     await sink.on_assigned({tp})
     dead = factory.made[sink.transactional_id(tp)]
