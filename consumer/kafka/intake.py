@@ -115,6 +115,8 @@ class KafkaIntake:
 
         Subscribing again is aiokafka's public way to make its coordinator rejoin the group.
         """
+        if self._listener is None:
+            return  # not started: the first join assigns afresh anyway
         log.info("rejoining group %s for a new assignment", self.group_id)
         self._consumer.subscribe([self._topic], listener=self._listener)
 
