@@ -1,7 +1,10 @@
 """`KafkaIntake.has_unfetched` against a real broker: rule 3 of the batching rules flushes a
 window as soon as nothing fetched-but-unrouted could still join it, so the intake must know
 when it has read everything — also when the jobs came from a transactional producer, whose
-commit marker takes an offset after the last record and is never returned as a record."""
+commit marker takes an offset after the last record and is never returned as a record.
+
+Also `KafkaIntake.rejoin`: the partitions are revoked, assigned again and read from their
+committed offsets (the exactly_once sink asks for it after a fence)."""
 
 from __future__ import annotations
 
@@ -24,13 +27,17 @@ POLL_S = 0.2
 
 
 class _Handler:
-    """Rebalance callbacks the intake calls; this test only reads."""
+    """Rebalance callbacks the intake calls; kept in order, to be read by the tests."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, set[TopicPartition]]] = []
 
     async def on_revoked(self, partitions: set[TopicPartition]) -> None:
-        return None
+        if partitions:  # aiokafka also revokes the empty set before its first join
+            self.calls.append(("revoked", partitions))
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
-        return None
+        self.calls.append(("assigned", partitions))
 
 
 async def _read_all(intake: KafkaIntake, expected: int) -> list[InRecord]:
@@ -79,5 +86,41 @@ async def test_nothing_unfetched_once_every_record_is_read(
             if not unfetched:
                 break
         assert not unfetched, "has_unfetched() stayed true after every record was read"
+    finally:
+        await intake.stop()
+
+
+async def test_rejoin_revokes_and_assigns_afresh_from_the_committed_offset(
+    kafka_bootstrap: str, create_topic: Callable[..., Awaitable[str]], topic_name: str
+) -> None:
+    """What the exactly_once sink relies on after a fence: the partition is revoked, assigned
+    again, and read again from its committed offset (here 2), not from where the intake was."""
+    await create_topic(topic_name, partitions=1)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for i in range(RECORDS):
+            await producer.send_and_wait(topic_name, f"job {i}".encode())
+    finally:
+        await producer.stop()
+    tp = TopicPartition(topic_name, 0)
+    settings = settings_from_env(service_env(kafka_bootstrap, PROMPTBUS_JOBS_TOPIC=topic_name))
+    handler = _Handler()
+    intake = KafkaIntake(settings, client_id="test-rejoin")
+    intake.rejoin()  # before start: nothing to rejoin, and no harm done
+    await intake.start(handler)
+    try:
+        assert len(await _read_all(intake, RECORDS)) == RECORDS
+        await intake.commit({tp: 2})
+        assert handler.calls == [("assigned", {tp})]
+
+        intake.rejoin()
+        again: list[InRecord] = []
+        for _ in range(MAX_POLLS):
+            again += await intake.poll(POLL_S, 500)
+            if len(again) >= RECORDS - 2:
+                break
+        assert handler.calls == [("assigned", {tp}), ("revoked", {tp}), ("assigned", {tp})]
+        assert [r.value for r in again] == [f"job {i}".encode() for i in range(2, RECORDS)]
     finally:
         await intake.stop()
