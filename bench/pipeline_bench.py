@@ -31,9 +31,12 @@ start`). Prints one JSON object on stdout; progress goes to stderr.
    continuously over `rate_window_s` (full at the start); an empty bucket answers 429 +
    Retry-After (the time until one request fits); every answer says what remains and when
    the bucket is full again. The ceiling is min(rpm/60, capacity*1000/latency_ms) requests/s.
+   A scenario with `tpm` limits tokens the same way (each request costs its input + output
+   tokens, ~len/4 each); its ceiling is tpm/60 over one request's tokens (measured with one
+   call before the run).
    The same unbatched jobs go through
      service    the service with its AIMD limiter (tier limiter aimd, initial 4, max 64),
-                which paces admissions by a mirror of the provider's bucket kept from those
+                which paces admissions by mirrors of the provider's buckets kept from those
                 headers (`consumer.core.pacing`);
      fixed16    16 workers calling the tier's adapter (`build_provider`) directly, honouring
                 Retry-After on 429;
@@ -638,33 +641,60 @@ async def direct_loop(
     return counts
 
 
+async def tokens_per_request(tier: TierConfig, job: dict[str, Any]) -> int:
+    """What one request for `job` costs the simulator's token bucket (its answer's usage)."""
+    client = make_http_client(tier)
+    provider = build_provider(TIER, tier, client)
+    try:
+        completion = await provider.complete(request_for(job, tier.model))
+    finally:
+        await provider.aclose()
+        await client.close()
+    return completion.usage.input_tokens + completion.usage.output_tokens
+
+
 async def limiter_scenario(
     args: argparse.Namespace, base: Settings, scenario: dict[str, Any]
 ) -> dict[str, Any]:
-    capacity, latency_ms, rpm = scenario["capacity"], scenario["latency_ms"], scenario["rpm"]
+    capacity, latency_ms = scenario["capacity"], scenario["latency_ms"]
+    rpm, tpm = scenario.get("rpm", 0), scenario.get("tpm", 0)
     window_s = scenario["rate_window_s"]
-    per_window = max(1, round(rpm / 60 * window_s))
-    ceiling = min(per_window / window_s, capacity * 1000.0 / latency_ms)
-    n = max(50, round(ceiling * args.limiter_run_s))
-    jobs = make_jobs(n, batched_share=0.0, seed=2)
+    per_window = max(1, round(rpm / 60 * window_s)) if rpm else 0
+    tokens_per_window = max(1, round(tpm / 60 * window_s)) if tpm else 0
     faults = {
         "seed": 1,
         "latency_ms": latency_ms,
         "jitter_ms": scenario.get("jitter_ms", 0),
         "capacity": capacity,
         "rpm": per_window,
+        "tpm": tokens_per_window,
         "rate_window_s": window_s,
-    }
-    out: dict[str, Any] = {
-        "simulator": faults,
-        "ceiling_per_s": round(ceiling, 2),
-        "ceiling_binding": "rpm" if per_window / window_s <= capacity * 1000.0 / latency_ms else "capacity",
-        "jobs": n,
-        "targets": {"rate_vs_ceiling": 0.95, "share_429": 0.03},
     }
     timeout_s = max(30.0, 4 * args.limiter_run_s)
     log_path = ROOT / f"bench/out/sim-limiter-{scenario['name']}.log"
     async with SimProcess(faults, log_path) as sim:
+        tiers = tier_dict(f"{sim.base}/v1", batching=False)
+        tier = TierConfig.model_validate(tiers["tiers"][TIER])
+        ceilings = {"capacity": capacity * 1000.0 / latency_ms}
+        if per_window:
+            ceilings["rpm"] = per_window / window_s
+        if tokens_per_window:
+            # every bench job costs the same tokens (same prompt, inputs of one length class)
+            tokens = await tokens_per_request(tier, make_jobs(1, batched_share=0.0, seed=2)[0])
+            ceilings["tpm"] = tokens_per_window / window_s / tokens
+        binding = min(ceilings, key=lambda k: ceilings[k])
+        ceiling = ceilings[binding]
+        n = max(50, round(ceiling * args.limiter_run_s))
+        jobs = make_jobs(n, batched_share=0.0, seed=2)
+        out: dict[str, Any] = {
+            "simulator": faults,
+            "ceiling_per_s": round(ceiling, 2),
+            "ceiling_binding": binding,
+            "jobs": n,
+            "targets": {"rate_vs_ceiling": 0.95, "share_429": 0.03},
+        }
+        if tokens_per_window:
+            out["tokens_per_request"] = tokens
         # the service (own topics: a fresh jobs topic with only these jobs)
         settings = variant_settings(base, f"lim-{scenario['name']}")
         settings = settings.model_copy(update={"jobs_topic": f"bench-lim-jobs-{uuid.uuid4().hex[:6]}"})
@@ -672,7 +702,6 @@ async def limiter_scenario(
         await submit_jobs(
             settings, (orjson.dumps(j) for j in jobs), key_of=lambda v: orjson.loads(v)["id"].encode()
         )
-        tiers = tier_dict(f"{sim.base}/v1", batching=False)
         await sim.reset()
         sampler = Sampler(sim)
 
@@ -699,7 +728,6 @@ async def limiter_scenario(
         out["service_trace"] = _trace(sampler.samples)
         _progress("limiter %s service: %s", scenario["name"], out["service"])
 
-        tier = TierConfig.model_validate(tiers["tiers"][TIER])
         # await-each can do at most one request per latency: give it about limiter_run_s of work
         n_each = min(n, max(50, round(1000.0 / latency_ms * args.limiter_run_s)))
         for name, conc, count in (("fixed16", 16, n), ("await_each", 1, n_each)):
@@ -793,7 +821,8 @@ def plot(result: dict[str, Any], path: Path) -> str:
         ax.axhline(sc["ceiling_per_s"], color="k", linestyle="--", label="ceiling")
         ax.set_xlabel("s")
         ax.set_ylabel("answered requests/s")
-        ax.set_title(f"{sc['name']}: capacity {sc['simulator']['capacity']}, {sc['rpm_per_min']} rpm")
+        limits = ", ".join(f"{sc[k]} {k[:3]}" for k in ("rpm_per_min", "tpm_per_min") if sc.get(k))
+        ax.set_title(f"{sc['name']}: capacity {sc['simulator']['capacity']}, {limits}")
         ax2 = ax.twinx()
         trace = sc.get("service_trace") or []
         ax2.step([r[0] for r in trace], [r[3] for r in trace], color="C0", alpha=0.4, where="post")
@@ -818,6 +847,8 @@ SCENARIOS = [
     {"name": "rpm1200", "capacity": 8, "latency_ms": 50, "rpm": 1200, "rate_window_s": 1.0},
     # a ceiling that needs real concurrency (~6 in flight) below the capacity of 8
     {"name": "rpm7200", "capacity": 8, "latency_ms": 50, "rpm": 7200, "rate_window_s": 1.0},
+    # a token limit only: 600 tokens/s, ~29 of these requests/s (they cost ~21 tokens each)
+    {"name": "tpm36000", "capacity": 8, "latency_ms": 50, "tpm": 36000, "rate_window_s": 1.0},
 ]
 
 
@@ -840,7 +871,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         result["limiter"] = []
         for scenario in SCENARIOS[: 1 if args.quick else None]:
             sc = await limiter_scenario(args, base, scenario)
-            result["limiter"].append({"name": scenario["name"], "rpm_per_min": scenario["rpm"], **sc})
+            limits = {f"{k}_per_min": scenario[k] for k in ("rpm", "tpm") if scenario.get(k)}
+            result["limiter"].append({"name": scenario["name"], **limits, **sc})
     result["bench_s"] = round(time.monotonic() - t0, 1)
     result["summary"] = summary(result)
     if args.plot:

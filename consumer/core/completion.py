@@ -10,6 +10,9 @@ from consumer.core.errors import RateLimitHint
 
 Role = Literal["system", "user", "assistant"]
 
+#: a common rule of thumb for English text with OpenAI's and Anthropic's tokenizers
+CHARS_PER_TOKEN = 4
+
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
@@ -33,6 +36,11 @@ class CompletionRequest:
     model: str
     options: Mapping[str, Any] = field(default_factory=dict)
     answer_schema: Mapping[str, Any] | None = None
+
+    def estimated_tokens(self) -> int:
+        """The prompt's tokens, roughly (4 characters each): what a token budget is paced by
+        before the answer says what the request really cost."""
+        return sum(len(m.content) for m in self.messages) // CHARS_PER_TOKEN + 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,9 @@ class RateLimitHint:
     retry_after_s: from Retry-After (seconds or HTTP-date) or retry-after-ms.
     remaining_requests / remaining_tokens: from x-ratelimit-remaining-* or
         anthropic-ratelimit-*-remaining.
-    reset_requests_s / reset_tokens_s: seconds until those budgets refill.
+    reset_requests_s / reset_tokens_s: seconds until those budgets are full again.
+    limit_requests / limit_tokens: the budgets' size, from x-ratelimit-limit-* or
+        anthropic-ratelimit-*-limit.
     """
 
     retry_after_s: float | None = None
@@ -63,6 +65,8 @@ class RateLimitHint:
     remaining_tokens: int | None = None
     reset_requests_s: float | None = None
     reset_tokens_s: float | None = None
+    limit_requests: int | None = None
+    limit_tokens: int | None = None
 
 
 class PromptbusError(Exception):

@@ -33,8 +33,12 @@ completely within about a round trip (a few requests of budget, long answers) yi
 the pacer then spends the bucket each time it is surely full: slower than the limit, without
 429s. Real limits are per minute, far longer than a round trip.
 
-Token budgets (TPM) are not mirrored: a request's token cost is not known before its answer;
-a TPM 429 still carries Retry-After, which pauses the tier.
+Token budgets (TPM) are mirrored by `TokenBudget`, more simply: the answers also say the
+token limit, so the refill rate is exact ((limit - remaining) / reset: a bucket refills at a
+constant rate and `reset` is the time until it is full), and only a request's cost is
+unknown before its answer. The caller estimates it; each hint replaces the mirror's level
+with what the provider counted, less the estimates of requests admitted after the hinted one,
+so an estimate's error lasts one round trip.
 
 Pure: the caller passes the clock (`now_s`, monotonic seconds); nothing sleeps.
 """
@@ -47,7 +51,7 @@ from dataclasses import dataclass
 
 from consumer.core.errors import RateLimitHint
 
-__all__ = ["BudgetPacer"]
+__all__ = ["BudgetPacer", "TokenBudget"]
 
 #: seconds to wait when the mirror is empty, no rate is known yet and the hint gave no reset
 FALLBACK_WAIT_S = 1.0
@@ -65,6 +69,8 @@ RATE_CUT_ON_429 = 0.9
 #: the resets of two hints must be this many round-trip jitters apart to give a rate
 JITTER_FACTOR = 20.0
 RTT_SMOOTHING = 0.1
+#: the share of a request's estimated tokens the token mirror must hold beyond them
+TOKEN_MARGIN = 0.5
 _EPSILON = 1e-9
 
 
@@ -298,3 +304,96 @@ class BudgetPacer:
             # comes from `remaining`) while a rate too high costs 429s.
             rate_per_s = min(rate_per_s, refilled / elapsed_s)
         self._rate_per_s = rate_per_s
+
+
+class TokenBudget:
+    """Mirror of a provider's token bucket (TPM), kept from the limit, remaining and reset of
+    its answers' token budget.
+
+    The caller numbers admissions as for `BudgetPacer`, passes each one's estimated cost in
+    tokens (`admit(seq, cost, now_s)`), reports each answer's budget (`observe`), and asks
+    `wait_s(cost, now_s)` before admitting a request of that cost: 0.0 means it fits now,
+    with TOKEN_MARGIN of it to spare. A cost above the limit is taken as the limit (it goes
+    when the bucket is full). With no
+    budget in the answers (no limit header, local servers) nothing is paced.
+    """
+
+    def __init__(self) -> None:
+        self._limit: float | None = None
+        self._rate_per_s: float | None = None
+        self._level = 0.0  # tokens at _level_s, before the pending admissions are taken
+        self._level_s = 0.0
+        self._newest_seq = -1
+        #: costs of admissions after the newest applied hint: the provider had not counted them
+        self._pending: dict[int, float] = {}
+
+    @property
+    def active(self) -> bool:
+        """True once an answer announced a token budget."""
+        return self._limit is not None
+
+    @property
+    def rate_per_s(self) -> float | None:
+        return self._rate_per_s
+
+    def level(self, now_s: float) -> float | None:
+        """Tokens the mirror holds at now_s (None: no budget known)."""
+        if self._limit is None:
+            return None
+        level = self._level
+        if self._rate_per_s is not None and now_s > self._level_s:
+            level = min(self._limit, level + self._rate_per_s * (now_s - self._level_s))
+        return level - sum(self._pending.values())
+
+    def wait_s(self, cost: float, now_s: float) -> float:
+        """Seconds until a request of `cost` tokens fits (0.0: now)."""
+        level = self.level(now_s)
+        if level is None or self._limit is None:
+            return 0.0
+        # a reserve of half the cost: an estimate too low by less than that still fits (the
+        # bucket is paced at its edge, where any shortfall is a 429); like the request mirror's
+        # margin, it costs no rate, only that reserve
+        need = min(cost * (1.0 + TOKEN_MARGIN), self._limit)
+        if level >= need - _EPSILON:
+            return 0.0
+        if not self._rate_per_s:
+            return FALLBACK_WAIT_S
+        return (need - level) / self._rate_per_s
+
+    def admit(self, seq: int, cost: float, now_s: float) -> None:
+        """Request `seq` (numbered from 1, increasing), estimated at `cost` tokens, went out."""
+        if self._limit is not None:
+            self._pending[seq] = cost
+
+    def forget(self, seq: int) -> None:
+        """Request `seq` was never counted (a 429, or never sent): its cost comes back."""
+        self._pending.pop(seq, None)
+
+    def observe(
+        self, hint: RateLimitHint | None, seq: int, admitted_s: float, *, rejected: bool = False
+    ) -> bool:
+        """Apply the token budget of request `seq`'s answer. True if applied.
+
+        rejected: the answer was a 429, so the provider did not count the request. A hint older
+        than the newest applied one is ignored (the newer one already counted more).
+        """
+        if rejected:
+            self.forget(seq)
+        if hint is None or hint.limit_tokens is None or hint.remaining_tokens is None:
+            return False
+        if seq <= self._newest_seq:
+            return False
+        limit = float(max(hint.limit_tokens, 1))
+        remaining = float(min(max(hint.remaining_tokens, 0), limit))
+        self._limit = limit
+        reset_s = hint.reset_tokens_s
+        if reset_s is not None and reset_s > 0 and remaining < limit:
+            self._rate_per_s = (limit - remaining) / reset_s
+        self._newest_seq = seq
+        # `remaining` is the level just after the provider counted `seq` (about its admission
+        # time); what was admitted after it is still to be taken
+        for pending_seq in [s for s in self._pending if s <= seq]:
+            del self._pending[pending_seq]
+        self._level = remaining
+        self._level_s = admitted_s
+        return True

@@ -4,8 +4,11 @@ Understood headers (names are case-insensitive):
 
     retry-after-ms                          milliseconds (OpenAI); wins over retry-after
     retry-after                             seconds ("2", "0.5") or an HTTP-date
+    x-ratelimit-limit-requests/-tokens      OpenAI, integers
     x-ratelimit-remaining-requests/-tokens  OpenAI, integers
     x-ratelimit-reset-requests/-tokens      OpenAI, Go-style durations: "1s", "6m0s", "20ms", "1h2m3.5s"
+    anthropic-ratelimit-requests-limit      Anthropic, integers
+    anthropic-ratelimit-tokens-limit        (falls back to -input-tokens-limit)
     anthropic-ratelimit-requests-remaining  Anthropic, integers
     anthropic-ratelimit-tokens-remaining    (falls back to -input-tokens-remaining)
     anthropic-ratelimit-requests-reset      Anthropic, RFC 3339 timestamps
@@ -125,6 +128,18 @@ def parse_rate_limit_headers(headers: Mapping[str, str], *, now_s: float) -> Rat
         )
     )
 
+    limit_requests = _int(_first(h, ("x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit")))
+    limit_tokens = _int(
+        _first(
+            h,
+            (
+                "x-ratelimit-limit-tokens",
+                "anthropic-ratelimit-tokens-limit",
+                "anthropic-ratelimit-input-tokens-limit",
+            ),
+        )
+    )
+
     reset_requests_s: float | None = None
     reset_tokens_s: float | None = None
     if "x-ratelimit-reset-requests" in h:
@@ -144,6 +159,8 @@ def parse_rate_limit_headers(headers: Mapping[str, str], *, now_s: float) -> Rat
         remaining_tokens=remaining_tokens,
         reset_requests_s=reset_requests_s,
         reset_tokens_s=reset_tokens_s,
+        limit_requests=limit_requests,
+        limit_tokens=limit_tokens,
     )
 
 

@@ -6,12 +6,17 @@ A caller acquires a `Token` before a provider call and ends it exactly once:
 429/529/503/timeout — the algorithm shrinks), or `ignore()` (a failure that says nothing
 about load, e.g. a 400). Waiters are served first-in first-out.
 
-Two things bound admission: the concurrency limit (AIMD, gradient or fixed) and, once a
-provider has sent rate-limit headers, a mirror of its request bucket (`BudgetPacer`): the
-caller reports each answer's `RateLimitHint` with its token (`note_budget(hint, token)`), and
-a request is admitted only when the mirror holds one; otherwise the oldest waiter is woken
-when it will. A concurrency limit alone cannot sit at a *rate* ceiling. `pause()` (Retry-After,
-quota) stops all admissions for a while on top of both.
+Three things bound admission: the concurrency limit (AIMD, gradient or fixed) and, once a
+provider has sent rate-limit headers, mirrors of its request bucket (`BudgetPacer`) and of
+its token bucket (`TokenBudget`): the caller reports each answer's `RateLimitHint` with its
+token (`note_budget(hint, token, used_tokens=...)`), and a request is admitted only when the
+mirrors hold one request and its estimated tokens; otherwise the oldest waiter is woken when
+they will. A concurrency limit alone cannot sit at a *rate* ceiling. `pause()` (Retry-After,
+quota) stops all admissions for a while on top of all of them.
+
+A request's tokens are estimated by the caller before it goes (`acquire(estimated_tokens)`,
+e.g. its prompt's characters / 4) and scaled by what answers actually cost against their
+estimates (the output, and the tokenizer's own count, are unknown in advance).
 """
 
 from __future__ import annotations
@@ -23,7 +28,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from consumer.core.errors import RateLimitHint
-from consumer.core.pacing import BudgetPacer
+from consumer.core.pacing import BudgetPacer, TokenBudget
+
+#: smoothing of the actual / estimated token cost of answered requests
+COST_RATIO_SMOOTHING = 0.2
+#: bounds of that ratio (an answer's usage may be missing or odd)
+COST_RATIO_MIN, COST_RATIO_MAX = 0.25, 8.0
 
 
 class LimitAlgorithm(Protocol):
@@ -37,15 +47,17 @@ class Token:
     """One slot of the limiter; end it exactly once.
 
     seq: admission number (1, 2, ...), so a hint from its answer can be placed in order;
-    started_s: admission time on the limiter's clock.
+    started_s: admission time on the limiter's clock;
+    estimated_tokens: the caller's estimate of the request's tokens (0: none).
     """
 
-    __slots__ = ("_done", "_limiter", "seq", "started_s")
+    __slots__ = ("_done", "_limiter", "estimated_tokens", "seq", "started_s")
 
-    def __init__(self, limiter: AsyncLimiter, started_s: float, seq: int) -> None:
+    def __init__(self, limiter: AsyncLimiter, started_s: float, seq: int, estimated_tokens: float) -> None:
         self._limiter = limiter
         self.started_s = started_s
         self.seq = seq
+        self.estimated_tokens = estimated_tokens
         self._done = False
 
     def success(self) -> None:
@@ -75,13 +87,17 @@ class AsyncLimiter:
         algorithm: LimitAlgorithm,
         clock: Callable[[], float] = time.monotonic,
         pacer: BudgetPacer | None = None,
+        tokens: TokenBudget | None = None,
     ) -> None:
         self._algorithm = algorithm
         self._clock = clock
         self._pacer = pacer if pacer is not None else BudgetPacer()
+        self._tokens = tokens if tokens is not None else TokenBudget()
+        self._cost_ratio = 1.0  # actual / estimated tokens of answered requests, smoothed
         self._inflight = 0
         self._seq = 0
-        self._waiters: collections.deque[asyncio.Future[Token]] = collections.deque()
+        #: (future, estimated tokens) per waiter, oldest first
+        self._waiters: collections.deque[tuple[asyncio.Future[Token], float]] = collections.deque()
         self._paused_until_s = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None
         self._wake_at_s = 0.0  # loop time the pending timer fires
@@ -108,9 +124,23 @@ class AsyncLimiter:
         return self._pacer
 
     @property
+    def tokens(self) -> TokenBudget:
+        """The mirror of the provider's token bucket (inactive until a budget arrives)."""
+        return self._tokens
+
+    @property
+    def cost_ratio(self) -> float:
+        """What answered requests cost in tokens against their estimates, smoothed."""
+        return self._cost_ratio
+
+    @property
     def pacing_wait_s(self) -> float:
-        """Seconds until the mirrored budget admits one more request (0.0: now)."""
+        """Seconds until the mirrored request budget admits one more request (0.0: now)."""
         return self._pacer.wait_s(self._clock())
+
+    def _budget_wait_s(self, estimated_tokens: float) -> float:
+        now_s = self._clock()
+        return max(self._pacer.wait_s(now_s), self._tokens.wait_s(estimated_tokens * self._cost_ratio, now_s))
 
     def pause(self, duration_s: float) -> None:
         """Admit nothing new for duration_s (quota exhausted, Retry-After): calls already running go on."""
@@ -122,19 +152,27 @@ class AsyncLimiter:
             self._wake_in(self.paused_for_s)
 
     def note_budget(
-        self, hint: RateLimitHint | None, token: Token | None = None, *, rejected: bool = False
+        self,
+        hint: RateLimitHint | None,
+        token: Token | None = None,
+        *,
+        rejected: bool = False,
+        used_tokens: int | None = None,
     ) -> None:
-        """Pace admissions by the request budget a provider announced with `token`'s answer.
+        """Pace admissions by the budgets a provider announced with `token`'s answer.
 
         token: the admission the answer belongs to (None: taken as the newest admission);
         rejected: the answer was a 429 (the provider did not count the request; its bucket
-        is empty). Hints older than the newest applied one are ignored.
+        is empty); used_tokens: what the answer says the request cost (its usage), which
+        corrects later estimates. Hints older than the newest applied one are ignored.
         """
         now_s = self._clock()
-        if token is None:
-            applied = self._pacer.observe(hint, self._seq, now_s, now_s, rejected=rejected)
-        else:
-            applied = self._pacer.observe(hint, token.seq, token.started_s, now_s, rejected=rejected)
+        seq, admitted_s = (self._seq, now_s) if token is None else (token.seq, token.started_s)
+        applied = self._pacer.observe(hint, seq, admitted_s, now_s, rejected=rejected)
+        applied = self._tokens.observe(hint, seq, admitted_s, rejected=rejected) or applied
+        if used_tokens and token is not None and token.estimated_tokens > 0:
+            ratio = min(max(used_tokens / token.estimated_tokens, COST_RATIO_MIN), COST_RATIO_MAX)
+            self._cost_ratio += (ratio - self._cost_ratio) * COST_RATIO_SMOOTHING
         if applied:
             self._wake()  # a larger budget may admit waiters now; a smaller one sets the timer
 
@@ -158,36 +196,43 @@ class AsyncLimiter:
         self._wake_timer = None
         self._wake()
 
-    def _admit(self) -> Token:
+    def _admit(self, estimated_tokens: float) -> Token:
         self._inflight += 1
         self._seq += 1
         now_s = self._clock()
         self._pacer.admit(self._seq, now_s)
-        return Token(self, now_s, self._seq)
+        self._tokens.admit(self._seq, estimated_tokens * self._cost_ratio, now_s)
+        return Token(self, now_s, self._seq, estimated_tokens)
 
-    async def acquire(self) -> Token:
-        """Wait for a slot: first come, first served; a released slot is handed to the oldest waiter."""
+    async def acquire(self, estimated_tokens: float = 0.0) -> Token:
+        """Wait for a slot: first come, first served; a released slot is handed to the oldest waiter.
+
+        estimated_tokens: the request's tokens as the caller estimates them (paces a token
+        budget; 0 when unknown).
+        """
         if (
             self._inflight < self.limit
             and not self._waiters
             and self.paused_for_s <= 0
-            and self._pacer.wait_s(self._clock()) <= 0
+            and self._budget_wait_s(estimated_tokens) <= 0
         ):
-            return self._admit()
+            return self._admit(estimated_tokens)
         fut: asyncio.Future[Token] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        waiter = (fut, estimated_tokens)
+        self._waiters.append(waiter)
         self._wake()  # a slot may be free with nothing in flight to release it (after a pause)
         try:
             return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 # a slot was handed to us that we will not use: pass it on; the provider will
-                # never count it, so the mirror must not wait for it either
+                # never count it, so the mirrors must not wait for it either
                 token = fut.result()
                 self._pacer.observe(None, token.seq, token.started_s, self._clock(), rejected=True)
+                self._tokens.forget(token.seq)
                 token.ignore()
-            elif fut in self._waiters:
-                self._waiters.remove(fut)
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
             raise
 
     def _release(self, started_s: float, *, dropped: bool, sample: bool) -> None:
@@ -198,15 +243,18 @@ class AsyncLimiter:
         self._wake()
 
     def _wake(self) -> None:
-        """Hand free slots to the oldest waiters (none while paused or while the budget is empty)."""
+        """Hand free slots to the oldest waiters (none while paused or while a budget is short)."""
         while self._waiters and self._inflight < self.limit:
             if self.paused_for_s > 0:
                 self._wake_in(self.paused_for_s)
                 return
-            wait_s = self._pacer.wait_s(self._clock())
+            fut, estimated_tokens = self._waiters[0]
+            if fut.done():  # cancelled while waiting
+                self._waiters.popleft()
+                continue
+            wait_s = self._budget_wait_s(estimated_tokens)
             if wait_s > 0:
                 self._wake_in(wait_s)
                 return
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(self._admit())
+            self._waiters.popleft()
+            fut.set_result(self._admit(estimated_tokens))

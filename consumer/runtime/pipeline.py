@@ -37,6 +37,7 @@ from consumer.core.window import BatchKey, CollectionWindows, Flush, batch_key_f
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.sink import OutcomeSink, Ticket
+from consumer.runtime.limiter import Token
 from consumer.runtime.outcomes import dead_letter_record, job_id_hint, result_record
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
@@ -317,7 +318,7 @@ class Pipeline:
         if self._expire(tier, plan, req):
             return
         request = self._build_request(tier, req)
-        token = await tier.limiter.acquire()
+        token = await tier.limiter.acquire(request.estimated_tokens())
         if self._expire(tier, plan, req):  # the deadline may pass while waiting for a slot
             token.ignore()
             return
@@ -355,7 +356,7 @@ class Pipeline:
                 step = plan.on_error(req, ServerError(f"unexpected {type(exc).__name__}", provider=tier.name))
             else:
                 token.success()
-                tier.limiter.note_budget(completion.rate_limit, token)
+                _note_answer(tier, token, completion)
                 step = plan.on_answer(req, completion.text, completion.finish_reason)
         self._apply_step(tier, plan, req, step, completion)
         if step.verdict is not None and key is not None:
@@ -399,17 +400,19 @@ class Pipeline:
     async def _verify_one(
         self, tier: TierRuntime, key: BatchKey, ctx: JobContext, batched: str, size: int
     ) -> None:
-        token = await tier.limiter.acquire()
+        request = CompletionRequest(ctx.messages, tier.config.model, ctx.options)
+        token = await tier.limiter.acquire(request.estimated_tokens())
         tier.stats.provider_requests += 1
         tier.stats.verify_requests += 1
         try:
-            completion = await tier.provider.complete(
-                CompletionRequest(ctx.messages, tier.config.model, ctx.options)
-            )
+            completion = await tier.provider.complete(request)
         except ProviderError as exc:
             token.dropped() if exc.overload else token.ignore()
+            if isinstance(exc, RateLimited):
+                tier.limiter.note_budget(exc.hint, token, rejected=True)
             return  # a failed verification says nothing about agreement
         token.success()
+        _note_answer(tier, token, completion)
         agreed = int(answers_agree(batched, completion.text))
         self._stats.agreement.record(tier.name, size, agreed, 1)
         tier.stats.verify_compared += 1
@@ -583,6 +586,14 @@ class Pipeline:
 
 def _ctx(member: Member) -> JobContext:
     return cast(JobContext, member.ref)  # every Member this pipeline makes refers to its JobContext
+
+
+def _note_answer(tier: TierRuntime, token: Token, completion: Completion) -> None:
+    """The answer's budgets and token usage pace the tier's next requests."""
+    usage = completion.usage
+    tier.limiter.note_budget(
+        completion.rate_limit, token, used_tokens=usage.input_tokens + usage.output_tokens
+    )
 
 
 def _past_deadline(ctx: JobContext, now_s: float) -> bool:

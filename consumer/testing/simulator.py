@@ -32,9 +32,11 @@ The prompt is the text of the LAST user message.
   finish_reason "length" / stop_reason "max_tokens".
 
 Faults (`SimulatorConfig`, seeded by `seed`) are decided per chat/messages request in this
-order: auth (401 when `api_key` is set and not presented), billing 429 (quota), rate limit 429
-(`rpm`/`tpm` per `rate_window_s`, each a token bucket refilled continuously, with
-Retry-After, retry-after-ms and x-ratelimit-* / anthropic-ratelimit-* headers), then the
+order: auth (401 when `api_key` is set and not presented), billing 429 (quota), a shared 429
+(`shared_429_rate`: another client of the key spent its budget, which no header announced;
+Retry-After only), rate limit 429 (`rpm`/`tpm` per `rate_window_s`, each a token bucket
+refilled continuously, with Retry-After, retry-after-ms and x-ratelimit-* /
+anthropic-ratelimit-* headers), then the
 request waits for a capacity slot and its latency, then drop (connection closed with no
 response), hang (sleeps `hang_s`), 5xx (500) and overload (503 OpenAI / 529 Anthropic).
 Batched answers may then be malformed (not JSON), truncated (cut JSON, finish_reason
@@ -73,6 +75,9 @@ from consumer.providers.ratelimit import format_duration
 
 log = logging.getLogger(__name__)
 
+#: the retry-after-ms of a shared 429 (Retry-After says 1 s: whole seconds, at least 1)
+SHARED_429_RETRY_MS = 200
+
 # ----------------------------------------------------------------------------------------------
 # configuration
 
@@ -99,6 +104,7 @@ class SimulatorConfig:
     missing_rate: float = 0.0
     extra_rate: float = 0.0
     billing_rate: float = 0.0
+    shared_429_rate: float = 0.0
     api_key: str | None = field(default=None, repr=False)
     ignore_structured: bool = False
     batch_delay_s: float = 0.0
@@ -166,6 +172,11 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         "extra_rate", ("extra", "extra_alias", "extra_rate"), "share of batched answers with an extra alias"
+    ),
+    Knob(
+        "shared_429_rate",
+        ("shared_429", "shared_429_rate"),
+        "share answered 429 + Retry-After though the buckets hold them (another client of the key)",
     ),
     Knob(
         "billing_rate",
@@ -509,6 +520,7 @@ class _Stats:
             "batched_requests",
             "status_429",
             "quota_429",
+            "shared_429",
             "status_5xx",
             "status_401",
             "hangs",
@@ -766,6 +778,21 @@ class SimulatorApp:
                 "You will regain access on 2099-01-01 at 00:00 UTC.",
             )
 
+        # drawn only when enabled: seeded runs without it keep their sequence of faults
+        if cfg.shared_429_rate and self.rng.random() < cfg.shared_429_rate:
+            counters["shared_429"] += 1
+            retry = {"retry-after": "1"}
+            if kind == "openai":
+                retry["retry-after-ms"] = str(SHARED_429_RETRY_MS)
+            return self._error(
+                kind,
+                429,
+                "rate_limit_error" if kind == "anthropic" else "requests",
+                "Rate limit reached: the key's budget was spent by another client. Please try again "
+                f"in {SHARED_429_RETRY_MS / 1000:g}s.",
+                code="rate_limit_exceeded",
+                headers=retry,
+            )
         prompt, schema, tool, all_text = _request_view(body, kind, ignore_structured=cfg.ignore_structured)
         if schema is not None:
             counters["structured_requests"] += 1

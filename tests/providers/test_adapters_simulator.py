@@ -232,8 +232,27 @@ async def test_tpm_limit() -> None:
             with pytest.raises(RateLimited) as info:
                 await provider.complete(req("Classify:\n" + "long input " * 20))
             assert info.value.hint.remaining_tokens == 20
+            assert info.value.hint.limit_tokens == 20
         finally:
             await provider.aclose()
+
+
+@pytest.mark.parametrize(("kind", "retry_after_s"), [("openai", 0.2), ("anthropic", 1.0)])
+async def test_a_shared_429_has_retry_after_and_no_budget(kind: str, retry_after_s: float) -> None:
+    """Another client spent the key's budget: a 429 with Retry-After that no header announced
+    (and the buckets are not charged for it)."""
+    async with simulator(SimulatorConfig(shared_429_rate=1.0, rpm=10, rate_window_s=60)) as (url, _):
+        provider = make(kind, url)
+        try:
+            with pytest.raises(RateLimited) as info:
+                await provider.complete(req("Classify:\nx"))
+        finally:
+            await provider.aclose()
+        hint = info.value.hint
+        assert hint.retry_after_s == pytest.approx(retry_after_s)
+        assert hint.remaining_requests is None and hint.remaining_tokens is None
+        counters = await stats(url)
+        assert counters["shared_429"] == 1 and counters["status_429"] == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)

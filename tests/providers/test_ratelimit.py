@@ -71,6 +71,8 @@ def test_retry_after_ms_wins() -> None:
 def test_openai_headers() -> None:
     headers = CIMultiDict(  # aiohttp's header type; names in any case
         {
+            "X-RateLimit-Limit-Requests": "60",
+            "x-ratelimit-limit-tokens": "150000",
             "X-RateLimit-Remaining-Requests": "59",
             "x-ratelimit-remaining-tokens": "149000",
             "x-ratelimit-reset-requests": "1s",
@@ -84,6 +86,7 @@ def test_openai_headers() -> None:
     assert hint.remaining_tokens == 149000
     assert hint.reset_requests_s == 1.0
     assert hint.reset_tokens_s == 360.0
+    assert (hint.limit_requests, hint.limit_tokens) == (60, 150000)
 
 
 def test_anthropic_headers() -> None:
@@ -93,6 +96,8 @@ def test_anthropic_headers() -> None:
         return datetime.fromtimestamp(NOW_S + offset_s, UTC).isoformat().replace("+00:00", "Z")
 
     headers = {
+        "anthropic-ratelimit-requests-limit": "50",
+        "anthropic-ratelimit-input-tokens-limit": "40000",
         "anthropic-ratelimit-requests-remaining": "3",
         "anthropic-ratelimit-requests-reset": at(4),
         "anthropic-ratelimit-input-tokens-remaining": "1000",
@@ -105,6 +110,7 @@ def test_anthropic_headers() -> None:
     assert hint.reset_requests_s == pytest.approx(4.0)
     assert hint.reset_tokens_s == pytest.approx(9.0)
     assert hint.retry_after_s == pytest.approx(4.0)
+    assert (hint.limit_requests, hint.limit_tokens) == (50, 40000)
 
 
 def test_garbage_is_ignored() -> None:

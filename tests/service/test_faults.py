@@ -27,10 +27,10 @@ STORM = SimulatorConfig(
     error_rate=0.05,
     overload_rate=0.03,
     rpm=40,
-    # the limiter paces by the announced request budget, so rpm alone may end without a 429;
-    # token budgets are not paced (a request's cost is unknown before it is sent): this one
-    # keeps 429s + Retry-After in the storm (measured 17-70 per run)
     tpm=3000,
+    # the limiter paces by the announced request and token budgets, so these may end without
+    # a 429; a key shared with another client keeps 429s + Retry-After in the storm
+    shared_429_rate=0.03,
     rate_window_s=1.0,
     hang_rate=0.01,
     hang_s=30,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
@@ -83,6 +85,21 @@ async def test_announced_request_budget_paces_admissions() -> None:
     assert limiter.pacing_wait_s == pytest.approx(5.0, abs=0.01)
 
 
+async def drive(
+    client: Coroutine[Any, Any, None], limiter: AsyncLimiter, clock: list[float], *, run_s: float
+) -> None:
+    """Run `client` while the fake clock advances in 5 ms steps, up to run_s (bounded)."""
+    task = asyncio.create_task(client)
+    for _ in range(round(run_s / 0.005)):
+        if task.done():
+            break
+        clock[0] = round(clock[0] + 0.005, 3)
+        limiter._wake()  # the limiter's timers run on the loop's clock, not the fake one
+        for _ in range(3):
+            await asyncio.sleep(0)
+    await asyncio.wait_for(task, timeout=5)
+
+
 def _hint(bucket: TokenBucket) -> RateLimitHint:
     """What the simulator's headers say about `bucket` (remaining rounded down, reset in ms)."""
     return RateLimitHint(
@@ -114,15 +131,7 @@ async def test_admission_spacing_follows_the_hinted_rate() -> None:
             token.success()
             limiter.note_budget(_hint(bucket), token)
 
-    task = asyncio.create_task(client())
-    for _ in range(2000):  # 10 s of the fake clock in 5 ms steps
-        if task.done():
-            break
-        clock[0] = round(clock[0] + 0.005, 3)
-        limiter._wake()
-        for _ in range(3):
-            await asyncio.sleep(0)
-    await asyncio.wait_for(task, timeout=5)
+    await drive(client(), limiter, clock, run_s=10.0)
     assert refused == 0
     assert admitted_at[:4] == [admitted_at[0]] * 4, "the full bucket's burst goes at once"
     steady = admitted_at[10:]
@@ -191,3 +200,43 @@ async def test_a_cancelled_waiter_hands_its_slot_on() -> None:
     assert limiter.inflight == 1
     token.success()
     assert limiter.inflight == 0 and limiter.waiting == 0
+
+
+async def test_a_token_budget_paces_by_estimates_corrected_by_usage() -> None:
+    """Requests estimated at 10 tokens that really cost 20, against a bucket of 200 tokens
+    refilled at 100/s (a token limit only): the limiter learns the 2x from the answers' usage
+    and settles at 5 requests a second without refusals after the first answers."""
+    clock = [0.0]
+    limiter = AsyncLimiter(FixedLimit(64), clock=lambda: clock[0])
+    bucket = TokenBucket()
+    admitted_at: list[float] = []
+    refused_once_paced = 0
+
+    def hint() -> RateLimitHint:
+        return RateLimitHint(
+            limit_tokens=200,
+            remaining_tokens=math.floor(bucket.level),
+            reset_tokens_s=round(bucket.full_in_s(), 3),
+        )
+
+    async def client() -> None:
+        nonlocal refused_once_paced
+        for _ in range(60):
+            paced = limiter.tokens.active
+            token = await limiter.acquire(estimated_tokens=10)
+            admitted_at.append(clock[0])
+            bucket.configure(200, 2.0, clock[0])
+            if not bucket.holds(20):
+                refused_once_paced += paced
+                token.dropped()
+                limiter.note_budget(hint(), token, rejected=True)
+                continue
+            bucket.take(20)
+            token.success()
+            limiter.note_budget(hint(), token, used_tokens=20)
+
+    await drive(client(), limiter, clock, run_s=20.0)
+    assert limiter.cost_ratio == pytest.approx(2.0, rel=0.05)
+    assert refused_once_paced == 0
+    steady = admitted_at[20:]
+    assert (steady[-1] - steady[0]) / (len(steady) - 1) == pytest.approx(0.2, rel=0.1)

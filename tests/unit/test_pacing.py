@@ -1,4 +1,5 @@
-"""BudgetPacer: a mirror of a provider's request bucket kept from rate-limit hints (fake clock)."""
+"""BudgetPacer and TokenBudget: mirrors of a provider's request and token buckets kept from
+rate-limit hints (fake clock)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from consumer.core.errors import RateLimitHint
-from consumer.core.pacing import FALLBACK_WAIT_S, BudgetPacer
+from consumer.core.pacing import FALLBACK_WAIT_S, BudgetPacer, TokenBudget
 
 
 @dataclass
@@ -276,3 +277,118 @@ def test_a_429_the_mirror_did_not_expect_lowers_the_rate() -> None:
     pacer.observe(hint, 21, 0.0, 0.001, rejected=True)
     assert pacer.rate_per_s == pytest.approx(20.0 * 0.9, rel=0.02)
     assert pacer.level(0.001) == pytest.approx(0.0, abs=0.05)
+
+
+# ---------------------------------------------------------------------------- TokenBudget
+
+
+def _tokens_hint(limit: int, remaining: float, reset_s: float) -> RateLimitHint:
+    return RateLimitHint(limit_tokens=limit, remaining_tokens=math.floor(remaining), reset_tokens_s=reset_s)
+
+
+def test_a_token_budget_without_a_limit_paces_nothing() -> None:
+    budget = TokenBudget()
+    assert budget.wait_s(10_000, 0.0) == 0.0
+    assert not budget.observe(RateLimitHint(remaining_tokens=5, reset_tokens_s=1.0), 1, 0.0)
+    assert budget.wait_s(10_000, 0.0) == 0.0 and not budget.active
+
+
+def test_the_token_rate_comes_from_limit_remaining_and_reset() -> None:
+    budget = TokenBudget()
+    budget.admit(1, 30.0, 0.0)
+    # 100 tokens at most, 40 left, full again in 3 s: it refills 20 tokens a second
+    assert budget.observe(_tokens_hint(100, 40, 3.0), 1, 0.0)
+    assert budget.rate_per_s == pytest.approx(20.0)
+    # a request must fit with half its estimate to spare
+    assert budget.wait_s(26, 0.0) == 0.0
+    assert budget.wait_s(30, 0.0) == pytest.approx(0.25)
+    assert budget.wait_s(30, 0.25) == 0.0
+    assert budget.level(10.0) == 100.0, "never above the limit"
+
+
+def test_requests_admitted_after_the_hinted_one_take_their_estimates() -> None:
+    budget = TokenBudget()
+    budget.admit(1, 10.0, 0.0)
+    budget.observe(_tokens_hint(100, 90, 0.5), 1, 0.0)
+    budget.admit(2, 30.0, 0.0)
+    budget.admit(3, 30.0, 0.0)
+    assert budget.level(0.0) == pytest.approx(30.0)
+    # the answer to 2 counted it (it cost 20, not 30); 3 is still an estimate
+    budget.observe(_tokens_hint(100, 70, 1.5), 2, 0.0)
+    assert budget.level(0.0) == pytest.approx(40.0)
+    assert not budget.observe(_tokens_hint(100, 0, 5.0), 1, 0.0), "an older hint changed the level"
+    assert budget.level(0.0) == pytest.approx(40.0)
+
+
+def test_a_rejected_request_gives_back_its_estimate() -> None:
+    budget = TokenBudget()
+    budget.admit(1, 10.0, 0.0)
+    budget.observe(_tokens_hint(100, 50, 2.5), 1, 0.0)
+    budget.admit(2, 40.0, 0.0)
+    assert budget.level(0.0) == pytest.approx(10.0)
+    budget.observe(None, 2, 0.0, rejected=True)  # a 429 without headers: not counted
+    assert budget.level(0.0) == pytest.approx(50.0)
+
+
+def test_a_cost_above_the_limit_waits_for_a_full_bucket_not_forever() -> None:
+    budget = TokenBudget()
+    budget.admit(1, 10.0, 0.0)
+    budget.observe(_tokens_hint(100, 0, 5.0), 1, 0.0)
+    assert budget.wait_s(500, 0.0) == pytest.approx(5.0)
+    assert budget.wait_s(500, 5.0) == 0.0
+
+
+def run_token_loop(
+    tpm_per_s: float, limit: int, error: float, seed: int, run_s: float = 30.0
+) -> tuple[int, int]:
+    """A client with work always ready (requests of 20..200 tokens, estimated up to `error`
+    off either way), paced only by a TokenBudget, against a token bucket that charges the true
+    cost at admission (as the simulator does); answers after 50 ms. Returns (answered,
+    rejected once paced)."""
+    rng = random.Random(seed)
+    level, at_s = float(limit), 0.0
+    budget = TokenBudget()
+    answers: list[tuple[float, int, float, bool, RateLimitHint, bool]] = []
+    now_s, seq, answered, rejected, inflight = 0.0, 0, 0, 0, 0
+    cost = rng.randint(20, 200)
+    for _ in range(200_000):  # bounded
+        if now_s >= run_s:
+            break
+        estimate = cost * (1 + rng.uniform(-error, error))
+        wait_s = budget.wait_s(estimate, now_s)
+        if wait_s <= 0 and inflight < 64:
+            seq += 1
+            inflight += 1
+            budget.admit(seq, estimate, now_s)
+            level, at_s = min(limit, level + (now_s - at_s) * tpm_per_s), now_s
+            ok = level >= cost
+            if ok:
+                level -= cost
+            hint = _tokens_hint(limit, level, round((limit - level) / tpm_per_s, 3))
+            heapq.heappush(answers, (now_s + (0.05 if ok else 0.001), seq, now_s, ok, hint, budget.active))
+            cost = rng.randint(20, 200)
+            continue
+        next_s = now_s + wait_s if wait_s > 0 else math.inf
+        if answers and answers[0][0] <= next_s:
+            back_s, s, admitted_s, ok, hint, paced = heapq.heappop(answers)
+            now_s = back_s
+            inflight -= 1
+            budget.observe(hint, s, admitted_s, rejected=not ok)
+            answered += ok
+            rejected += not ok and paced
+        else:
+            now_s = next_s
+    return answered, rejected
+
+
+@pytest.mark.parametrize(
+    ("tpm_per_s", "limit", "error"), [(1000.0, 1000, 0.0), (1000.0, 1000, 0.3), (200.0, 2000, 0.3)]
+)
+def test_a_token_paced_client_uses_the_budget_with_few_429s(
+    tpm_per_s: float, limit: int, error: float
+) -> None:
+    answered, rejected = run_token_loop(tpm_per_s, limit, error, seed=1)
+    mean_cost = 110.0
+    ceiling = (limit + tpm_per_s * 30.0) / mean_cost  # what 30 s of the bucket can pay for
+    assert answered >= 0.9 * ceiling
+    assert rejected <= 0.03 * (answered + rejected)
