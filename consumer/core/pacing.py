@@ -314,17 +314,20 @@ class TokenBudget:
     tokens (`admit(seq, cost, now_s)`), reports each answer's budget (`observe`), and asks
     `wait_s(cost, now_s)` before admitting a request of that cost: 0.0 means it fits now,
     with TOKEN_MARGIN of it to spare. A cost above the limit is taken as the limit (it goes
-    when the bucket is full). With no
-    budget in the answers (no limit header, local servers) nothing is paced.
+    when the bucket is full). An admission takes its cost from the mirror at once, which
+    refills at the provider's rate, so a request whose answer never says what it cost (a
+    timeout, a 5xx) holds nothing back for long. With no budget in the answers (no limit
+    header, local servers), or no refill rate learnt yet, nothing is paced.
     """
 
     def __init__(self) -> None:
         self._limit: float | None = None
         self._rate_per_s: float | None = None
-        self._level = 0.0  # tokens at _level_s, before the pending admissions are taken
+        self._level = 0.0  # tokens in the mirror at _level_s
         self._level_s = 0.0
         self._newest_seq = -1
-        #: costs of admissions after the newest applied hint: the provider had not counted them
+        #: estimated costs of admissions after the newest applied hint, oldest first: the
+        #: provider had not counted them when it answered (bounded: MAX_MARKS)
         self._pending: dict[int, float] = {}
 
     @property
@@ -337,18 +340,17 @@ class TokenBudget:
         return self._rate_per_s
 
     def level(self, now_s: float) -> float | None:
-        """Tokens the mirror holds at now_s (None: no budget known)."""
+        """Tokens the mirror holds at now_s (None: no budget known; negative: overspent)."""
         if self._limit is None:
             return None
-        level = self._level
-        if self._rate_per_s is not None and now_s > self._level_s:
-            level = min(self._limit, level + self._rate_per_s * (now_s - self._level_s))
-        return level - sum(self._pending.values())
+        if self._rate_per_s is None or now_s <= self._level_s:
+            return self._level
+        return min(self._limit, self._level + self._rate_per_s * (now_s - self._level_s))
 
     def wait_s(self, cost: float, now_s: float) -> float:
         """Seconds until a request of `cost` tokens fits (0.0: now)."""
         level = self.level(now_s)
-        if level is None or self._limit is None:
+        if level is None or self._limit is None or not self._rate_per_s:
             return 0.0
         # a reserve of half the cost: an estimate too low by less than that still fits (the
         # bucket is paced at its edge, where any shortfall is a 429); like the request mirror's
@@ -356,18 +358,23 @@ class TokenBudget:
         need = min(cost * (1.0 + TOKEN_MARGIN), self._limit)
         if level >= need - _EPSILON:
             return 0.0
-        if not self._rate_per_s:
-            return FALLBACK_WAIT_S
         return (need - level) / self._rate_per_s
 
     def admit(self, seq: int, cost: float, now_s: float) -> None:
         """Request `seq` (numbered from 1, increasing), estimated at `cost` tokens, went out."""
-        if self._limit is not None:
-            self._pending[seq] = cost
+        level = self.level(now_s)
+        if level is None:
+            return
+        self._level, self._level_s = level - cost, now_s
+        self._pending[seq] = cost
+        if len(self._pending) > MAX_MARKS:
+            del self._pending[next(iter(self._pending))]
 
     def forget(self, seq: int) -> None:
         """Request `seq` was never counted (a 429, or never sent): its cost comes back."""
-        self._pending.pop(seq, None)
+        cost = self._pending.pop(seq, None)
+        if cost is not None and self._limit is not None:
+            self._level = min(self._limit, self._level + cost)
 
     def observe(
         self, hint: RateLimitHint | None, seq: int, admitted_s: float, *, rejected: bool = False
@@ -391,9 +398,9 @@ class TokenBudget:
             self._rate_per_s = (limit - remaining) / reset_s
         self._newest_seq = seq
         # `remaining` is the level just after the provider counted `seq` (about its admission
-        # time); what was admitted after it is still to be taken
+        # time); the admissions after it are taken again from there, at their estimates
         for pending_seq in [s for s in self._pending if s <= seq]:
             del self._pending[pending_seq]
-        self._level = remaining
+        self._level = remaining - sum(self._pending.values())
         self._level_s = admitted_s
         return True

@@ -4,6 +4,7 @@ rate-limit hints (fake clock)."""
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import random
 from dataclasses import dataclass, replace
@@ -328,6 +329,32 @@ def test_a_rejected_request_gives_back_its_estimate() -> None:
     assert budget.level(0.0) == pytest.approx(10.0)
     budget.observe(None, 2, 0.0, rejected=True)  # a 429 without headers: not counted
     assert budget.level(0.0) == pytest.approx(50.0)
+
+
+def test_requests_whose_answers_say_nothing_hold_nothing_back_for_long() -> None:
+    """Timeouts and 5xx bring no budget: their estimates were taken from the mirror, which
+    refills at the provider's rate; they must not keep it empty for good."""
+    budget = TokenBudget()
+    budget.admit(1, 10.0, 0.0)
+    budget.observe(_tokens_hint(100, 90, 0.5), 1, 0.0)  # 20 tokens a second
+    now_s, admitted = 0.0, []
+    for seq in range(2, 40):  # requests of 30 tokens, none answered with a budget
+        now_s += budget.wait_s(30.0, now_s)
+        budget.admit(seq, 30.0, now_s)
+        admitted.append(now_s)
+    # after the first bucketful, one per 30 tokens of refill: 1.5 s apart, never stuck
+    gaps = [b - a for a, b in itertools.pairwise(admitted[5:])]
+    assert gaps == pytest.approx([1.5] * len(gaps))
+    assert budget.level(now_s + 10.0) == 100.0, "the mirror is full again once nothing is sent"
+
+
+def test_without_a_refill_rate_nothing_is_paced() -> None:
+    budget = TokenBudget()
+    budget.admit(1, 10.0, 0.0)
+    budget.observe(_tokens_hint(100, 100, 0.0), 1, 0.0)  # full, and no rate to learn from
+    budget.admit(2, 500.0, 0.0)
+    assert budget.active and budget.rate_per_s is None
+    assert budget.wait_s(50, 0.0) == 0.0
 
 
 def test_a_cost_above_the_limit_waits_for_a_full_bucket_not_forever() -> None:
