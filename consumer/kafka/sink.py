@@ -453,6 +453,7 @@ class ExactlyOnceSink(_SinkBase):
         # One partition's failure must not hold back the others: each commits on its own,
         # and the first error is raised once all were tried (the commit loop retries it).
         error: Exception | None = None
+        fenced = False
         ready = self._tracker.committable()
         for tp, next_offset in ready.items():
             if partitions is not None and tp not in partitions:
@@ -474,11 +475,13 @@ class ExactlyOnceSink(_SinkBase):
                     self.transactional_id(tp),
                 )
                 await self._drop(tp)
-                self._rejoin()
+                fenced = True
             except Exception as exc:
                 error = error or exc
                 if _producer_dead(self._producers.get(tp)):
                     await self._replace_producer(tp)
+        if fenced:
+            self._rejoin()  # once for the round: each rejoin would be another rebalance
         if error is not None:
             raise error
 

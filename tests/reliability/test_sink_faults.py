@@ -377,3 +377,20 @@ async def test_a_dead_transactional_producer_is_replaced_and_its_outcomes_commit
     assert fresh.committed == [("results", b"result-0")]
     assert fresh.offsets == [{tp: 1}]
     assert dead.committed == []
+
+
+async def test_partitions_fenced_in_one_round_ask_for_one_new_assignment() -> None:
+    factory = FakeFactory()
+    rejoins = Rejoins()
+    sink = eos_sink(factory, rejoins)
+    tps = [TopicPartition(TOPIC, p) for p in range(3)]
+    await sink.on_assigned(set(tps))
+    for tp in tps[:2]:
+        factory.made[sink.transactional_id(tp)].fail_with = ProducerFenced()
+    for tp in tps:
+        sink.deliver(sink.track(SourceOffset(TOPIC, tp.partition, 0)), outcome(0))
+
+    await sink.flush(timeout_s=0.2)
+
+    assert rejoins.count == 1, "each fenced partition asked for its own rebalance"
+    assert factory.made[sink.transactional_id(tps[2])].offsets == [{tps[2]: 1}]
