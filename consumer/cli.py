@@ -170,6 +170,16 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budget_text(tier: dict[str, Any]) -> str:
+    """The provider budgets the limiter paces by, when it learnt any."""
+    parts = []
+    if tier.get("budget_requests_per_s"):
+        parts.append(f"{tier['budget_requests_per_s']:g} req/s")
+    if tier.get("budget_tokens_per_s"):
+        parts.append(f"{tier['budget_tokens_per_s']:g} tokens/s")
+    return f" paced at {' and '.join(parts)}" if parts else ""
+
+
 def format_stats(merged: dict[str, Any]) -> str:
     lines = [
         f"instances: {merged['instances_live']} live, {merged['instances_seen']} seen",
@@ -182,7 +192,7 @@ def format_stats(merged: dict[str, Any]) -> str:
             f"tier {name}: requests={t.get('provider_requests', 0)} batched={t.get('batched_requests', 0)} "
             f"saved={t.get('requests_saved', 0)} reasks={t.get('reasks', 0)} splits={t.get('splits', 0)} "
             f"retries={t.get('retries', 0)} 429s={t.get('rate_limited', 0)} limit={t.get('limit', 0)} "
-            f"batch_size={t.get('batch_size', 0)}"
+            f"batch_size={t.get('batch_size', 0)}" + _budget_text(t)
         )
     for name, per_size in sorted(merged.get("agreement", {}).items()):
         parts = [

@@ -41,6 +41,8 @@ _TIER_GAUGES = {
     "inflight": "Provider requests in flight",
     "batch_size": "Current adaptive batch size",
     "paused_s": "Seconds left in a quota pause",
+    "budget_requests_per_s": "Refill rate of the provider's request budget, from its headers (0: none)",
+    "budget_tokens_per_s": "Refill rate of the provider's token budget, from its headers (0: none)",
 }
 
 

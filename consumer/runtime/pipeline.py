@@ -582,6 +582,8 @@ class Pipeline:
             tier.stats.limit = tier.limiter.limit
             tier.stats.inflight = tier.limiter.inflight
             tier.stats.paused_s = round(tier.limiter.paused_for_s, 3)
+            tier.stats.budget_requests_per_s = round(tier.limiter.pacer.rate_per_s or 0.0, 2)
+            tier.stats.budget_tokens_per_s = round(tier.limiter.tokens.rate_per_s or 0.0, 1)
 
 
 def _ctx(member: Member) -> JobContext:

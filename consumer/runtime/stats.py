@@ -36,6 +36,10 @@ class TierStats:
     inflight: int = 0
     batch_size: int = 0
     paused_s: float = 0.0
+    #: the refill rates of the provider's request and token budgets, as the limiter learnt
+    #: them from rate-limit headers (0: not known or not announced)
+    budget_requests_per_s: float = 0.0
+    budget_tokens_per_s: float = 0.0
 
     @property
     def requests_saved(self) -> int:
@@ -88,6 +92,9 @@ class ServiceStats:
 
 #: counters add up across instances; gauges are shown for live instances only (batch_size: the max)
 _GAUGES = {"limit", "inflight", "batch_size", "paused_s"}
+#: gauges that describe something shared (a tier's batch size, its API key's budgets): the
+#: largest live value, not a sum
+_SHARED_GAUGES = {"batch_size", "budget_requests_per_s", "budget_tokens_per_s"}
 
 
 def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_within_s: float) -> dict[str, Any]:
@@ -117,7 +124,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         for name, ts in snap.get("tiers", {}).items():
             agg = total["tiers"].setdefault(name, {})
             for k, v in ts.items():
-                if k == "batch_size":
+                if k in _SHARED_GAUGES:
                     agg[k] = max(agg.get(k, 0), v) if live else agg.get(k, 0)
                 elif k in _GAUGES:
                     if live:

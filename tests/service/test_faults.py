@@ -72,6 +72,9 @@ async def test_fault_storm_every_job_ends_exactly_once_with_its_own_answer(kafka
             assert dead["job"]["id"] == j["id"]
     tier = stats["tiers"]["small"]
     assert tier["rate_limited"] > 0, "the storm must have produced 429s"
+    # what the limiter learnt of the announced budgets (40 requests and 3,000 tokens a second)
+    assert 0 < tier["budget_requests_per_s"] <= 40 * 1.1
+    assert tier["budget_tokens_per_s"] == pytest.approx(3000, rel=0.05)
     assert tier["splits"] + tier["reasks"] > 0, "bad batched answers must have been split or re-asked"
     assert len(outcomes.results) >= 0.9 * len(jobs)
 

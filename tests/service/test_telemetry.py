@@ -98,4 +98,5 @@ async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_boo
     assert ready.status_code == 200
     assert 'promptbus_tier_provider_requests_total{tier="small"} 1.0' in metrics
     assert 'promptbus_tier_requests_saved_total{tier="small"} 2.0' in metrics
+    assert 'promptbus_tier_budget_tokens_per_s{tier="small"} 0.0' in metrics, "no budget announced"
     assert "promptbus_results_total 3.0" in metrics
