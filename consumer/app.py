@@ -21,13 +21,13 @@ from consumer.kafka.publisher import StatsPublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, make_http_client
-from consumer.runtime.metrics import MetricsServer, build_app
+from consumer.runtime.metrics import MetricsServer, build_app, register_otel_metrics
 from consumer.runtime.offline import BatchTracker, OfflineCollector
 from consumer.runtime.pipeline import Pipeline
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings, TierFile
-from consumer.telemetry import Telemetry
+from consumer.telemetry import Telemetry, meter_provider_from_env
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ async def run_service(
     *,
     stop: asyncio.Event | None = None,
     tracer_provider: Any = None,
+    meter_provider: Any = None,
     install_signal_handlers: bool = True,
     providers: dict[str, CompletionProvider] | None = None,
     on_started: Callable[[Service], None] | None = None,
@@ -175,6 +176,11 @@ async def run_service(
     instance = instance_id()
     stats = ServiceStats(instance=instance)
     telemetry = Telemetry(tracer_provider)
+    own_meter_provider = None  # made here from OTEL_* (an injected one stays its owner's)
+    if meter_provider is None:
+        meter_provider = own_meter_provider = meter_provider_from_env()
+    if meter_provider is not None:
+        register_otel_metrics(meter_provider, stats)
 
     report = await ensure_topics(settings)
     for topic, state in report.items():
@@ -240,5 +246,7 @@ async def run_service(
         for client in clients:
             await client.close()
         telemetry.shutdown()
+        if own_meter_provider is not None:
+            own_meter_provider.shutdown()  # exports what the last interval counted
     log.info("promptbus %s stopped", instance)
     return 0

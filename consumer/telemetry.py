@@ -5,7 +5,9 @@ Tracing is on when an exporter is configured (`OTEL_TRACES_EXPORTER=console`, or
 continues the `traceparent` its producer put in the record headers; results and dead letters
 carry the job span's `traceparent`. When tracing is off every method is a cheap no-op.
 
-Metrics are exported through OTel too when `OTEL_METRICS_EXPORTER` is set; they read the same
+Metrics are exported through OTel too when `OTEL_METRICS_EXPORTER` is set (`console`, or
+`otlp` when installed; every `OTEL_METRIC_EXPORT_INTERVAL` ms): `meter_provider_from_env`
+here, the instruments in `consumer.runtime.metrics.register_otel_metrics`, which read the same
 `ServiceStats` as Prometheus `/metrics` and `promptbus stats`.
 """
 
@@ -18,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from opentelemetry import propagate, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 from opentelemetry.trace import Link, Span, Status, StatusCode
@@ -45,6 +49,27 @@ def _tracer_provider_from_env() -> TracerProvider | None:
         log.warning("unknown OTEL_TRACES_EXPORTER %r; tracing stays off", exporter_name)
         return None
     return provider
+
+
+def meter_provider_from_env() -> MeterProvider | None:
+    """A MeterProvider exporting periodically, when OTEL_METRICS_EXPORTER names an exporter."""
+    exporter_name = os.environ.get("OTEL_METRICS_EXPORTER", "none").strip().lower()
+    if exporter_name in ("", "none"):
+        return None
+    if exporter_name == "console":
+        exporter: Any = ConsoleMetricExporter()
+    elif exporter_name == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        except ImportError:
+            log.warning("OTEL_METRICS_EXPORTER=otlp needs opentelemetry-exporter-otlp; OTel metrics stay off")
+            return None
+        exporter = OTLPMetricExporter()
+    else:
+        log.warning("unknown OTEL_METRICS_EXPORTER %r; OTel metrics stay off", exporter_name)
+        return None
+    # the reader takes its interval from OTEL_METRIC_EXPORT_INTERVAL (default 60 s)
+    return MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)])
 
 
 class Telemetry:

@@ -1,6 +1,7 @@
-"""Prometheus `/metrics`, `/healthz`, `/readyz`, served in the service's own event loop.
+"""Prometheus `/metrics`, `/healthz`, `/readyz`, served in the service's own event loop, and
+the same numbers as OpenTelemetry instruments (`register_otel_metrics`).
 
-The collector reads `ServiceStats` at scrape time, so counters have one source of truth.
+Both read `ServiceStats` when they are collected, so counters have one source of truth.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
+from opentelemetry.metrics import CallbackOptions, Observation
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -88,6 +90,49 @@ class StatsCollector(Collector):
             for tier, ts in sorted(s.tiers.items()):
                 gfam.add_metric([tier], getattr(ts, name))
             yield gfam
+
+
+def register_otel_metrics(meter_provider: Any, stats: ServiceStats) -> None:
+    """Observable OpenTelemetry instruments for what /metrics serves (dotted names, e.g.
+    `promptbus.tier.provider_requests` with a `tier` attribute), read at each export."""
+    meter = meter_provider.get_meter("promptbus")
+
+    def total(value_of: Callable[[], float]) -> list[Callable[[CallbackOptions], list[Observation]]]:
+        return [lambda _options: [Observation(value_of())]]
+
+    def per_tier(field: str) -> list[Callable[[CallbackOptions], list[Observation]]]:
+        return [
+            lambda _options: [
+                Observation(getattr(ts, field), {"tier": tier}) for tier, ts in sorted(stats.tiers.items())
+            ]
+        ]
+
+    def dead_letters(_options: CallbackOptions) -> list[Observation]:
+        return [Observation(n, {"kind": kind}) for kind, n in sorted(stats.dead_letters.items())]
+
+    meter.create_observable_counter(
+        "promptbus.items_in", total(lambda: stats.items_in), description="Input records read"
+    )
+    meter.create_observable_counter(
+        "promptbus.results", total(lambda: stats.results), description="Results published"
+    )
+    meter.create_observable_counter(
+        "promptbus.dead_letters", [dead_letters], description="Dead letters published"
+    )
+    meter.create_observable_gauge(
+        "promptbus.inflight_items",
+        total(lambda: stats.inflight),
+        description="Input records not yet committable",
+    )
+    meter.create_observable_gauge(
+        "promptbus.paused_partitions",
+        total(lambda: stats.paused_partitions),
+        description="Partitions paused by backpressure",
+    )
+    for name, help_text in _TIER_COUNTERS.items():
+        meter.create_observable_counter(f"promptbus.tier.{name}", per_tier(name), description=help_text)
+    for name, help_text in _TIER_GAUGES.items():
+        meter.create_observable_gauge(f"promptbus.tier.{name}", per_tier(name), description=help_text)
 
 
 def build_app(stats: ServiceStats, is_ready: Callable[[], bool]) -> Starlette:

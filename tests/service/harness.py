@@ -183,11 +183,13 @@ class InProcessService:
         tier_file: dict[str, Any],
         providers: dict[str, CompletionProvider] | None = None,
         tracer_provider: Any = None,
+        meter_provider: Any = None,
     ) -> None:
         self.settings = settings
         self.tier_file = parse_tier_file(tier_file)
         self.providers = providers
         self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
         self.stop = asyncio.Event()
         self.task: asyncio.Task[int] | None = None
         self.stats: Any = None
@@ -209,6 +211,7 @@ class InProcessService:
                 stop=self.stop,
                 providers=self.providers,
                 tracer_provider=self.tracer_provider,
+                meter_provider=self.meter_provider,
                 install_signal_handlers=False,
                 on_started=self._started,
             )

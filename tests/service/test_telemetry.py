@@ -1,4 +1,5 @@
-"""Tracing (traceparent continued, spans per job/request/provider call) and the metrics endpoints."""
+"""Tracing (traceparent continued, spans per job/request/provider call), the metrics endpoints
+and the same metrics through OpenTelemetry."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import httpx
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from consumer.telemetry import meter_provider_from_env
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
 from tests.service.harness import (
     InProcessService,
@@ -43,10 +47,15 @@ async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_boo
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
     jobs = [job(i, batch=True) for i in range(3)]
     async with SimulatorServer(SimulatorConfig()) as base_url:
         service = InProcessService(
-            settings, tier_file_dict(base_url + "/v1", max_items=3), tracer_provider=provider
+            settings,
+            tier_file_dict(base_url + "/v1", max_items=3),
+            tracer_provider=provider,
+            meter_provider=meters,
         )
         async with service:
             producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
@@ -68,6 +77,7 @@ async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_boo
                 metrics = (await client.get("/metrics")).text
                 health = await client.get("/healthz")
                 ready = await client.get("/readyz")
+            otel = _otel_values(reader)
 
     assert len(outcomes.results) == 3
     spans = exporter.get_finished_spans()
@@ -100,3 +110,36 @@ async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_boo
     assert 'promptbus_tier_requests_saved_total{tier="small"} 2.0' in metrics
     assert 'promptbus_tier_budget_tokens_per_s{tier="small"} 0.0' in metrics, "no budget announced"
     assert "promptbus_results_total 3.0" in metrics
+
+    # the same numbers through OpenTelemetry
+    assert otel[("promptbus.results", ())] == 3
+    assert otel[("promptbus.tier.provider_requests", (("tier", "small"),))] == 1
+    assert otel[("promptbus.tier.requests_saved", (("tier", "small"),))] == 2
+    assert ("promptbus.tier.limit", (("tier", "small"),)) in otel
+
+
+def _otel_values(reader: InMemoryMetricReader) -> dict[tuple[str, tuple[tuple[str, object], ...]], float]:
+    """{(instrument name, sorted attributes): value} of one collection."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    out: dict[tuple[str, tuple[tuple[str, object], ...]], float] = {}
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    attributes = tuple(sorted((point.attributes or {}).items()))
+                    out[(metric.name, attributes)] = point.value  # type: ignore[union-attr]
+    return out
+
+
+@pytest.mark.parametrize(("value", "on"), [("none", False), ("console", True), ("bogus", False)])
+def test_otel_metrics_follow_the_exporter_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str, on: bool
+) -> None:
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", value)
+    provider = meter_provider_from_env()
+    try:
+        assert (provider is not None) == on
+    finally:
+        if provider is not None:
+            provider.shutdown()
