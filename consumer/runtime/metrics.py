@@ -38,6 +38,8 @@ _TIER_COUNTERS = {
     "provider_errors": "Provider requests that failed",
     "verify_requests": "Extra single requests sent to verify batched answers",
 }
+VERIFY_COMPARED_HELP = "Batched answers compared with the job asked alone"
+VERIFY_AGREED_HELP = "Compared batched answers that agreed"
 _TIER_GAUGES = {
     "limit": "Current concurrency limit",
     "inflight": "Provider requests in flight",
@@ -72,12 +74,10 @@ class StatsCollector(Collector):
                 fam.add_metric([tier], getattr(ts, name))
             yield fam
         compared = CounterMetricFamily(
-            "promptbus_tier_verify_compared",
-            "Batched answers compared with the job asked alone",
-            labels=["tier", "size"],
+            "promptbus_tier_verify_compared", VERIFY_COMPARED_HELP, labels=["tier", "size"]
         )
         agreed = CounterMetricFamily(
-            "promptbus_tier_verify_agreed", "Compared batched answers that agreed", labels=["tier", "size"]
+            "promptbus_tier_verify_agreed", VERIFY_AGREED_HELP, labels=["tier", "size"]
         )
         for tier, per_size in sorted(s.agreement.snapshot().items()):
             for size, count in per_size.items():
@@ -129,8 +129,24 @@ def register_otel_metrics(meter_provider: Any, stats: ServiceStats) -> None:
         total(lambda: stats.paused_partitions),
         description="Partitions paused by backpressure",
     )
+
+    def agreement(field: str) -> list[Callable[[CallbackOptions], list[Observation]]]:
+        return [
+            lambda _options: [
+                Observation(getattr(count, field), {"tier": tier, "size": str(size)})
+                for tier, per_size in sorted(stats.agreement.snapshot().items())
+                for size, count in per_size.items()
+            ]
+        ]
+
     for name, help_text in _TIER_COUNTERS.items():
         meter.create_observable_counter(f"promptbus.tier.{name}", per_tier(name), description=help_text)
+    meter.create_observable_counter(
+        "promptbus.tier.verify_compared", agreement("compared"), description=VERIFY_COMPARED_HELP
+    )
+    meter.create_observable_counter(
+        "promptbus.tier.verify_agreed", agreement("agreed"), description=VERIFY_AGREED_HELP
+    )
     for name, help_text in _TIER_GAUGES.items():
         meter.create_observable_gauge(f"promptbus.tier.{name}", per_tier(name), description=help_text)
 

@@ -203,6 +203,10 @@ class Pipeline:
                 job=job,
             )
             return
+        if job.mode == "offline" and (self._offline is None or not tier.config.offline.enabled):
+            message = f"tier '{tier.name}' does not allow mode 'offline' (offline.enabled is false)"
+            self._reject(ticket, ErrorKind.INVALID_JOB, message, raw=raw, job=job)
+            return
         try:
             ctx = self._context(job, ticket, tier, record, now_s)
         except JobError as exc:
@@ -215,14 +219,7 @@ class Pipeline:
             )
             return
         if job.mode == "offline":
-            if self._offline is None or not tier.config.offline.enabled:
-                self._fail(
-                    ctx,
-                    ErrorKind.INVALID_JOB,
-                    f"tier '{tier.name}' does not allow mode 'offline' (offline.enabled is false)",
-                    attempts=0,
-                )
-                return
+            assert self._offline is not None  # checked above
             self._offline.add(ctx)
             return
         batchable = ctx.batchable if job.batch and tier.config.batching.enabled else None

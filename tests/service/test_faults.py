@@ -91,6 +91,8 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
             {"id": "template", "tier": "small", "prompt": "hi ${a}", "variables": {"b": "1"}}
         ),
         "huge": huge,
+        # valid, but its tier has no offline mode: rejected at intake like the rest
+        "offline-not-allowed": orjson.dumps(job(98, batch=False, mode="offline")),
     }
     good = [job(i, batch=True) for i in range(5)]
     async with SimulatorServer(SimulatorConfig()) as base_url:
@@ -104,16 +106,17 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
                     poison["unknown-tier"],
                     poison["template"],
                     poison["huge"],
+                    poison["offline-not-allowed"],
                     *good,
                 ],
             )
             outcomes = await wait_for_outcomes(
-                settings, {g["id"] for g in good}, timeout_s=60, dead_expected=6
+                settings, {g["id"] for g in good}, timeout_s=60, dead_expected=len(poison)
             )
 
     assert set(outcomes.results) == {g["id"] for g in good}, "the service must keep running after poison"
     dead = [d for ds in outcomes.dead.values() for d in ds]
-    assert len(dead) == 6
+    assert len(dead) == len(poison)
     by_raw = {base64.b64decode(d["raw"]): d for d in dead}
     assert set(by_raw) == set(poison.values()), "every dead letter carries the original bytes"
     kinds = {name: by_raw[raw]["error"]["kind"] for name, raw in poison.items()}
@@ -124,6 +127,7 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
         "unknown-tier": "unknown_tier",
         "template": "template_error",
         "huge": "invalid_job",
+        "offline-not-allowed": "invalid_job",
     }
     assert "UTF-8" in by_raw[poison["not-utf8"]]["error"]["message"]
     assert "prompt" in by_raw[poison["wrong-types"]]["error"]["message"]
@@ -131,6 +135,8 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
     assert "max_job_bytes" in by_raw[poison["huge"]]["error"]["message"]
     assert by_raw[poison["huge"]]["id"] == "job-99", "the record key names the job"
     assert by_raw[poison["not-json"]]["id"] is None
+    assert "offline" in by_raw[poison["offline-not-allowed"]]["error"]["message"]
+    assert by_raw[poison["offline-not-allowed"]]["job"]["id"] == "job-98"
 
 
 async def test_deadline_passed_and_auth_failure_dead_letter_with_their_kinds(kafka_bootstrap: str) -> None:

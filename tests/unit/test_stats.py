@@ -1,10 +1,15 @@
-"""Merging the instances' stats snapshots, and the text `promptbus stats` prints."""
+"""Merging the instances' stats snapshots, the text `promptbus stats` prints, and the
+OpenTelemetry instruments that read the same stats."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
 from consumer.cli import format_stats
+from consumer.runtime.metrics import register_otel_metrics
 from consumer.runtime.stats import ServiceStats, merge_snapshots
 
 
@@ -58,3 +63,28 @@ def test_the_stats_text_shows_the_budgets_only_when_learnt() -> None:
     assert "paced at 20 req/s and 600 tokens/s" in format_stats(paced)
     unpaced = merge_snapshots([snapshot("a", 100.0)], now_s=100.0, live_within_s=10.0)
     assert "paced at" not in format_stats(unpaced)
+
+
+def test_otel_instruments_read_the_same_stats_as_prometheus() -> None:
+    stats = ServiceStats(instance="a")
+    stats.results = 7
+    stats.tier("small").provider_requests = 3
+    stats.agreement.record("small", 4, 1, 1)
+    stats.agreement.record("small", 4, 0, 1)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    register_otel_metrics(provider, stats)
+    data = reader.get_metrics_data()
+    assert data is not None
+    values = {
+        (metric.name, tuple(sorted((point.attributes or {}).items()))): point.value  # type: ignore[union-attr]
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        for point in metric.data.data_points
+    }
+    assert values[("promptbus.results", ())] == 7
+    assert values[("promptbus.tier.provider_requests", (("tier", "small"),))] == 3
+    assert values[("promptbus.tier.verify_compared", (("size", "4"), ("tier", "small")))] == 2
+    assert values[("promptbus.tier.verify_agreed", (("size", "4"), ("tier", "small")))] == 1
+    provider.shutdown()
