@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -38,8 +39,6 @@ _TIER_COUNTERS = {
     "provider_errors": "Provider requests that failed",
     "verify_requests": "Extra single requests sent to verify batched answers",
 }
-VERIFY_COMPARED_HELP = "Batched answers compared with the job asked alone"
-VERIFY_AGREED_HELP = "Compared batched answers that agreed"
 _TIER_GAUGES = {
     "limit": "Current concurrency limit",
     "inflight": "Provider requests in flight",
@@ -49,47 +48,88 @@ _TIER_GAUGES = {
     "budget_tokens_per_s": "Refill rate of the provider's token budget, from its headers (0: none)",
 }
 
+Samples = Callable[[ServiceStats], Iterable[tuple[tuple[str, ...], float]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Metric:
+    """One metric, for both exporters: `path` ("tier", "limit") is `promptbus_tier_limit` in
+    Prometheus and `promptbus.tier.limit` in OpenTelemetry; `samples` reads its values (one
+    per combination of `labels`) from the stats when collected."""
+
+    path: tuple[str, ...]
+    help: str
+    counter: bool
+    labels: tuple[str, ...]
+    samples: Samples
+
+
+def _total(attribute: str) -> Samples:
+    return lambda s: [((), getattr(s, attribute))]
+
+
+def _per_tier(field: str) -> Samples:
+    return lambda s: [((tier,), getattr(ts, field)) for tier, ts in sorted(s.tiers.items())]
+
+
+def _agreement(field: str) -> Samples:
+    return lambda s: [
+        ((tier, str(size)), getattr(count, field))
+        for tier, per_size in sorted(s.agreement.snapshot().items())
+        for size, count in per_size.items()
+    ]
+
+
+METRICS: tuple[_Metric, ...] = (
+    _Metric(("items_in",), "Input records read", True, (), _total("items_in")),
+    _Metric(("results",), "Results published", True, (), _total("results")),
+    _Metric(
+        ("dead_letters",),
+        "Dead letters published",
+        True,
+        ("kind",),
+        lambda s: [((kind,), n) for kind, n in sorted(s.dead_letters.items())],
+    ),
+    _Metric(("inflight_items",), "Input records not yet committable", False, (), _total("inflight")),
+    _Metric(
+        ("paused_partitions",), "Partitions paused by backpressure", False, (), _total("paused_partitions")
+    ),
+    *(
+        _Metric(("tier", name), text, True, ("tier",), _per_tier(name))
+        for name, text in _TIER_COUNTERS.items()
+    ),
+    _Metric(
+        ("tier", "verify_compared"),
+        "Batched answers compared with the job asked alone",
+        True,
+        ("tier", "size"),
+        _agreement("compared"),
+    ),
+    _Metric(
+        ("tier", "verify_agreed"),
+        "Compared batched answers that agreed",
+        True,
+        ("tier", "size"),
+        _agreement("agreed"),
+    ),
+    *(
+        _Metric(("tier", name), text, False, ("tier",), _per_tier(name))
+        for name, text in _TIER_GAUGES.items()
+    ),
+)
+
 
 class StatsCollector(Collector):
     def __init__(self, stats: ServiceStats) -> None:
         self._stats = stats
 
     def collect(self) -> Iterator[Any]:
-        s = self._stats
-        yield CounterMetricFamily("promptbus_items_in", "Input records read", value=s.items_in)
-        yield CounterMetricFamily("promptbus_results", "Results published", value=s.results)
-        dl = CounterMetricFamily("promptbus_dead_letters", "Dead letters published", labels=["kind"])
-        for kind, n in sorted(s.dead_letters.items()):
-            dl.add_metric([kind], n)
-        yield dl
-        yield GaugeMetricFamily(
-            "promptbus_inflight_items", "Input records not yet committable", value=s.inflight
-        )
-        yield GaugeMetricFamily(
-            "promptbus_paused_partitions", "Partitions paused by backpressure", value=s.paused_partitions
-        )
-        for name, help_text in _TIER_COUNTERS.items():
-            fam = CounterMetricFamily(f"promptbus_tier_{name}", help_text, labels=["tier"])
-            for tier, ts in sorted(s.tiers.items()):
-                fam.add_metric([tier], getattr(ts, name))
+        for metric in METRICS:
+            family = CounterMetricFamily if metric.counter else GaugeMetricFamily
+            fam = family("promptbus_" + "_".join(metric.path), metric.help, labels=list(metric.labels))
+            for values, value in metric.samples(self._stats):
+                fam.add_metric(list(values), value)
             yield fam
-        compared = CounterMetricFamily(
-            "promptbus_tier_verify_compared", VERIFY_COMPARED_HELP, labels=["tier", "size"]
-        )
-        agreed = CounterMetricFamily(
-            "promptbus_tier_verify_agreed", VERIFY_AGREED_HELP, labels=["tier", "size"]
-        )
-        for tier, per_size in sorted(s.agreement.snapshot().items()):
-            for size, count in per_size.items():
-                compared.add_metric([tier, str(size)], count.compared)
-                agreed.add_metric([tier, str(size)], count.agreed)
-        yield compared
-        yield agreed
-        for name, help_text in _TIER_GAUGES.items():
-            gfam = GaugeMetricFamily(f"promptbus_tier_{name}", help_text, labels=["tier"])
-            for tier, ts in sorted(s.tiers.items()):
-                gfam.add_metric([tier], getattr(ts, name))
-            yield gfam
 
 
 def register_otel_metrics(meter_provider: Any, stats: ServiceStats) -> None:
@@ -97,58 +137,15 @@ def register_otel_metrics(meter_provider: Any, stats: ServiceStats) -> None:
     `promptbus.tier.provider_requests` with a `tier` attribute), read at each export."""
     meter = meter_provider.get_meter("promptbus")
 
-    def total(value_of: Callable[[], float]) -> list[Callable[[CallbackOptions], list[Observation]]]:
-        return [lambda _options: [Observation(value_of())]]
-
-    def per_tier(field: str) -> list[Callable[[CallbackOptions], list[Observation]]]:
-        return [
-            lambda _options: [
-                Observation(getattr(ts, field), {"tier": tier}) for tier, ts in sorted(stats.tiers.items())
-            ]
+    def observe(metric: _Metric) -> Callable[[CallbackOptions], list[Observation]]:
+        return lambda _options: [
+            Observation(value, dict(zip(metric.labels, values, strict=True)))
+            for values, value in metric.samples(stats)
         ]
 
-    def dead_letters(_options: CallbackOptions) -> list[Observation]:
-        return [Observation(n, {"kind": kind}) for kind, n in sorted(stats.dead_letters.items())]
-
-    meter.create_observable_counter(
-        "promptbus.items_in", total(lambda: stats.items_in), description="Input records read"
-    )
-    meter.create_observable_counter(
-        "promptbus.results", total(lambda: stats.results), description="Results published"
-    )
-    meter.create_observable_counter(
-        "promptbus.dead_letters", [dead_letters], description="Dead letters published"
-    )
-    meter.create_observable_gauge(
-        "promptbus.inflight_items",
-        total(lambda: stats.inflight),
-        description="Input records not yet committable",
-    )
-    meter.create_observable_gauge(
-        "promptbus.paused_partitions",
-        total(lambda: stats.paused_partitions),
-        description="Partitions paused by backpressure",
-    )
-
-    def agreement(field: str) -> list[Callable[[CallbackOptions], list[Observation]]]:
-        return [
-            lambda _options: [
-                Observation(getattr(count, field), {"tier": tier, "size": str(size)})
-                for tier, per_size in sorted(stats.agreement.snapshot().items())
-                for size, count in per_size.items()
-            ]
-        ]
-
-    for name, help_text in _TIER_COUNTERS.items():
-        meter.create_observable_counter(f"promptbus.tier.{name}", per_tier(name), description=help_text)
-    meter.create_observable_counter(
-        "promptbus.tier.verify_compared", agreement("compared"), description=VERIFY_COMPARED_HELP
-    )
-    meter.create_observable_counter(
-        "promptbus.tier.verify_agreed", agreement("agreed"), description=VERIFY_AGREED_HELP
-    )
-    for name, help_text in _TIER_GAUGES.items():
-        meter.create_observable_gauge(f"promptbus.tier.{name}", per_tier(name), description=help_text)
+    for metric in METRICS:
+        create = meter.create_observable_counter if metric.counter else meter.create_observable_gauge
+        create("promptbus." + ".".join(metric.path), [observe(metric)], description=metric.help)
 
 
 def build_app(stats: ServiceStats, is_ready: Callable[[], bool]) -> Starlette:
