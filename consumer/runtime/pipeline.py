@@ -339,12 +339,7 @@ class Pipeline:
                 if exc.status_code == 429:
                     tier.stats.rate_limited += 1
                 if isinstance(exc, RateLimited):
-                    # the provider's bucket is empty: the mirror restarts from there
-                    tier.limiter.note_budget(exc.hint, token, rejected=True)
-                    if exc.hint.retry_after_s:
-                        # the provider said when it takes requests again: nobody on this tier
-                        # should try before then (the limit alone bounds concurrency, not rate)
-                        tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
+                    _note_rate_limited(tier, token, exc)
                 self._telemetry.record_error(span, exc)
                 step = plan.on_error(req, exc)
             except Exception as exc:  # an adapter bug must not lose jobs: treat as a retryable failure
@@ -406,7 +401,7 @@ class Pipeline:
         except ProviderError as exc:
             token.dropped() if exc.overload else token.ignore()
             if isinstance(exc, RateLimited):
-                tier.limiter.note_budget(exc.hint, token, rejected=True)
+                _note_rate_limited(tier, token, exc)
             return  # a failed verification says nothing about agreement
         token.success()
         _note_answer(tier, token, completion)
@@ -593,6 +588,15 @@ def _note_answer(tier: TierRuntime, token: Token, completion: Completion) -> Non
     tier.limiter.note_budget(
         completion.rate_limit, token, used_tokens=usage.input_tokens + usage.output_tokens
     )
+
+
+def _note_rate_limited(tier: TierRuntime, token: Token, exc: RateLimited) -> None:
+    """A 429: the provider's budget is empty, so the limiter's mirrors restart from there; with
+    a Retry-After nobody on this tier should try before then (the limit alone bounds
+    concurrency, not rate)."""
+    tier.limiter.note_budget(exc.hint, token, rejected=True)
+    if exc.hint.retry_after_s:
+        tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
 
 
 def _past_deadline(ctx: JobContext, now_s: float) -> bool:
