@@ -14,9 +14,10 @@ here, the instruments in `consumer.runtime.metrics.register_otel_metrics`, which
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -31,42 +32,48 @@ from consumer.core.jobs import Job
 log = logging.getLogger(__name__)
 
 
+def _exporter_from_env(variable: str, what: str, console: Callable[[], Any], otlp: tuple[str, str]) -> Any:
+    """The exporter an OTEL_*_EXPORTER variable names: `console`, `otlp` (when
+    opentelemetry-exporter-otlp is installed; `otlp` is its module and class), else None."""
+    name = os.environ.get(variable, "none").strip().lower()
+    if name in ("", "none"):
+        return None
+    if name == "console":
+        return console()
+    if name == "otlp":
+        module, cls = otlp
+        try:
+            return getattr(importlib.import_module(module), cls)()
+        except ImportError:
+            log.warning("%s=otlp needs opentelemetry-exporter-otlp; %s stays off", variable, what)
+            return None
+    log.warning("unknown %s %r; %s stays off", variable, name, what)
+    return None
+
+
 def _tracer_provider_from_env() -> TracerProvider | None:
-    exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower()
-    if exporter_name in ("", "none"):
+    exporter = _exporter_from_env(
+        "OTEL_TRACES_EXPORTER",
+        "tracing",
+        ConsoleSpanExporter,
+        ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "OTLPSpanExporter"),
+    )
+    if exporter is None:
         return None
     provider = TracerProvider()
-    if exporter_name == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-    elif exporter_name == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            log.warning("OTEL_TRACES_EXPORTER=otlp needs opentelemetry-exporter-otlp; tracing stays off")
-            return None
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    else:
-        log.warning("unknown OTEL_TRACES_EXPORTER %r; tracing stays off", exporter_name)
-        return None
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 
 def meter_provider_from_env() -> MeterProvider | None:
     """A MeterProvider exporting periodically, when OTEL_METRICS_EXPORTER names an exporter."""
-    exporter_name = os.environ.get("OTEL_METRICS_EXPORTER", "none").strip().lower()
-    if exporter_name in ("", "none"):
-        return None
-    if exporter_name == "console":
-        exporter: Any = ConsoleMetricExporter()
-    elif exporter_name == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        except ImportError:
-            log.warning("OTEL_METRICS_EXPORTER=otlp needs opentelemetry-exporter-otlp; OTel metrics stay off")
-            return None
-        exporter = OTLPMetricExporter()
-    else:
-        log.warning("unknown OTEL_METRICS_EXPORTER %r; OTel metrics stay off", exporter_name)
+    exporter = _exporter_from_env(
+        "OTEL_METRICS_EXPORTER",
+        "OTel metric export",
+        ConsoleMetricExporter,
+        ("opentelemetry.exporter.otlp.proto.http.metric_exporter", "OTLPMetricExporter"),
+    )
+    if exporter is None:
         return None
     # the reader takes its interval from OTEL_METRIC_EXPORT_INTERVAL (default 60 s)
     return MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)])
