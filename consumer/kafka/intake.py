@@ -131,16 +131,16 @@ class KafkaIntake:
         batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         out: list[InRecord] = []
         for tp, records in batches.items():
-            for r in records:
-                out.append(
-                    InRecord(
-                        source=SourceOffset(tp.topic, tp.partition, r.offset),
-                        key=r.key,
-                        value=r.value,
-                        headers=tuple(r.headers) if r.headers else (),
-                        timestamp_ms=r.timestamp,
-                    )
+            out += [
+                InRecord(
+                    SourceOffset(tp, r.offset),
+                    r.key,
+                    r.value,
+                    tuple(r.headers) if r.headers else (),
+                    r.timestamp,
                 )
+                for r in records
+            ]
         for tp in self._consumer.assignment():
             # the consumer's own position: it also steps over transaction markers, which take
             # an offset after a transactional producer's records but are never returned

@@ -16,19 +16,22 @@ TRACEPARENT_HEADER = "traceparent"
 
 @dataclass(frozen=True, slots=True)
 class SourceOffset:
-    """Where an input record came from."""
+    """Where an input record came from: its topic-partition (every map along a record's way is
+    keyed by it, so intake hands over the one aiokafka gave, not a copy) and its offset."""
 
-    topic: str
-    partition: int
+    tp: TopicPartition
     offset: int
-    #: built once: every map along a record's way is keyed by it
-    tp: TopicPartition = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tp", TopicPartition(self.topic, self.partition))
+    @property
+    def topic(self) -> str:
+        return self.tp.topic
+
+    @property
+    def partition(self) -> int:
+        return self.tp.partition
 
     def header_value(self) -> bytes:
-        return f"{self.topic}/{self.partition}/{self.offset}".encode()
+        return f"{self.tp.topic}/{self.tp.partition}/{self.offset}".encode()
 
 
 @dataclass(frozen=True, slots=True)

@@ -307,7 +307,7 @@ def outcome_records(
     for member in record["members"]:
         job = Job.model_validate(member["job"])
         src = member["source"]
-        source = SourceOffset(src["topic"], int(src["partition"]), int(src["offset"]))
+        source = SourceOffset(TopicPartition(src["topic"], int(src["partition"])), int(src["offset"]))
         item = by_id.get(member["custom_id"])
         if item is not None and item.completion is not None:
             out.append(

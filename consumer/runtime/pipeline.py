@@ -38,7 +38,7 @@ from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.limiter import Token
-from consumer.runtime.outcomes import dead_letter_record, job_id_hint, result_record
+from consumer.runtime.outcomes import AnswerResults, dead_letter_record, job_id_hint
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings
@@ -438,7 +438,9 @@ class Pipeline:
             tier.limiter.pause(step.pause_tier_s)
             log.warning("tier %s: quota exhausted, paused %.1fs", tier.name, step.pause_tier_s)
         now_s = self._clock()
-        completed_at = datetime.now(UTC)  # one answer: one completion time for all its jobs
+        # what the jobs answered by one request share is built once
+        results: AnswerResults | None = None
+        results_of: PlannedRequest | None = None
         for member, answer, answered_by in step.answered:
             ctx = _ctx(member)
             if _past_deadline(ctx, now_s):
@@ -452,17 +454,16 @@ class Pipeline:
             assert completion is not None
             if answered_by.packed is None:
                 answer = _unwrap_string_answer(answer, ctx.options)
-            record = result_record(
-                self._settings.results_topic,
+            if results is None or results_of is not answered_by:
+                results_of = answered_by
+                results = AnswerResults(self._settings.results_topic, completion, len(answered_by.members))
+            record = results.record(
                 job=ctx.job,
                 source=ctx.source,
-                completion=completion,
                 output=answer,
-                batch_size=len(answered_by.members),
                 attempts=plan.attempts(member),
                 latency_ms=(now_s - ctx.received_s) * 1000.0,
                 traceparent=self._telemetry.traceparent(ctx.trace),
-                completed_at=completed_at,
             )
             self._finish(ctx, record, ok=True)
         for member, kind, message in step.failed:

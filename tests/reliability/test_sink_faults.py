@@ -152,7 +152,7 @@ async def test_revoke_forgets_the_partition_even_when_its_last_commit_fails() ->
     sink = AtLeastOnceSink(producer=FakeTxnProducer(None), commit=commit)
     tp = TopicPartition(TOPIC, 0)
     await sink.on_assigned({tp})
-    tickets = [sink.track(SourceOffset(TOPIC, 0, o)) for o in range(3)]
+    tickets = [sink.track(SourceOffset(TopicPartition(TOPIC, 0), o)) for o in range(3)]
     for ticket in tickets[:2]:
         sink.deliver(ticket, [])  # an empty outcome completes at once (no producer involved)
 
@@ -164,7 +164,7 @@ async def test_revoke_forgets_the_partition_even_when_its_last_commit_fails() ->
 
     # assigned again: read again from the committed offset (0), below what was tracked before
     await sink.on_assigned({tp})
-    again = [sink.track(SourceOffset(TOPIC, 0, o)) for o in range(3)]
+    again = [sink.track(SourceOffset(TopicPartition(TOPIC, 0), o)) for o in range(3)]
     for ticket in again:
         sink.deliver(ticket, [])
     await sink.flush(timeout_s=1)
@@ -178,7 +178,7 @@ async def test_exactly_once_revoke_closes_producers_even_when_the_commit_fails()
     await sink.on_assigned({tp})
     producer = factory.made[sink.transactional_id(tp)]
     producer.fail_with = KafkaConnectionError("coordinator gone")
-    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+    sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, 0), 0)), outcome(0))
 
     await sink.on_revoked({tp}, timeout_s=0.1)
     assert producer.stopped
@@ -187,7 +187,7 @@ async def test_exactly_once_revoke_closes_producers_even_when_the_commit_fails()
 
     await sink.on_assigned({tp})  # a new producer for the same transactional id
     assert factory.made[sink.transactional_id(tp)] is not producer
-    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+    sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, 0), 0)), outcome(0))
     await sink.flush(timeout_s=1)
     assert factory.made[sink.transactional_id(tp)].committed == [("results", b"result-0")]
 
@@ -203,7 +203,7 @@ async def test_a_fenced_partition_is_dropped_and_the_others_keep_committing() ->
     late = []
     for tp in tps:
         for offset in range(2):
-            ticket = sink.track(SourceOffset(TOPIC, tp.partition, offset))
+            ticket = sink.track(SourceOffset(TopicPartition(TOPIC, tp.partition), offset))
             if tp == tps[0] and offset == 1:
                 late.append(ticket)
                 continue
@@ -232,7 +232,7 @@ async def test_an_ordinary_failure_on_one_partition_does_not_block_the_others() 
     failing = factory.made[sink.transactional_id(tps[0])]
     failing.fail_with = KafkaConnectionError("broker briefly gone")
     for tp in tps:
-        sink.deliver(sink.track(SourceOffset(TOPIC, tp.partition, 0)), outcome(0))
+        sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, tp.partition), 0)), outcome(0))
 
     with pytest.raises(KafkaConnectionError):
         await sink.flush(timeout_s=0.2)
@@ -252,13 +252,13 @@ async def test_a_commit_waiting_for_a_dropped_partition_never_uses_its_closed_pr
     old = factory.made[sink.transactional_id(tp)]
     old.gate = asyncio.Event()
     old.fail_with = ProducerFenced()
-    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+    sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, 0), 0)), outcome(0))
 
     # one commit round holds the partition's lock (its transaction waits at the gate, then
     # is fenced); a second round (the revoke's, or the commit loop's) waits for the lock
     first = asyncio.create_task(sink.flush(timeout_s=0))
     await asyncio.sleep(0.01)
-    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 1)), outcome(1))
+    sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, 0), 1)), outcome(1))
     second = asyncio.create_task(sink.on_revoked({tp}, timeout_s=0))
     await asyncio.sleep(0.01)
     old.gate.set()
@@ -267,7 +267,7 @@ async def test_a_commit_waiting_for_a_dropped_partition_never_uses_its_closed_pr
     assert old.stopped and not old.used_after_stop, "a transaction ran on the closed producer"
 
     await sink.on_assigned({tp})  # back again: the new producer commits normally
-    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+    sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, 0), 0)), outcome(0))
     await asyncio.wait_for(sink.flush(timeout_s=1), timeout=5)
     assert factory.made[sink.transactional_id(tp)].offsets == [{tp: 1}]
 
@@ -323,7 +323,7 @@ async def _deliver_all(
     tp = TopicPartition(TOPIC, 0)
     await sink.on_assigned({tp})
     for o in offsets:
-        sink.deliver(sink.track(SourceOffset(TOPIC, 0, o)), outcome(o))
+        sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, 0), o)), outcome(o))
     await asyncio.wait_for(sink.flush(timeout_s=5), timeout=10)
     await sink.stop()
     return sink, commits
@@ -367,7 +367,7 @@ async def test_a_dead_transactional_producer_is_replaced_and_its_outcomes_commit
     await sink.on_assigned({tp})
     dead = factory.made[sink.transactional_id(tp)]
     dead.die()
-    sink.deliver(sink.track(SourceOffset(TOPIC, 0, 0)), outcome(0))
+    sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, 0), 0)), outcome(0))
 
     with pytest.raises(AssertionError):  # this round fails on the dead producer ...
         await sink.flush(timeout_s=0)
@@ -388,7 +388,7 @@ async def test_partitions_fenced_in_one_round_ask_for_one_new_assignment() -> No
     for tp in tps[:2]:
         factory.made[sink.transactional_id(tp)].fail_with = ProducerFenced()
     for tp in tps:
-        sink.deliver(sink.track(SourceOffset(TOPIC, tp.partition, 0)), outcome(0))
+        sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, tp.partition), 0)), outcome(0))
 
     await sink.flush(timeout_s=0.2)
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from consumer.core.completion import Completion, Usage
 from consumer.core.jobs import BatchInfo, Job, Result, SourceRef, UsageInfo, encode
-from consumer.kafka.records import SOURCE_HEADER, TRACEPARENT_HEADER, SourceOffset
-from consumer.runtime.outcomes import result_record
+from consumer.kafka.records import SOURCE_HEADER, TRACEPARENT_HEADER, SourceOffset, TopicPartition
+from consumer.runtime.outcomes import AnswerResults, result_record
 
 _text = st.text(min_size=1, max_size=12)
 _json_leaf = st.none() | st.booleans() | st.integers(-1000, 1000) | st.text(max_size=8)
@@ -72,7 +72,7 @@ def test_result_record_is_the_result_models_json(
     job = Job.model_validate(
         {"id": job_id, "tier": "small", "prompt": "Say: ${x}", "variables": {"x": "hi"}, "metadata": metadata}
     )
-    source = SourceOffset("jobs", 3, offset)
+    source = SourceOffset(TopicPartition("jobs", 3), offset)
     completion = Completion(output, finish, Usage(*tokens), "openai", "m-1", request_id=request_id)
     record = result_record(
         "results",
@@ -98,3 +98,27 @@ def test_result_record_is_the_result_models_json(
         SOURCE_HEADER: f"jobs/3/{offset}".encode(),
         TRACEPARENT_HEADER: ("00-" + "a" * 32 + "-" + "b" * 16 + "-01").encode(),
     }
+
+
+def test_jobs_of_one_answer_share_its_fields_but_keep_their_own() -> None:
+    """`AnswerResults` works out the shared fields once; each job's record is still its own."""
+    completion = Completion('{"a": 1}', "length", Usage(40, 21), "openai", "m-1", request_id="req-9")
+    at = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    results = AnswerResults("results", completion, 2, at)
+    jobs = [
+        Job.model_validate({"id": f"j{i}", "tier": "small", "prompt": "Say: ${x}", "variables": {"x": "hi"}})
+        for i in range(2)
+    ]
+    sources = [SourceOffset(TopicPartition("jobs", i), 10 + i) for i in range(2)]
+    records = [
+        results.record(job=job, source=src, output=f"out-{i}", attempts=i + 1, latency_ms=5.0 * i)
+        for i, (job, src) in enumerate(zip(jobs, sources, strict=True))
+    ]
+    for i, record in enumerate(records):
+        got = orjson.loads(record.value or b"")
+        want = _model_json(jobs[i], sources[i], completion, f"out-{i}", 2, i + 1, 5.0 * i)
+        assert got.pop("completed_at") == "2026-01-02T03:04:05.678000Z"
+        want.pop("completed_at")
+        assert got == want
+        assert got["usage"] == {"input_tokens": 20, "output_tokens": 10}  # each job its share
+        assert dict(record.headers) == {SOURCE_HEADER: f"jobs/{i}/{10 + i}".encode()}
