@@ -121,6 +121,7 @@ def build_offline(
         batch_providers,
         tracker_producer,
         poll_s_by_tier={n: t.offline.poll_s for n, t in offline_tiers.items()},
+        options_by_tier={n: t.options for n, t in offline_tiers.items()},
         transactional=exactly_once,
         client_id=f"promptbus-{instance}-tracker",
     )

@@ -8,12 +8,15 @@ ended. The plan never sends, sleeps or logs I/O.
 Decisions:
 
 - one member -> an ordinary request (`packed is None`): the caller sends that job's own
-  prompt; its answer is the model's answer and is never judged (empty text or
-  finish_reason "length" included), exactly as if batching were off (rule 5);
+  prompt; its answer is the model's answer and is not judged (empty text or
+  finish_reason "length" included), exactly as if batching were off (rule 5), except
+  against the output format the job itself asks for (`Member.check`): an answer that
+  breaks it fails `output_invalid`;
 - a batched answer is classified by `packing.parse_answer`:
   COMPLETE -> every member answered; MISSING -> the answered ones end, each missing one is
-  asked again alone; TRUNCATED -> recovered complete entries end, the rest is split in
-  halves; MALFORMED / UNEXPECTED -> discarded whole, split in halves (rule 7);
+  asked again alone; a member whose answer breaks its own output format (`Member.check`) is
+  asked again alone too, whatever the verdict; TRUNCATED -> recovered complete entries end,
+  the rest is split in halves; MALFORMED / UNEXPECTED -> discarded whole, split in halves (rule 7);
 - a retryable `ProviderError` (rate limit, 5xx, 408, timeouts, connection errors,
   malformed responses) -> the same request again after `retry_delay_s`, until
   `max_attempts`, then every member fails `retries_exhausted`; a retry reuses the packed
@@ -39,7 +42,7 @@ members into at least two disjoint requests.
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from consumer.core.errors import AuthFailed, ErrorKind, ProviderError, QuotaExhausted, RequestTimeout
@@ -67,11 +70,14 @@ class Member:
     ref: the caller's handle for the job (unique within the plan).
     input: the value of the prompt's variable (what goes into the batched items).
     max_tokens: the job's effective max_tokens (tier options merged with the job's), if any.
+    check: what is wrong with an answer for this job (None when nothing), for jobs that ask
+        for an output format (`consumer.core.output.OutputFormat.problem`).
     """
 
     ref: Hashable
     input: str
     max_tokens: int | None = None
+    check: Callable[[str], str | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,13 +265,25 @@ class RequestPlan:
         self._take(req)
         step = Step()
         if req.packed is None:
-            self._answer(step, req.members[0], text, req)
+            member = req.members[0]
+            problem = member.check(text) if member.check is not None else None
+            if problem is None:
+                self._answer(step, member, text, req)
+            else:
+                self._fail(step, [member], ErrorKind.OUTPUT_INVALID, problem)
             return step
         verdict = parse_answer(text, req.packed.aliases, finish_reason)
         step.verdict = verdict
         by_alias = dict(zip(req.packed.aliases, req.members, strict=True))
+        disobeying: list[Member] = []
         for alias, answer in verdict.answers.items():
-            self._answer(step, by_alias[alias], answer, req)
+            member = by_alias[alias]
+            if member.check is not None and member.check(answer) is not None:
+                disobeying.append(member)
+            else:
+                self._answer(step, member, answer, req)
+        # an answer that breaks its job's output format is asked again alone, like a missing one
+        step.requests.extend(self._request([m]) for m in self._live(disobeying))
         rest = self._live([by_alias[a] for a in verdict.missing])
         if verdict.kind is AnswerKind.MISSING:
             step.requests.extend(self._request([m]) for m in rest)

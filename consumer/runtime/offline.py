@@ -30,8 +30,9 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from consumer.core.completion import CompletionRequest
-from consumer.core.errors import ErrorKind, ProviderError
+from consumer.core.errors import ErrorKind, JobError, ProviderError
 from consumer.core.jobs import Job
+from consumer.core.output import output_format
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.providers.base import BatchItemResult, BatchJob, BatchProvider, BatchRequest, BatchStatus
@@ -189,6 +190,7 @@ class BatchTracker:
         producer: AIOKafkaProducer,
         *,
         poll_s_by_tier: dict[str, float],
+        options_by_tier: dict[str, dict[str, Any]] | None = None,
         transactional: bool,
         client_id: str,
     ) -> None:
@@ -197,6 +199,7 @@ class BatchTracker:
         self._producer = producer
         self._transactional = transactional
         self._poll_s_by_tier = poll_s_by_tier
+        self._options_by_tier = options_by_tier or {}
         self._consumer = AIOKafkaConsumer(
             group_id=f"{settings.group_id}.batches",
             client_id=client_id,
@@ -275,7 +278,8 @@ class BatchTracker:
         ):
             with contextlib.suppress(ProviderError):
                 items = await provider.results(record["batch_id"])
-        records = outcome_records(self._settings, record, job.status, items)
+        tier_options = self._options_by_tier.get(record["tier"])
+        records = outcome_records(self._settings, record, job.status, items, tier_options)
         await self._publish(key, records)
         self._open.pop(key, None)
         self._next_poll_s.pop(key, None)
@@ -298,9 +302,18 @@ class BatchTracker:
 
 
 def outcome_records(
-    settings: Settings, record: dict[str, Any], status: BatchStatus, items: Sequence[BatchItemResult]
+    settings: Settings,
+    record: dict[str, Any],
+    status: BatchStatus,
+    items: Sequence[BatchItemResult],
+    tier_options: dict[str, Any] | None = None,
 ) -> list[OutRecord]:
-    """One result or dead letter per member of a finished provider batch."""
+    """One result or dead letter per member of a finished provider batch.
+
+    An answer is checked against the output format the job's options (merged over the tier's
+    `tier_options`, as online) ask for, like an online answer; one that breaks it is
+    `output_invalid` (a batch cannot ask again).
+    """
     by_id = {item.custom_id: item for item in items}
     latency_ms = max(0.0, (time.time() - float(record.get("submitted_at", time.time()))) * 1000.0)
     out: list[OutRecord] = []
@@ -309,21 +322,33 @@ def outcome_records(
         src = member["source"]
         source = SourceOffset(TopicPartition(src["topic"], int(src["partition"])), int(src["offset"]))
         item = by_id.get(member["custom_id"])
+        problem: str | None = None
         if item is not None and item.completion is not None:
-            out.append(
-                result_record(
-                    settings.results_topic,
-                    job=job,
-                    source=source,
-                    completion=item.completion,
-                    output=item.completion.text,
-                    batch_size=1,
-                    attempts=1,
-                    latency_ms=latency_ms,
+            output = item.completion.text
+            try:
+                wanted = output_format({**(tier_options or {}), **job.options})
+            except JobError as exc:  # the tier's options changed since the job was read
+                wanted, problem = None, str(exc)
+            if wanted is not None:
+                problem = wanted.problem(output)
+                output = wanted.published(output)
+            if problem is None:
+                out.append(
+                    result_record(
+                        settings.results_topic,
+                        job=job,
+                        source=source,
+                        completion=item.completion,
+                        output=output,
+                        batch_size=1,
+                        attempts=1,
+                        latency_ms=latency_ms,
+                    )
                 )
-            )
-            continue
-        if (item is not None and item.expired) or (item is None and status is BatchStatus.EXPIRED):
+                continue
+        if problem is not None:
+            kind, message = ErrorKind.OUTPUT_INVALID, problem
+        elif (item is not None and item.expired) or (item is None and status is BatchStatus.EXPIRED):
             kind, message = (
                 ErrorKind.BATCH_EXPIRED,
                 f"provider batch {record['batch_id']} expired before this item ran",

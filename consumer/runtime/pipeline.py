@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-import orjson
-
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
 from consumer.core.errors import ErrorKind, JobError, ProviderError, RateLimited, ServerError
 from consumer.core.jobs import Job, decode_job
+from consumer.core.output import OutputFormat, job_answer_schema, output_format
 from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.templates import BatchablePrompt, render_and_split
@@ -69,6 +68,8 @@ class JobContext:
     #: the prompt split for batching (prefix + its one trailing variable), when it can be
     batchable: BatchablePrompt | None = None
     trace: Any = None
+    #: what the job's response_format asks of its output (None: nothing to check)
+    output_format: OutputFormat | None = None
     done: bool = field(default=False)
 
     @property
@@ -254,8 +255,11 @@ class Pipeline:
         deadline_s = None
         if job.deadline is not None:
             deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
+        wanted = output_format(options) if "response_format" in options else None
         trace = self._telemetry.start_job(job, record.headers)
-        return JobContext(job, ticket, tier, now_s, text, messages, options, deadline_s, batchable, trace)
+        return JobContext(
+            job, ticket, tier, now_s, text, messages, options, deadline_s, batchable, trace, wanted
+        )
 
     # ------------------------------------------------------------------ plans
     def _dispatch(self, flushes: list[Flush[JobContext]]) -> None:
@@ -275,7 +279,7 @@ class Pipeline:
 
     async def _run_plan(self, tier: TierRuntime, ctxs: list[JobContext], key: BatchKey | None) -> None:
         plan = RequestPlan(
-            [Member(ref=c, input=c.input, max_tokens=_max_tokens(c.options)) for c in ctxs],
+            [Member(c, c.input, _max_tokens(c.options), _output_check(c)) for c in ctxs],
             prefix=key.prefix if key else "",
             variable=key.variable if key else "",
             retry=tier.retry_policy,
@@ -420,7 +424,7 @@ class Pipeline:
         if req.max_tokens is not None:
             options["max_tokens"] = req.max_tokens
         # the job's own answer schema (if any) becomes the schema of each alias's value
-        item_schema = _job_answer_schema(options.pop("response_format", None))
+        item_schema = job_answer_schema(options.pop("response_format", None))
         schema = None
         if tier.config.batching.structured != "off":
             schema = answer_schema(req.packed.aliases, item_schema)
@@ -452,8 +456,8 @@ class Pipeline:
                 )
                 continue
             assert completion is not None
-            if answered_by.packed is None:
-                answer = _unwrap_string_answer(answer, ctx.options)
+            if answered_by.packed is None and ctx.output_format is not None:
+                answer = ctx.output_format.published(answer)
             if results is None or results_of is not answered_by:
                 results_of = answered_by
                 results = AnswerResults(self._settings.results_topic, completion, len(answered_by.members))
@@ -604,30 +608,8 @@ def _past_deadline(ctx: JobContext, now_s: float) -> bool:
     return ctx.deadline_s is not None and now_s >= ctx.deadline_s
 
 
-def _job_answer_schema(response_format: Any) -> dict[str, Any] | None:
-    """The JSON Schema inside a job's `options.response_format`, in OpenAI's or llama.cpp's form."""
-    if not isinstance(response_format, dict):
-        return None
-    schema = response_format.get("schema")
-    if schema is None and isinstance(response_format.get("json_schema"), dict):
-        schema = response_format["json_schema"].get("schema")
-    return schema if isinstance(schema, dict) else None
-
-
-def _unwrap_string_answer(answer: str, options: dict[str, Any]) -> str:
-    """A job whose answer schema is a string gets the string, as a batched member would.
-
-    Schema-constrained servers answer such a request with a JSON string literal ("positive"
-    in quotes); the batched path already yields the bare value.
-    """
-    schema = _job_answer_schema(options.get("response_format"))
-    if schema is None or schema.get("type") != "string":
-        return answer
-    try:
-        value = orjson.loads(answer)
-    except orjson.JSONDecodeError:
-        return answer
-    return value if isinstance(value, str) else answer
+def _output_check(ctx: JobContext) -> Callable[[str], str | None] | None:
+    return ctx.output_format.problem if ctx.output_format is not None else None
 
 
 def _key_text(key: bytes | None) -> str | None:

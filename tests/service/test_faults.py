@@ -93,6 +93,10 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
         "huge": huge,
         # valid, but its tier has no offline mode: rejected at intake like the rest
         "offline-not-allowed": orjson.dumps(job(98, batch=False, mode="offline")),
+        # its response_format names a schema that is no JSON Schema: its outputs could not be checked
+        "bad-schema": orjson.dumps(
+            job(97, batch=True, options={"response_format": {"type": "json_object", "schema": {"type": 7}}})
+        ),
     }
     good = [job(i, batch=True) for i in range(5)]
     async with SimulatorServer(SimulatorConfig()) as base_url:
@@ -107,6 +111,7 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
                     poison["template"],
                     poison["huge"],
                     poison["offline-not-allowed"],
+                    poison["bad-schema"],
                     *good,
                 ],
             )
@@ -128,6 +133,7 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
         "template": "template_error",
         "huge": "invalid_job",
         "offline-not-allowed": "invalid_job",
+        "bad-schema": "invalid_job",
     }
     assert "UTF-8" in by_raw[poison["not-utf8"]]["error"]["message"]
     assert "prompt" in by_raw[poison["wrong-types"]]["error"]["message"]
@@ -137,6 +143,9 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
     assert by_raw[poison["not-json"]]["id"] is None
     assert "offline" in by_raw[poison["offline-not-allowed"]]["error"]["message"]
     assert by_raw[poison["offline-not-allowed"]]["job"]["id"] == "job-98"
+    assert by_raw[poison["bad-schema"]]["error"]["message"].startswith(
+        "options.response_format: the schema is not a valid JSON Schema"
+    )
 
 
 async def test_deadline_passed_and_auth_failure_dead_letter_with_their_kinds(kafka_bootstrap: str) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
+import orjson
 import pytest
 
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
@@ -85,3 +87,60 @@ async def test_verify_fraction_measures_agreement(kafka_bootstrap: str) -> None:
     assert sum(c["compared"] for c in stats["agreement"]["small"].values()) == tier["verify_compared"]
     # the extra requests are counted as provider requests
     assert tier["provider_requests"] >= tier["verify_requests"] + tier["batched_requests"]
+
+
+LABEL_SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"type": "string", "enum": ["positive", "negative", "neutral"]}},
+    "required": ["label"],
+    "additionalProperties": False,
+}
+
+
+def _schema_option(schema: Mapping[str, object]) -> dict[str, object]:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "label", "schema": schema}}}
+
+
+async def test_outputs_are_checked_against_the_jobs_response_format(kafka_bootstrap: str) -> None:
+    """A server that honours structured output: every answer obeys the job's schema and is its
+    result. One that ignores it: a batched member's answer that breaks the schema is asked again
+    alone, and when that answer breaks it too the job is dead-lettered `output_invalid` with
+    the reason; jobs whose schema the answers obey are results all the same."""
+    obeyed = [job(i, batch=True, options=_schema_option(LABEL_SCHEMA)) for i in range(6)]
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    async with SimulatorServer(SimulatorConfig(seed=1)) as base_url:
+        async with InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=3)):
+            await produce(settings, obeyed)
+            outcomes = await wait_for_outcomes(settings, {j["id"] for j in obeyed}, timeout_s=60)
+    assert not outcomes.dead, outcomes.dead
+    for j in obeyed:
+        (result,) = outcomes.results[j["id"]]
+        assert orjson.loads(result["output"])["label"] in ("positive", "negative", "neutral")
+
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    broken = [job(100 + i, batch=True, options=_schema_option(LABEL_SCHEMA)) for i in range(6)]
+    broken_alone = [job(200 + i, batch=False, options=_schema_option(LABEL_SCHEMA)) for i in range(2)]
+    prefixed = {"type": "string", "pattern": "^sim:[0-9a-f]{12}$"}  # what the simulator answers
+    kept = [job(300 + i, batch=True, options=_schema_option(prefixed)) for i in range(6)]
+    jobs = broken + broken_alone + kept
+    async with SimulatorServer(SimulatorConfig(seed=1, ignore_structured=True)) as base_url:
+        service = InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=3))
+        async with service:
+            await produce(settings, jobs)
+            outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
+        stats = service.stats_snapshot()
+
+    assert outcomes.duplicates() == {}
+    assert set(outcomes.results) == {j["id"] for j in kept}
+    for j in kept:
+        assert outcomes.results[j["id"]][0]["output"] == answer_for(j["variables"]["text"])
+    assert set(outcomes.dead) == {j["id"] for j in broken + broken_alone}
+    for j in broken + broken_alone:
+        (dead,) = outcomes.dead[j["id"]]
+        assert dead["error"]["kind"] == "output_invalid"
+        assert dead["error"]["message"].startswith("output is not JSON ("), dead["error"]
+        assert dead["job"]["id"] == j["id"]
+        assert dead["attempts"] == (2 if j["batch"] else 1)  # batched: asked again alone first
+    tier = stats["tiers"]["small"]
+    assert tier["reasks"] >= len(broken) // 3  # at least one re-ask per batched request
+    assert stats["dead_letters"] == {"output_invalid": len(broken) + len(broken_alone)}

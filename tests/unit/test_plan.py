@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -27,19 +28,26 @@ from consumer.core.packing import AnswerKind
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.retry import RetryPolicy
 
+Check = Callable[[str], "str | None"]
+
 POLICY = RetryPolicy(
     max_attempts=3, backoff_initial_s=0.5, backoff_max_s=4.0, quota_cooldown_s=60, quota_max_wait_s=150
 )
 
 
-def _members(n: int, max_tokens: int | None = 20) -> list[Member]:
-    return [Member(ref=f"job{i}", input=f"input {i}", max_tokens=max_tokens) for i in range(n)]
+def _members(n: int, max_tokens: int | None = 20, check: Check | None = None) -> list[Member]:
+    return [Member(ref=f"job{i}", input=f"input {i}", max_tokens=max_tokens, check=check) for i in range(n)]
 
 
 def _plan(n: int, *, policy: RetryPolicy = POLICY, tier_max_tokens: int | None = 4096,
-          max_tokens: int | None = 20, seed: int = 0) -> RequestPlan:
-    return RequestPlan(_members(n, max_tokens), prefix="Summarize:\n", variable="text", retry=policy,
+          max_tokens: int | None = 20, seed: int = 0, check: Check | None = None) -> RequestPlan:
+    return RequestPlan(_members(n, max_tokens, check), prefix="Summarize:\n", variable="text", retry=policy,
                        rng=random.Random(seed), tier_max_tokens=tier_max_tokens)
+
+
+def _ans_only(text: str) -> str | None:
+    """An output format that only takes the model's proper answers ("ans:...")."""
+    return None if text.startswith("ans:") else f"not an answer: {text[:10]}"
 
 
 def _perfect(req: PlannedRequest, skip: int = 0) -> str:
@@ -307,6 +315,43 @@ def test_outcome_of_a_request_whose_members_were_all_cancelled_is_a_noop() -> No
     assert set(_answered(step)) == {"job2", "job3"} and plan.done
 
 
+# --- the job's own output format (output_invalid) -------------------------------------
+
+
+def test_ordinary_answer_that_breaks_the_output_format_fails_output_invalid() -> None:
+    plan = _plan(1, check=_ans_only)
+    (req,) = plan.start()
+    step = plan.on_answer(req, "Sure! Here it is", "stop")
+    assert step.answered == [] and step.requests == []
+    ((member, kind, message),) = step.failed
+    assert member.ref == "job0" and kind is ErrorKind.OUTPUT_INVALID
+    assert message == "not an answer: Sure! Here"
+    assert plan.done
+
+
+def test_ordinary_answer_that_obeys_the_output_format_is_the_result() -> None:
+    plan = _plan(1, check=_ans_only)
+    (req,) = plan.start()
+    step = plan.on_answer(req, "ans:input 0", "stop")
+    assert _answered(step) == {"job0": "ans:input 0"} and step.failed == []
+
+
+def test_batched_answer_that_breaks_a_members_format_asks_that_member_again_alone() -> None:
+    plan = _plan(4, check=_ans_only)
+    (req,) = plan.start()
+    assert req.packed is not None
+    answers = {a: f"ans:{m.input}" for a, m in zip(req.packed.aliases, req.members, strict=True)}
+    answers[req.packed.aliases[2]] = "bad"
+    step = plan.on_answer(req, orjson.dumps(answers).decode(), "stop")
+    assert set(_answered(step)) == {"job0", "job1", "job3"} and step.failed == []
+    assert step.verdict is not None and step.verdict.kind is AnswerKind.COMPLETE
+    (again,) = step.requests
+    assert [m.ref for m in again.members] == ["job2"] and again.packed is None and again.delay_s == 0
+    last = plan.on_answer(again, "still bad", "stop")
+    assert [(m.ref, kind) for m, kind, _ in last.failed] == [("job2", ErrorKind.OUTPUT_INVALID)]
+    assert plan.done and plan.attempts(plan.members[2]) == 2
+
+
 # --- property: any model behaviour ----------------------------------------------------
 
 ERRORS: list[ProviderError] = [
@@ -321,9 +366,15 @@ def _model(req: PlannedRequest, rnd: random.Random) -> tuple[str, str] | Provide
     if roll < 0.15:
         return rnd.choice(ERRORS)
     if req.packed is None:
+        if roll < 0.25:
+            return "bad output", "stop"  # breaks the output format (when the members have one)
         return f"ans:{req.members[0].input}", rnd.choice(["stop", "length"])
     answers = {a: f"ans:{m.input}" for a, m in zip(req.packed.aliases, req.members, strict=True)}
-    behaviour = rnd.choice(["ok", "ok", "drop", "extra", "garbage", "truncate", "fence", "wrap", "null"])
+    behaviour = rnd.choice(
+        ["ok", "ok", "drop", "extra", "garbage", "truncate", "fence", "wrap", "null", "disobey"]
+    )
+    if behaviour == "disobey":
+        answers = {a: v if rnd.random() < 0.5 else "bad" for a, v in answers.items()}
     if behaviour == "drop":
         answers = {a: v for a, v in answers.items() if rnd.random() < 0.5}
     elif behaviour == "extra":
@@ -343,12 +394,14 @@ def _model(req: PlannedRequest, rnd: random.Random) -> tuple[str, str] | Provide
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(1, 30), st.integers(0, 2**32), st.integers(1, 4))
-def test_any_model_behaviour_ends_every_member_exactly_once(n: int, seed: int, max_attempts: int) -> None:
+@given(st.integers(1, 30), st.integers(0, 2**32), st.integers(1, 4), st.booleans())
+def test_any_model_behaviour_ends_every_member_exactly_once(
+    n: int, seed: int, max_attempts: int, with_format: bool
+) -> None:
     rnd = random.Random(seed)
     policy = RetryPolicy(max_attempts=max_attempts, backoff_initial_s=0.1, backoff_max_s=1,
                          quota_cooldown_s=10, quota_max_wait_s=25)
-    plan = _plan(n, policy=policy, seed=seed)
+    plan = _plan(n, policy=policy, seed=seed, check=_ans_only if with_format else None)
     queue = plan.start()
     outcomes: dict[object, list[str]] = {m.ref: [] for m in plan.members}
     inputs = {m.ref: m.input for m in plan.members}
@@ -367,11 +420,15 @@ def test_any_model_behaviour_ends_every_member_exactly_once(n: int, seed: int, m
             step = plan.on_answer(req, *outcome)
         for m, text, by in step.answered:
             assert m in by.members
-            assert text == f"ans:{inputs[m.ref]}"  # never another member's answer
+            if with_format:
+                assert text == f"ans:{inputs[m.ref]}"  # never another member's answer, never a bad one
+            else:
+                assert text in (f"ans:{inputs[m.ref]}", "bad", "bad output")  # taken as it came
             outcomes[m.ref].append("answered")
         for m, kind, _ in step.failed:
             assert kind in {ErrorKind.RETRIES_EXHAUSTED, ErrorKind.AUTH_FAILED, ErrorKind.QUOTA_EXHAUSTED,
-                            ErrorKind.PROVIDER_REJECTED}
+                            ErrorKind.PROVIDER_REJECTED, ErrorKind.OUTPUT_INVALID}
+            assert with_format or kind is not ErrorKind.OUTPUT_INVALID
             outcomes[m.ref].append(kind)
         for r in step.requests:
             assert r.members and all(outcomes[m.ref] == [] for m in r.members)

@@ -1,0 +1,139 @@
+"""What a job's `options.response_format` asks of its output, and whether an output obeys it.
+
+A job may ask for a JSON object (`{"type": "json_object"}`) or for JSON obeying a schema
+(OpenAI's `{"type": "json_schema", "json_schema": {"schema": ...}}`, llama.cpp's
+`{"type": "json_object", "schema": ...}`). Providers enforce that where they can, but not all
+do (Anthropic has no such option; some local servers ignore it) and a batched request carries
+the schema only as each alias's value: so every online output is checked before it is
+published. One that does not obey is `output_invalid`; the plan first asks a batched member
+again alone (`consumer.core.plan`).
+
+A string schema's output is the bare string (a JSON string literal is unwrapped), as the
+batched path yields it; any other output must be JSON text.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.validators import validator_for
+
+from consumer.core.errors import ErrorKind, JobError
+
+__all__ = ["OutputFormat", "job_answer_schema", "output_format"]
+
+#: validation messages quote the offending value: keep them short
+_MAX_MESSAGE_CHARS = 200
+
+
+def job_answer_schema(response_format: Any) -> dict[str, Any] | None:
+    """The JSON Schema inside a job's `options.response_format`, in OpenAI's or llama.cpp's form."""
+    if not isinstance(response_format, Mapping):
+        return None
+    schema = response_format.get("schema")
+    if schema is None and isinstance(response_format.get("json_schema"), Mapping):
+        schema = response_format["json_schema"].get("schema")
+    return schema if isinstance(schema, dict) else None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _string_literal_value(output: str) -> str | None:
+    """The string a JSON string literal holds; None when `output` is not one."""
+    if len(output) < 2 or output[0] != '"':
+        return None
+    try:
+        value = orjson.loads(output)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OutputFormat:
+    """A job's required output: a JSON object (`schema` None) or a value obeying `schema`.
+
+    Compared and hashed by identity (`output_format` makes one per distinct schema), so a
+    `Member` holding its `problem` method stays hashable.
+    """
+
+    schema: dict[str, Any] | None
+    validator: Any = field(default=None, repr=False)
+
+    @property
+    def is_string(self) -> bool:
+        return self.schema is not None and self.schema.get("type") == "string"
+
+    def published(self, output: str) -> str:
+        """The output as published: a string schema's JSON string literal becomes the bare string
+        (schema-constrained servers answer such a request in quotes)."""
+        if self.is_string:
+            value = _string_literal_value(output)
+            if value is not None:
+                return value
+        return output
+
+    def problem(self, output: str) -> str | None:
+        """None when `output` obeys the format; else what is wrong, in one sentence."""
+        value: Any
+        if self.is_string:
+            literal = _string_literal_value(output)
+            value = output if literal is None else literal
+        else:
+            try:
+                value = orjson.loads(output)
+            except orjson.JSONDecodeError as exc:
+                return f"output is not JSON ({exc.msg} at char {exc.pos}); response_format asks for JSON"
+        if self.validator is None:
+            if isinstance(value, dict):
+                return None
+            kind = type(value).__name__
+            return f"output is a JSON {kind}; response_format asks for a JSON object"
+        error = best_match(self.validator.iter_errors(value))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path) or "the top level"
+        return f"output does not match the response_format schema at {where}: {_short(error.message)}"
+
+
+_JSON_OBJECT = OutputFormat(None)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(schema_json: bytes) -> OutputFormat:
+    schema = orjson.loads(schema_json)
+    cls = validator_for(schema, default=Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        message = f"options.response_format: the schema is not a valid JSON Schema: {_short(exc.message)}"
+        raise JobError(ErrorKind.INVALID_JOB, message) from None
+    return OutputFormat(schema, cls(schema))
+
+
+def output_format(options: Mapping[str, Any]) -> OutputFormat | None:
+    """What `options.response_format` asks of the output; None when it asks for nothing checkable
+    (no response_format, or `{"type": "text"}`).
+
+    Raises `JobError(INVALID_JOB)` when it names a schema that is not a valid JSON Schema.
+    Schemas are compiled once per distinct schema (most jobs of a stream share theirs).
+    """
+    response_format = options.get("response_format")
+    if not isinstance(response_format, Mapping):
+        return None
+    schema = job_answer_schema(response_format)
+    if schema is None:
+        return _JSON_OBJECT if response_format.get("type") == "json_object" else None
+    try:
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # cannot happen for a schema parsed from JSON; be clear anyway
+        raise JobError(ErrorKind.INVALID_JOB, "options.response_format: the schema is not JSON") from None
+    return _compiled(key)

@@ -1,0 +1,96 @@
+"""A job's response_format, checked against each output (output_invalid)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from consumer.core.errors import ErrorKind, JobError
+from consumer.core.output import OutputFormat, job_answer_schema, output_format
+
+LABEL = {
+    "type": "object",
+    "properties": {"label": {"type": "string", "enum": ["positive", "negative"]}},
+    "required": ["label"],
+    "additionalProperties": False,
+}
+
+
+def _openai(schema: dict[str, object]) -> dict[str, object]:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+def _fmt(options: Mapping[str, Any]) -> OutputFormat:
+    fmt = output_format(options)
+    assert fmt is not None
+    return fmt
+
+
+def test_nothing_to_check_without_a_json_response_format() -> None:
+    assert output_format({}) is None
+    assert output_format({"temperature": 0}) is None
+    assert output_format({"response_format": {"type": "text"}}) is None
+    assert output_format({"response_format": "json"}) is None
+
+
+def test_json_object_wants_a_json_object() -> None:
+    fmt = _fmt({"response_format": {"type": "json_object"}})
+    assert fmt.problem('{"a": 1}') is None
+    assert fmt.problem("[1, 2]") == "output is a JSON list; response_format asks for a JSON object"
+    problem = fmt.problem("Sure! {")
+    assert problem is not None and problem.startswith("output is not JSON (")
+
+
+def test_schema_in_openai_and_llama_cpp_form() -> None:
+    for options in (_openai(LABEL), {"response_format": {"type": "json_object", "schema": LABEL}}):
+        fmt = _fmt(options)
+        assert fmt.problem('{"label": "positive"}') is None
+        assert fmt.problem('{"label": "maybe"}') == (
+            "output does not match the response_format schema at label: "
+            "'maybe' is not one of ['positive', 'negative']"
+        )
+        assert fmt.problem("{}") == (
+            "output does not match the response_format schema at the top level: "
+            "'label' is a required property"
+        )
+        assert fmt.problem("positive") is not None  # not JSON
+
+
+def test_string_schema_takes_the_bare_string_or_a_json_string_literal() -> None:
+    fmt = _fmt(_openai({"type": "string", "enum": ["positive", "negative"]}))
+    assert fmt.problem("positive") is None
+    assert fmt.problem('"negative"') is None
+    assert fmt.problem("neutral") is not None
+    assert fmt.published('"negative"') == "negative"
+    assert fmt.published("positive") == "positive"
+    # other formats publish the output as it came
+    assert _fmt(_openai(LABEL)).published('"x"') == '"x"'
+
+
+def test_a_schema_that_is_not_json_schema_is_a_bad_job() -> None:
+    with pytest.raises(JobError) as info:
+        output_format(_openai({"type": "objekt"}))
+    assert info.value.kind is ErrorKind.INVALID_JOB
+    assert str(info.value).startswith("options.response_format: the schema is not a valid JSON Schema: ")
+
+
+def test_equal_schemas_compile_once_whatever_their_key_order() -> None:
+    reordered = dict(reversed(list(LABEL.items())))
+    assert output_format(_openai(LABEL)) is output_format(
+        {"response_format": {"type": "json_object", "schema": reordered}}
+    )
+
+
+def test_long_validation_messages_are_cut() -> None:
+    fmt = _fmt(_openai({"type": "object", "properties": {"a": {"enum": ["x"]}}}))
+    problem = fmt.problem('{"a": "' + "y" * 1000 + '"}')
+    assert problem is not None and problem.endswith("...") and len(problem) < 300
+
+
+def test_job_answer_schema_reads_both_forms() -> None:
+    assert job_answer_schema({"type": "json_schema", "json_schema": {"schema": LABEL}}) == LABEL
+    assert job_answer_schema({"type": "json_object", "schema": LABEL}) == LABEL
+    assert job_answer_schema({"type": "json_object"}) is None
+    assert job_answer_schema(None) is None
