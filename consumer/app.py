@@ -142,8 +142,13 @@ class _ProducerPart:
         await self.producer.stop()
 
 
-#: young-generation collections run after this many net allocations (CPython default 700)
-GC_GEN0_THRESHOLD = 20_000
+#: young-generation collections run after this many net allocations (CPython default 700).
+#: CPython counts allocations minus deallocations of tracked objects, and a job's objects die by
+#: reference counting (60,000 jobs left ~500 objects in cycles): a collection runs once this
+#: many more objects are alive or cyclic garbage than at the last one, which bounds the garbage.
+#: At 20,000 the collections still ran every ~3,000 jobs and walked the in-flight jobs' objects:
+#: 3.5-4 us of CPU per job, ~10% (bench/README.md); at 100,000 none ran in a steady state.
+GC_GEN0_THRESHOLD = 100_000
 
 
 def tune_gc() -> None:
@@ -153,7 +158,8 @@ def tune_gc() -> None:
     the heap holds a large, static part (libraries, clients). With CPython's defaults the
     collector ran ~40 times per 1,000 jobs and each full pass walked that whole static heap:
     a quarter of the service's CPU (bench/pipeline_bench.py). Objects alive now move to the
-    permanent generation (`gc.freeze`), and the young generation is collected less often.
+    permanent generation (`gc.freeze`), and the young generation is collected only when
+    `GC_GEN0_THRESHOLD` more objects are alive than at the last collection.
     """
     gc.collect()
     gc.freeze()
