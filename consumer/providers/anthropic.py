@@ -3,7 +3,8 @@
 `x-api-key` and `anthropic-version` headers; system messages go to the top-level `system`
 field; `max_tokens` is always set (the API requires it). With an `answer_schema` in `tool` mode
 the request forces one tool whose `input_schema` is the schema, and the `tool_use` block's input
-becomes the Completion text (compact JSON).
+becomes the Completion text (compact JSON). A job's `options.response_format` (a JSON object, or
+a schema) is enforced the same way: Anthropic has no such option.
 
 `build_messages_body` and `parse_message` also serve the Message Batches API (`batch_anthropic.py`).
 """
@@ -19,6 +20,7 @@ from pydantic import SecretStr
 
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.errors import MalformedResponse
+from consumer.core.output import job_answer_schema
 from consumer.providers.httpapi import HttpCompletionProvider, HttpReply, ProviderHttp
 from consumer.providers.structured import (
     SCHEMA_NAME,
@@ -35,7 +37,8 @@ ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 1024
 ANTHROPIC_STRUCTURED_MODES: tuple[str, ...] = ("tool", "off")
 
-#: options Anthropic accepts as they are; `stop` is renamed; others (seed, response_format, ...) dropped
+#: options Anthropic accepts as they are; `stop` is renamed; `response_format` becomes a forced
+#: tool (`answer_schema_of`); others (seed, ...) dropped
 _PASSTHROUGH_OPTIONS = frozenset(
     {"temperature", "top_p", "top_k", "stop_sequences", "metadata", "service_tier"}
 )
@@ -53,6 +56,23 @@ _STOP_REASONS = {
 def anthropic_auth(secret: str) -> dict[str, str]:
     """Anthropic's auth header for a key."""
     return {"x-api-key": secret}
+
+
+def answer_schema_of(request: CompletionRequest) -> Mapping[str, Any] | None:
+    """The schema the answer is forced into: the request's own `answer_schema` (a batched
+    request's), else the one a job's `options.response_format` asks for, since Anthropic has no
+    such option (`{"type": "json_object"}` without a schema: any object)."""
+    if request.answer_schema is not None:
+        return request.answer_schema
+    response_format = request.options.get("response_format")
+    schema = job_answer_schema(response_format)
+    if (
+        schema is None
+        and isinstance(response_format, Mapping)
+        and response_format.get("type") == "json_object"
+    ):
+        schema = {"type": "object"}
+    return schema
 
 
 def build_messages_body(
@@ -78,14 +98,17 @@ def build_messages_body(
             body[key] = value
         elif key == "stop":
             body["stop_sequences"] = [value] if isinstance(value, str) else list(value)
+        elif key == "response_format" and structured_mode == "tool":
+            continue  # enforced below as a forced tool
         else:
             dropped.append(key)
     if dropped:
         log.debug("anthropic: options not sent (no Anthropic equivalent): %s", sorted(dropped))
-    if request.answer_schema is not None and structured_mode != "off":
+    schema = answer_schema_of(request)
+    if schema is not None and structured_mode != "off":
         if structured_mode != "tool":
             raise ValueError(f"anthropic supports structured modes {ANTHROPIC_STRUCTURED_MODES}")
-        root, _ = root_schema(request.answer_schema)
+        root, _ = root_schema(schema)
         body["tools"] = [{"name": SCHEMA_NAME, "description": TOOL_DESCRIPTION, "input_schema": root}]
         body["tool_choice"] = {"type": "tool", "name": SCHEMA_NAME}
     return body
@@ -117,9 +140,10 @@ def parse_message(
                 texts.append(str(block["text"]))
             elif block.get("type") == "tool_use" and tool_input is None:
                 tool_input = block["input"]
-        forced = structured_mode == "tool" and request.answer_schema is not None
+        schema = answer_schema_of(request)
+        forced = structured_mode == "tool" and schema is not None
         if tool_input is not None and (forced or not texts):
-            wrapped = request.answer_schema is not None and root_schema(request.answer_schema)[1]
+            wrapped = schema is not None and root_schema(schema)[1]
             text = answer_text(tool_input, wrapped=wrapped)
         else:
             text = "".join(texts)

@@ -463,6 +463,44 @@ async def test_anthropic_tool_answer_of_a_wrapped_string_schema() -> None:
     assert completion.text == "negative"
 
 
+async def test_anthropic_enforces_a_jobs_response_format_as_a_forced_tool() -> None:
+    """Anthropic has no response_format: a job's schema (or a plain JSON object) becomes the
+    forced tool's input schema, and the tool input is the answer."""
+    label = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+    as_schema = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": label}}}
+    answer = {
+        **ANTHROPIC_OK,
+        "stop_reason": "tool_use",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": "answer", "input": {"label": "pos"}}],
+    }
+    rec = recorder(200, answer)
+    completion = await anthropic(rec).complete(make_request(options=as_schema))
+    body = rec.json()
+    assert "response_format" not in body
+    assert body["tools"][0]["input_schema"] == label
+    assert body["tool_choice"] == {"type": "tool", "name": "answer"}
+    assert completion.text == '{"label":"pos"}'
+
+    rec = recorder(200, {**answer, "content": [{**answer["content"][0], "input": {"any": 1}}]})
+    completion = await anthropic(rec).complete(
+        make_request(options={"response_format": {"type": "json_object"}})
+    )
+    assert rec.json()["tools"][0]["input_schema"] == {"type": "object"}
+    assert completion.text == '{"any":1}'
+
+    # a string schema is wrapped for the tool and unwrapped from its answer
+    string = {"response_format": {"type": "json_object", "schema": {"type": "string"}}}
+    rec = recorder(200, {**answer, "content": [{**answer["content"][0], "input": {"answer": "neg"}}]})
+    completion = await anthropic(rec).complete(make_request(options=string))
+    assert rec.json()["tools"][0]["input_schema"]["properties"] == {"answer": {"type": "string"}}
+    assert completion.text == "neg"
+
+    # with structured output off the option is dropped, as before
+    rec = recorder(200, ANTHROPIC_OK)
+    await anthropic(rec, structured_mode="off").complete(make_request(options=as_schema))
+    assert "tools" not in rec.json() and "response_format" not in rec.json()
+
+
 async def test_anthropic_rejects_modes_it_has_not() -> None:
     with pytest.raises(ValueError):
         anthropic(recorder(200, {}), structured_mode="json_schema")
