@@ -26,7 +26,7 @@ from jsonschema.validators import validator_for
 
 from consumer.core.errors import ErrorKind, JobError
 
-__all__ = ["OutputFormat", "job_answer_schema", "output_format"]
+__all__ = ["OutputFormat", "job_answer_schema", "output_format", "response_format_schema"]
 
 #: validation messages quote the offending value: keep them short
 _MAX_MESSAGE_CHARS = 200
@@ -40,6 +40,20 @@ def job_answer_schema(response_format: Any) -> dict[str, Any] | None:
     if schema is None and isinstance(response_format.get("json_schema"), Mapping):
         schema = response_format["json_schema"].get("schema")
     return schema if isinstance(schema, dict) else None
+
+
+def response_format_schema(response_format: Any) -> dict[str, Any] | None:
+    """The schema a `response_format` puts on the answer, for requests that enforce it by a
+    schema of their own (a batched answer's alias values, Anthropic's forced tool): its JSON
+    Schema, `{"type": "object"}` for a plain JSON object, else None."""
+    schema = job_answer_schema(response_format)
+    if (
+        schema is None
+        and isinstance(response_format, Mapping)
+        and response_format.get("type") == "json_object"
+    ):
+        return {"type": "object"}
+    return schema
 
 
 def _short(text: str) -> str:

@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.errors import MalformedResponse
-from consumer.core.output import job_answer_schema
+from consumer.core.output import response_format_schema
 from consumer.providers.httpapi import HttpCompletionProvider, HttpReply, ProviderHttp
 from consumer.providers.structured import (
     SCHEMA_NAME,
@@ -60,19 +60,11 @@ def anthropic_auth(secret: str) -> dict[str, str]:
 
 def answer_schema_of(request: CompletionRequest) -> Mapping[str, Any] | None:
     """The schema the answer is forced into: the request's own `answer_schema` (a batched
-    request's), else the one a job's `options.response_format` asks for, since Anthropic has no
-    such option (`{"type": "json_object"}` without a schema: any object)."""
+    request's), else what a job's `options.response_format` asks for, since Anthropic has no
+    such option."""
     if request.answer_schema is not None:
         return request.answer_schema
-    response_format = request.options.get("response_format")
-    schema = job_answer_schema(response_format)
-    if (
-        schema is None
-        and isinstance(response_format, Mapping)
-        and response_format.get("type") == "json_object"
-    ):
-        schema = {"type": "object"}
-    return schema
+    return response_format_schema(request.options.get("response_format"))
 
 
 def build_messages_body(

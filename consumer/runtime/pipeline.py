@@ -28,7 +28,7 @@ from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
 from consumer.core.errors import ErrorKind, JobError, ProviderError, RateLimited, ServerError
 from consumer.core.jobs import Job, decode_job
-from consumer.core.output import OutputFormat, job_answer_schema, output_format
+from consumer.core.output import OutputFormat, output_format, response_format_schema
 from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.templates import BatchablePrompt, render_and_split
@@ -424,7 +424,7 @@ class Pipeline:
         if req.max_tokens is not None:
             options["max_tokens"] = req.max_tokens
         # the job's own answer schema (if any) becomes the schema of each alias's value
-        item_schema = job_answer_schema(options.pop("response_format", None))
+        item_schema = response_format_schema(options.pop("response_format", None))
         schema = None
         if tier.config.batching.structured != "off":
             schema = answer_schema(req.packed.aliases, item_schema)

@@ -107,15 +107,23 @@ async def test_outputs_are_checked_against_the_jobs_response_format(kafka_bootst
     alone, and when that answer breaks it too the job is dead-lettered `output_invalid` with
     the reason; jobs whose schema the answers obey are results all the same."""
     obeyed = [job(i, batch=True, options=_schema_option(LABEL_SCHEMA)) for i in range(6)]
+    # a plain JSON object: each alias's value must be an object, not the default string
+    objects = [
+        job(50 + i, batch=True, options={"response_format": {"type": "json_object"}}) for i in range(6)
+    ]
     settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
     async with SimulatorServer(SimulatorConfig(seed=1)) as base_url:
         async with InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=3)):
-            await produce(settings, obeyed)
-            outcomes = await wait_for_outcomes(settings, {j["id"] for j in obeyed}, timeout_s=60)
+            await produce(settings, obeyed + objects)
+            outcomes = await wait_for_outcomes(settings, {j["id"] for j in obeyed + objects}, timeout_s=60)
     assert not outcomes.dead, outcomes.dead
     for j in obeyed:
         (result,) = outcomes.results[j["id"]]
         assert orjson.loads(result["output"])["label"] in ("positive", "negative", "neutral")
+    for j in obeyed + objects:
+        (result,) = outcomes.results[j["id"]]
+        assert isinstance(orjson.loads(result["output"]), dict)
+        assert result["attempts"] == 1 and result["batch"]["size"] > 1  # obeyed in the batch
 
     settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
     broken = [job(100 + i, batch=True, options=_schema_option(LABEL_SCHEMA)) for i in range(6)]

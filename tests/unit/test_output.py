@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from consumer.core.errors import ErrorKind, JobError
-from consumer.core.output import OutputFormat, job_answer_schema, output_format
+from consumer.core.output import OutputFormat, job_answer_schema, output_format, response_format_schema
 
 LABEL = {
     "type": "object",
@@ -94,3 +94,11 @@ def test_job_answer_schema_reads_both_forms() -> None:
     assert job_answer_schema({"type": "json_object", "schema": LABEL}) == LABEL
     assert job_answer_schema({"type": "json_object"}) is None
     assert job_answer_schema(None) is None
+
+
+def test_the_schema_a_response_format_puts_on_an_answer() -> None:
+    assert response_format_schema({"type": "json_schema", "json_schema": {"schema": LABEL}}) == LABEL
+    assert response_format_schema({"type": "json_object", "schema": LABEL}) == LABEL
+    assert response_format_schema({"type": "json_object"}) == {"type": "object"}
+    assert response_format_schema({"type": "text"}) is None
+    assert response_format_schema(None) is None
