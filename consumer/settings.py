@@ -11,10 +11,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from consumer.core.errors import ConfigError
+from consumer.core.errors import ConfigError, JobError
+from consumer.core.output import output_format
 
 ProviderName = Literal["openai", "anthropic", "openai_compat"]
 
@@ -102,6 +112,16 @@ class TierConfig(_Strict):
     limiter: LimiterConfig = LimiterConfig()
     retry: RetryConfig = RetryConfig()
     offline: OfflineConfig = OfflineConfig()
+
+    @field_validator("options")
+    @classmethod
+    def _check_response_format(cls, options: dict[str, Any]) -> dict[str, Any]:
+        # a bad schema here would make every job of the tier an invalid_job: refuse to start
+        try:
+            output_format(options)
+        except JobError as exc:
+            raise ValueError(str(exc)) from None
+        return options
 
     @model_validator(mode="after")
     def _check_provider(self) -> TierConfig:

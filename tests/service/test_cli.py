@@ -52,6 +52,19 @@ def cli(
         ),
         ({"tiers": {"a": {"provider": "openai_compat", "model": "m"}}}, "tiers.a", "base_url is required"),
         ({"tiers": {}}, "tiers", "at least 1"),
+        (
+            {
+                "tiers": {
+                    "a": {
+                        "provider": "openai",
+                        "model": "m",
+                        "options": {"response_format": {"type": "json_object", "schema": {"type": 7}}},
+                    }
+                }
+            },
+            "tiers.a.options",
+            "options.response_format: the schema is not a valid JSON Schema",
+        ),
     ],
 )
 def test_check_config_names_the_bad_key(tmp_path: Path, tiers: dict, key: str, reason: str) -> None:
