@@ -9,12 +9,14 @@ published. One that does not obey is `output_invalid`; the plan first asks a bat
 again alone (`consumer.core.plan`).
 
 A string schema's output is the bare string (a JSON string literal is unwrapped), as the
-batched path yields it; any other output must be JSON text.
+batched path yields it; any other output must hold JSON, which is what is published (a code
+fence or prose around it is dropped, as for batched answers).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +27,13 @@ from jsonschema.exceptions import SchemaError, best_match
 from jsonschema.validators import validator_for
 
 from consumer.core.errors import ErrorKind, JobError
+from consumer.core.packing import json_candidates
 
-__all__ = ["OutputFormat", "job_answer_schema", "output_format", "response_format_schema"]
+__all__ = ["OutputFormat", "job_answer_schema", "json_document", "output_format", "response_format_schema"]
 
 #: validation messages quote the offending value: keep them short
 _MAX_MESSAGE_CHARS = 200
+_decoder = json.JSONDecoder()
 
 
 def job_answer_schema(response_format: Any) -> dict[str, Any] | None:
@@ -60,6 +64,27 @@ def _short(text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 3] + "..."
 
 
+def json_document(output: str) -> str | None:
+    """The JSON document an answer holds: the answer itself, else the first code-fenced block,
+    else the first object in prose around it, that parses; None when there is none."""
+    for candidate in json_candidates(output):
+        if not candidate:
+            continue
+        try:
+            orjson.loads(candidate)
+        except orjson.JSONDecodeError:
+            continue
+        return candidate
+    start = output.find("{")
+    if start >= 0:
+        try:
+            _, end = _decoder.raw_decode(output, start)
+        except ValueError:
+            return None
+        return output[start:end]
+    return None
+
+
 def _string_literal_value(output: str) -> str | None:
     """The string a JSON string literal holds; None when `output` is not one."""
     if len(output) < 2 or output[0] != '"':
@@ -88,12 +113,13 @@ class OutputFormat:
 
     def published(self, output: str) -> str:
         """The output as published: a string schema's JSON string literal becomes the bare string
-        (schema-constrained servers answer such a request in quotes)."""
+        (schema-constrained servers answer such a request in quotes); otherwise the JSON the
+        answer holds, without the code fence or prose a model put around it."""
         if self.is_string:
             value = _string_literal_value(output)
-            if value is not None:
-                return value
-        return output
+            return output if value is None else value
+        document = json_document(output)
+        return output if document is None else document
 
     def problem(self, output: str) -> str | None:
         """None when `output` obeys the format; else what is wrong, in one sentence."""
@@ -102,8 +128,9 @@ class OutputFormat:
             literal = _string_literal_value(output)
             value = output if literal is None else literal
         else:
+            document = json_document(output)
             try:
-                value = orjson.loads(output)
+                value = orjson.loads(output if document is None else document)
             except orjson.JSONDecodeError as exc:
                 return f"output is not JSON ({exc.msg} at char {exc.pos}); response_format asks for JSON"
         if self.validator is None:

@@ -209,7 +209,9 @@ def _value_text(value: Any) -> str | None:
     return orjson.dumps(value).decode()
 
 
-def _candidates(text: str) -> Iterable[str]:
+def json_candidates(text: str) -> Iterable[str]:
+    """Where a model's JSON may be in its answer: the whole text stripped, then each code-fenced
+    block's content (models often fence JSON even when told not to)."""
     stripped = text.strip()
     yield stripped
     for m in _FENCE.finditer(text):
@@ -221,7 +223,7 @@ def _find_mapping(text: str, alias_set: frozenset[str]) -> dict[str, Any] | None
     first accepted form at all (so a foreign object is reported as UNEXPECTED), else None.
     """
     fallback: dict[str, Any] | None = None
-    for cand in _candidates(text):
+    for cand in json_candidates(text):
         if not cand:
             continue
         found: list[Any] = []

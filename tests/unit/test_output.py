@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from consumer.core.errors import ErrorKind, JobError
-from consumer.core.output import OutputFormat, job_answer_schema, output_format, response_format_schema
+from consumer.core.output import (
+    OutputFormat,
+    job_answer_schema,
+    json_document,
+    output_format,
+    response_format_schema,
+)
 
 LABEL = {
     "type": "object",
@@ -102,3 +108,24 @@ def test_the_schema_a_response_format_puts_on_an_answer() -> None:
     assert response_format_schema({"type": "json_object"}) == {"type": "object"}
     assert response_format_schema({"type": "text"}) is None
     assert response_format_schema(None) is None
+
+
+def test_json_in_a_code_fence_or_prose_is_taken_out_and_published() -> None:
+    fmt = _fmt(_openai(LABEL))
+    fenced = 'Here you go:\n```json\n{"label": "negative"}\n```'
+    assert fmt.problem(fenced) is None
+    assert fmt.published(fenced) == '{"label": "negative"}'
+    prose = 'Sure! {"label": "positive"} Hope that helps.'
+    assert fmt.problem(prose) is None
+    assert fmt.published(prose) == '{"label": "positive"}'
+    # what is taken out is what is checked
+    bad = '```json\n{"label": "maybe"}\n```'
+    assert fmt.published(bad) == '{"label": "maybe"}'
+    problem = fmt.problem(bad)
+    assert problem is not None and "'maybe' is not one of" in problem
+    # no JSON at all: published as it came, and not JSON
+    assert fmt.published("no idea") == "no idea"
+    problem = fmt.problem("no idea { at all")
+    assert problem is not None and problem.startswith("output is not JSON (")
+    assert json_document('  {"a": 1}  ') == '{"a": 1}'
+    assert json_document("plain words") is None
