@@ -29,7 +29,7 @@ from jsonschema.validators import validator_for
 from consumer.core.errors import ErrorKind, JobError
 from consumer.core.packing import json_candidates
 
-__all__ = ["OutputFormat", "job_answer_schema", "json_document", "output_format", "response_format_schema"]
+__all__ = ["OutputFormat", "job_answer_schema", "output_format", "response_format_schema"]
 
 #: validation messages quote the offending value: keep them short
 _MAX_MESSAGE_CHARS = 200
@@ -64,25 +64,32 @@ def _short(text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 3] + "..."
 
 
-def json_document(output: str) -> str | None:
-    """The JSON document an answer holds: the answer itself, else the first code-fenced block,
-    else the first object in prose around it, that parses; None when there is none."""
+def _json_in(output: str) -> tuple[str, Any] | None:
+    """The JSON document an answer holds and its value: the answer itself, else the first
+    code-fenced block, else the first object in prose around it, that parses; None: none."""
     for candidate in json_candidates(output):
         if not candidate:
             continue
         try:
-            orjson.loads(candidate)
+            return candidate, orjson.loads(candidate)
         except orjson.JSONDecodeError:
             continue
-        return candidate
     start = output.find("{")
     if start >= 0:
         try:
-            _, end = _decoder.raw_decode(output, start)
+            value, end = _decoder.raw_decode(output, start)
         except ValueError:
             return None
-        return output[start:end]
+        return output[start:end], value
     return None
+
+
+def _not_json(output: str) -> str:
+    try:
+        orjson.loads(output)
+    except orjson.JSONDecodeError as exc:
+        return f"output is not JSON ({exc.msg} at char {exc.pos}); response_format asks for JSON"
+    return "output is not JSON; response_format asks for JSON"
 
 
 def _string_literal_value(output: str) -> str | None:
@@ -101,7 +108,7 @@ class OutputFormat:
     """A job's required output: a JSON object (`schema` None) or a value obeying `schema`.
 
     Compared and hashed by identity (`output_format` makes one per distinct schema), so a
-    `Member` holding its `problem` method stays hashable.
+    `Member` holding its `accept` method stays hashable.
     """
 
     schema: dict[str, Any] | None
@@ -111,28 +118,23 @@ class OutputFormat:
     def is_string(self) -> bool:
         return self.schema is not None and self.schema.get("type") == "string"
 
-    def published(self, output: str) -> str:
-        """The output as published: a string schema's JSON string literal becomes the bare string
-        (schema-constrained servers answer such a request in quotes); otherwise the JSON the
-        answer holds, without the code fence or prose a model put around it."""
-        if self.is_string:
-            value = _string_literal_value(output)
-            return output if value is None else value
-        document = json_document(output)
-        return output if document is None else document
-
-    def problem(self, output: str) -> str | None:
-        """None when `output` obeys the format; else what is wrong, in one sentence."""
+    def accept(self, output: str) -> tuple[str, str | None]:
+        """The output as it is published, and what is wrong with it in one sentence (None: it
+        obeys the format). A string schema's JSON string literal becomes the bare string
+        (schema-constrained servers answer such a request in quotes); any other output is the
+        JSON it holds, without the code fence or prose a model put around it."""
         value: Any
         if self.is_string:
             literal = _string_literal_value(output)
-            value = output if literal is None else literal
+            published = value = output if literal is None else literal
         else:
-            document = json_document(output)
-            try:
-                value = orjson.loads(output if document is None else document)
-            except orjson.JSONDecodeError as exc:
-                return f"output is not JSON ({exc.msg} at char {exc.pos}); response_format asks for JSON"
+            found = _json_in(output)
+            if found is None:
+                return output, _not_json(output)
+            published, value = found
+        return published, self._problem(value)
+
+    def _problem(self, value: Any) -> str | None:
         if self.validator is None:
             if isinstance(value, dict):
                 return None

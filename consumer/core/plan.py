@@ -70,14 +70,14 @@ class Member:
     ref: the caller's handle for the job (unique within the plan).
     input: the value of the prompt's variable (what goes into the batched items).
     max_tokens: the job's effective max_tokens (tier options merged with the job's), if any.
-    check: what is wrong with an answer for this job (None when nothing), for jobs that ask
-        for an output format (`consumer.core.output.OutputFormat.problem`).
+    check: for a job that asks for an output format, its answer as it is to be published and
+        what is wrong with it (None: nothing) (`consumer.core.output.OutputFormat.accept`).
     """
 
     ref: Hashable
     input: str
     max_tokens: int | None = None
-    check: Callable[[str], str | None] | None = None
+    check: Callable[[str], tuple[str, str | None]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +124,11 @@ class Step:
     failed: list[tuple[Member, ErrorKind, str]] = field(default_factory=list)
     pause_tier_s: float | None = None
     verdict: AnswerVerdict | None = None
+
+
+def _checked(member: Member, answer: str) -> tuple[str, str | None]:
+    """`answer` as it is published for `member`, and what is wrong with it (None: nothing)."""
+    return (answer, None) if member.check is None else member.check(answer)
 
 
 class RequestPlan:
@@ -266,7 +271,7 @@ class RequestPlan:
         step = Step()
         if req.packed is None:
             member = req.members[0]
-            problem = member.check(text) if member.check is not None else None
+            text, problem = _checked(member, text)
             if problem is None:
                 self._answer(step, member, text, req)
             else:
@@ -278,10 +283,11 @@ class RequestPlan:
         disobeying: list[Member] = []
         for alias, answer in verdict.answers.items():
             member = by_alias[alias]
-            if member.check is not None and member.check(answer) is not None:
-                disobeying.append(member)
-            else:
+            answer, problem = _checked(member, answer)
+            if problem is None:
                 self._answer(step, member, answer, req)
+            else:
+                disobeying.append(member)
         # an answer that breaks its job's output format is asked again alone, like a missing one
         step.requests.extend(self._request([m]) for m in self._live(disobeying))
         rest = self._live([by_alias[a] for a in verdict.missing])

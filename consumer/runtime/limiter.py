@@ -228,8 +228,7 @@ class AsyncLimiter:
                 # a slot was handed to us that we will not use: pass it on; the provider will
                 # never count it, so the mirrors must not wait for it either
                 token = fut.result()
-                self._pacer.observe(None, token.seq, token.started_s, self._clock(), rejected=True)
-                self._tokens.forget(token.seq)
+                self.note_budget(None, token, rejected=True)
                 token.ignore()
             elif waiter in self._waiters:
                 self._waiters.remove(waiter)

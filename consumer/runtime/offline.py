@@ -330,8 +330,7 @@ def outcome_records(
             except JobError as exc:  # the tier's options changed since the job was read
                 wanted, problem = None, str(exc)
             if wanted is not None:
-                problem = wanted.problem(output)
-                output = wanted.published(output)
+                output, problem = wanted.accept(output)
             if problem is None:
                 out.append(
                     result_record(

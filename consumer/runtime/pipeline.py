@@ -456,8 +456,6 @@ class Pipeline:
                 )
                 continue
             assert completion is not None
-            if answered_by.packed is None and ctx.output_format is not None:
-                answer = ctx.output_format.published(answer)
             if results is None or results_of is not answered_by:
                 results_of = answered_by
                 results = AnswerResults(self._settings.results_topic, completion, len(answered_by.members))
@@ -608,8 +606,8 @@ def _past_deadline(ctx: JobContext, now_s: float) -> bool:
     return ctx.deadline_s is not None and now_s >= ctx.deadline_s
 
 
-def _output_check(ctx: JobContext) -> Callable[[str], str | None] | None:
-    return ctx.output_format.problem if ctx.output_format is not None else None
+def _output_check(ctx: JobContext) -> Callable[[str], tuple[str, str | None]] | None:
+    return ctx.output_format.accept if ctx.output_format is not None else None
 
 
 def _key_text(key: bytes | None) -> str | None:

@@ -90,10 +90,10 @@ class ServiceStats:
         }
 
 
-#: counters add up across instances; gauges are shown for live instances only (batch_size: the max)
-_GAUGES = {"limit", "inflight", "batch_size", "paused_s"}
-#: gauges that describe something shared (a tier's batch size, its API key's budgets): the
-#: largest live value, not a sum
+#: counters add up across instances; gauges are shown for live instances only: summed for what
+#: each instance has of its own, the largest live value for what they share (a tier's batch
+#: size, its API key's budgets)
+_OWN_GAUGES = {"limit", "inflight", "paused_s"}
 _SHARED_GAUGES = {"batch_size", "budget_requests_per_s", "budget_tokens_per_s"}
 
 
@@ -126,7 +126,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
             for k, v in ts.items():
                 if k in _SHARED_GAUGES:
                     agg[k] = max(agg.get(k, 0), v) if live else agg.get(k, 0)
-                elif k in _GAUGES:
+                elif k in _OWN_GAUGES:
                     if live:
                         agg[k] = agg.get(k, 0) + v
                     else:

@@ -11,7 +11,6 @@ from consumer.core.errors import ErrorKind, JobError
 from consumer.core.output import (
     OutputFormat,
     job_answer_schema,
-    json_document,
     output_format,
     response_format_schema,
 )
@@ -43,36 +42,36 @@ def test_nothing_to_check_without_a_json_response_format() -> None:
 
 def test_json_object_wants_a_json_object() -> None:
     fmt = _fmt({"response_format": {"type": "json_object"}})
-    assert fmt.problem('{"a": 1}') is None
-    assert fmt.problem("[1, 2]") == "output is a JSON list; response_format asks for a JSON object"
-    problem = fmt.problem("Sure! {")
+    assert fmt.accept('{"a": 1}')[1] is None
+    assert fmt.accept("[1, 2]")[1] == "output is a JSON list; response_format asks for a JSON object"
+    problem = fmt.accept("Sure! {")[1]
     assert problem is not None and problem.startswith("output is not JSON (")
 
 
 def test_schema_in_openai_and_llama_cpp_form() -> None:
     for options in (_openai(LABEL), {"response_format": {"type": "json_object", "schema": LABEL}}):
         fmt = _fmt(options)
-        assert fmt.problem('{"label": "positive"}') is None
-        assert fmt.problem('{"label": "maybe"}') == (
+        assert fmt.accept('{"label": "positive"}')[1] is None
+        assert fmt.accept('{"label": "maybe"}')[1] == (
             "output does not match the response_format schema at label: "
             "'maybe' is not one of ['positive', 'negative']"
         )
-        assert fmt.problem("{}") == (
+        assert fmt.accept("{}")[1] == (
             "output does not match the response_format schema at the top level: "
             "'label' is a required property"
         )
-        assert fmt.problem("positive") is not None  # not JSON
+        assert fmt.accept("positive")[1] is not None  # not JSON
 
 
 def test_string_schema_takes_the_bare_string_or_a_json_string_literal() -> None:
     fmt = _fmt(_openai({"type": "string", "enum": ["positive", "negative"]}))
-    assert fmt.problem("positive") is None
-    assert fmt.problem('"negative"') is None
-    assert fmt.problem("neutral") is not None
-    assert fmt.published('"negative"') == "negative"
-    assert fmt.published("positive") == "positive"
+    assert fmt.accept("positive")[1] is None
+    assert fmt.accept('"negative"')[1] is None
+    assert fmt.accept("neutral")[1] is not None
+    assert fmt.accept('"negative"')[0] == "negative"
+    assert fmt.accept("positive")[0] == "positive"
     # other formats publish the output as it came
-    assert _fmt(_openai(LABEL)).published('"x"') == '"x"'
+    assert _fmt(_openai(LABEL)).accept('"x"')[0] == '"x"'
 
 
 def test_a_schema_that_is_not_json_schema_is_a_bad_job() -> None:
@@ -91,7 +90,7 @@ def test_equal_schemas_compile_once_whatever_their_key_order() -> None:
 
 def test_long_validation_messages_are_cut() -> None:
     fmt = _fmt(_openai({"type": "object", "properties": {"a": {"enum": ["x"]}}}))
-    problem = fmt.problem('{"a": "' + "y" * 1000 + '"}')
+    problem = fmt.accept('{"a": "' + "y" * 1000 + '"}')[1]
     assert problem is not None and problem.endswith("...") and len(problem) < 300
 
 
@@ -113,19 +112,21 @@ def test_the_schema_a_response_format_puts_on_an_answer() -> None:
 def test_json_in_a_code_fence_or_prose_is_taken_out_and_published() -> None:
     fmt = _fmt(_openai(LABEL))
     fenced = 'Here you go:\n```json\n{"label": "negative"}\n```'
-    assert fmt.problem(fenced) is None
-    assert fmt.published(fenced) == '{"label": "negative"}'
+    assert fmt.accept(fenced)[1] is None
+    assert fmt.accept(fenced)[0] == '{"label": "negative"}'
     prose = 'Sure! {"label": "positive"} Hope that helps.'
-    assert fmt.problem(prose) is None
-    assert fmt.published(prose) == '{"label": "positive"}'
+    assert fmt.accept(prose)[1] is None
+    assert fmt.accept(prose)[0] == '{"label": "positive"}'
     # what is taken out is what is checked
     bad = '```json\n{"label": "maybe"}\n```'
-    assert fmt.published(bad) == '{"label": "maybe"}'
-    problem = fmt.problem(bad)
+    assert fmt.accept(bad)[0] == '{"label": "maybe"}'
+    problem = fmt.accept(bad)[1]
     assert problem is not None and "'maybe' is not one of" in problem
     # no JSON at all: published as it came, and not JSON
-    assert fmt.published("no idea") == "no idea"
-    problem = fmt.problem("no idea { at all")
+    assert fmt.accept("no idea")[0] == "no idea"
+    problem = fmt.accept("no idea { at all")[1]
     assert problem is not None and problem.startswith("output is not JSON (")
-    assert json_document('  {"a": 1}  ') == '{"a": 1}'
-    assert json_document("plain words") is None
+    anything = _fmt({"response_format": {"type": "json_object"}})
+    assert anything.accept('  {"a": 1}  ') == ('{"a": 1}', None)
+    published, problem = anything.accept("plain words")
+    assert published == "plain words" and problem is not None and problem.startswith("output is not JSON (")

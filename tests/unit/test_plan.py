@@ -28,7 +28,7 @@ from consumer.core.packing import AnswerKind
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.retry import RetryPolicy
 
-Check = Callable[[str], "str | None"]
+Check = Callable[[str], "tuple[str, str | None]"]
 
 POLICY = RetryPolicy(
     max_attempts=3, backoff_initial_s=0.5, backoff_max_s=4.0, quota_cooldown_s=60, quota_max_wait_s=150
@@ -45,9 +45,9 @@ def _plan(n: int, *, policy: RetryPolicy = POLICY, tier_max_tokens: int | None =
                        rng=random.Random(seed), tier_max_tokens=tier_max_tokens)
 
 
-def _ans_only(text: str) -> str | None:
+def _ans_only(text: str) -> tuple[str, str | None]:
     """An output format that only takes the model's proper answers ("ans:...")."""
-    return None if text.startswith("ans:") else f"not an answer: {text[:10]}"
+    return text, None if text.startswith("ans:") else f"not an answer: {text[:10]}"
 
 
 def _perfect(req: PlannedRequest, skip: int = 0) -> str:
