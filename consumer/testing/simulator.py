@@ -641,6 +641,14 @@ class SimulatorApp:
         # Anthropic: x-api-key; recent anthropic SDKs send the key as a bearer token instead
         return request.headers.get("x-api-key") == wanted or bearer
 
+    def _unauthorized(self, kind: str) -> Response:
+        """The 401 each provider sends for a missing or wrong key, in its own words."""
+        if kind == "openai":
+            return self._error(
+                kind, 401, "invalid_request_error", "Incorrect API key provided.", code="invalid_api_key"
+            )
+        return self._error(kind, 401, "authentication_error", "invalid x-api-key")
+
     def _error(
         self,
         kind: str,
@@ -742,14 +750,7 @@ class SimulatorApp:
         cfg, counters = self.config, self.stats_.counters
         counters["requests"] += 1
         if not self._authorized(request, kind):
-            etype = "invalid_request_error" if kind == "openai" else "authentication_error"
-            return self._error(
-                kind,
-                401,
-                etype,
-                "invalid x-api-key" if kind == "anthropic" else "Incorrect API key provided.",
-                code="invalid_api_key",
-            )
+            return self._unauthorized(kind)
         try:
             body = orjson.loads(await request.body())
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -889,7 +890,7 @@ class SimulatorApp:
         """POST /v1/files (multipart, purpose=batch)."""
         self._count(request)
         if not self._authorized(request, "openai"):
-            return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
+            return self._unauthorized("openai")
         form = _parse_multipart(await request.body(), request.headers.get("content-type", ""))
         if "file" not in form or form.get("purpose", (None, b""))[1] != b"batch":
             return self._error("openai", 400, "invalid_request_error", "expected file and purpose=batch")
@@ -902,7 +903,7 @@ class SimulatorApp:
         """GET /v1/files/{file_id}/content."""
         self._count(request)
         if not self._authorized(request, "openai"):
-            return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
+            return self._unauthorized("openai")
         file_id = request.path_params["file_id"]
         if file_id not in self.files:
             return self._error("openai", 404, "invalid_request_error", f"No such File object: {file_id}")
@@ -912,7 +913,7 @@ class SimulatorApp:
         """POST /v1/batches."""
         self._count(request)
         if not self._authorized(request, "openai"):
-            return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
+            return self._unauthorized("openai")
         body = orjson.loads(await request.body())
         file_id = body.get("input_file_id")
         if file_id not in self.files:
@@ -957,7 +958,7 @@ class SimulatorApp:
         """GET /v1/batches/{batch_id}."""
         self._count(request)
         if not self._authorized(request, "openai"):
-            return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
+            return self._unauthorized("openai")
         batch = self._batch_or_404(request, "openai")
         return batch if isinstance(batch, Response) else JSONResponse(self._openai_batch(batch))
 
@@ -965,7 +966,7 @@ class SimulatorApp:
         """POST /v1/batches/{batch_id}/cancel."""
         self._count(request)
         if not self._authorized(request, "openai"):
-            return self._error("openai", 401, "invalid_request_error", "Incorrect API key provided.")
+            return self._unauthorized("openai")
         batch = self._batch_or_404(request, "openai")
         if isinstance(batch, Response):
             return batch
@@ -1008,7 +1009,7 @@ class SimulatorApp:
         """POST /v1/messages/batches."""
         self._count(request)
         if not self._authorized(request, "anthropic"):
-            return self._error("anthropic", 401, "authentication_error", "invalid x-api-key")
+            return self._unauthorized("anthropic")
         body = orjson.loads(await request.body())
         items = body.get("requests")
         if not isinstance(items, list) or not items:
@@ -1032,7 +1033,7 @@ class SimulatorApp:
         """GET /v1/messages/batches/{batch_id}."""
         self._count(request)
         if not self._authorized(request, "anthropic"):
-            return self._error("anthropic", 401, "authentication_error", "invalid x-api-key")
+            return self._unauthorized("anthropic")
         batch = self._batch_or_404(request, "anthropic")
         return batch if isinstance(batch, Response) else JSONResponse(self._anthropic_batch(batch, request))
 
@@ -1040,7 +1041,7 @@ class SimulatorApp:
         """POST /v1/messages/batches/{batch_id}/cancel."""
         self._count(request)
         if not self._authorized(request, "anthropic"):
-            return self._error("anthropic", 401, "authentication_error", "invalid x-api-key")
+            return self._unauthorized("anthropic")
         batch = self._batch_or_404(request, "anthropic")
         if isinstance(batch, Response):
             return batch
@@ -1058,7 +1059,7 @@ class SimulatorApp:
         """GET /v1/messages/batches/{batch_id}/results (JSONL)."""
         self._count(request)
         if not self._authorized(request, "anthropic"):
-            return self._error("anthropic", 401, "authentication_error", "invalid x-api-key")
+            return self._unauthorized("anthropic")
         batch = self._batch_or_404(request, "anthropic")
         if isinstance(batch, Response):
             return batch

@@ -432,6 +432,37 @@ async def test_batch_cancel_over_http(kind: str) -> None:
     assert not any(r.ok or r.expired for r in results)
 
 
+def _batch_provider(kind: str, url: str, key: str) -> Any:
+    client = client_session()
+    if kind == "openai":
+        return OpenAIBatchProvider(client, base_url=url + "/v1", api_key=SecretStr(key))
+    return AnthropicBatchProvider(client, base_url=url, api_key=SecretStr(key))
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+async def test_batch_routes_refuse_a_wrong_key(kind: str) -> None:
+    async with simulator(SimulatorConfig(api_key=KEY, batch_delay_s=3600)) as (url, _):
+        owner = _batch_provider(kind, url, KEY)
+        intruder = _batch_provider(kind, url, "not-the-key")
+        try:
+            [job] = await owner.submit(batch_items(2))
+            for call in (
+                intruder.submit(batch_items(1)),
+                intruder.status(job.id),
+                intruder.results(job.id),
+                intruder.cancel(job.id),
+            ):
+                with pytest.raises(AuthFailed) as info:
+                    await call
+                assert "not-the-key" not in str(info.value)
+            # the refused cancel changed nothing
+            assert (await owner.status(job.id)).status is BatchStatus.RUNNING
+        finally:
+            await owner.aclose()
+            await intruder.aclose()
+        assert (await stats(url))["status_401"] == 4
+
+
 # ---------------------------------------------------------------- the CLI serves the same thing
 
 
