@@ -25,6 +25,9 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
 from jsonschema.validators import validator_for
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012, specification_with
 
 from consumer.core.errors import ErrorKind, JobError
 from consumer.core.packing import json_candidates
@@ -34,6 +37,10 @@ __all__ = ["OutputFormat", "job_answer_schema", "output_format", "response_forma
 #: validation messages quote the offending value: keep them short
 _MAX_MESSAGE_CHARS = 200
 _decoder = json.JSONDecoder()
+#: where a schema's `$ref`s are looked up: inside the schema only (and jsonschema's bundled
+#: meta-schemas). jsonschema's default registry fetches any other URI with urllib: a request
+#: from the service to wherever a job points, blocking the event loop.
+_NO_RETRIEVAL = Registry()
 
 
 def job_answer_schema(response_format: Any) -> dict[str, Any] | None:
@@ -78,7 +85,7 @@ def _json_in(output: str) -> tuple[str, Any] | None:
     if start >= 0:
         try:
             value, end = _decoder.raw_decode(output, start)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the stack
             return None
         return output[start:end], value
     return None
@@ -140,7 +147,12 @@ class OutputFormat:
                 return None
             kind = type(value).__name__
             return f"output is a JSON {kind}; response_format asks for a JSON object"
-        error = best_match(self.validator.iter_errors(value))
+        try:
+            error = best_match(self.validator.iter_errors(value))
+        except RecursionError:
+            return "output is nested too deeply to check against the response_format schema"
+        except Unresolvable as exc:  # a `$dynamicRef`: `$ref`s were checked at intake
+            return f"the response_format schema's reference does not resolve: {_short(str(exc))}"
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path) or "the top level"
@@ -150,16 +162,47 @@ class OutputFormat:
 _JSON_OBJECT = OutputFormat(None)
 
 
+def _unresolvable_ref(schema: dict[str, Any]) -> str | None:
+    """The first `$ref` of `schema` that does not resolve inside it; None when all do.
+
+    Walks the subschemas as the schema's dialect defines them (so a `$ref` key inside an
+    `enum` value is not taken for one), each `$ref` looked up from the resource it is in.
+    """
+    specification = specification_with(str(schema.get("$schema", "")), default=DRAFT202012)
+    root = specification.create_resource(schema)
+    pending = [(root, _NO_RETRIEVAL.resolver_with_root(root))]
+    while pending:
+        resource, resolver = pending.pop()
+        resolver = resolver.in_subresource(resource)
+        ref = resource.contents.get("$ref") if isinstance(resource.contents, Mapping) else None
+        if isinstance(ref, str):
+            try:
+                resolver.lookup(ref)
+            except Unresolvable:
+                return ref
+        pending.extend((sub, resolver) for sub in resource.subresources())
+    return None
+
+
+def _invalid_schema(reason: str) -> JobError:
+    return JobError(ErrorKind.INVALID_JOB, f"options.response_format: {reason}")
+
+
 @functools.lru_cache(maxsize=256)
 def _compiled(schema_json: bytes) -> OutputFormat:
     schema = orjson.loads(schema_json)
     cls = validator_for(schema, default=Draft202012Validator)
     try:
         cls.check_schema(schema)
+        unresolvable = _unresolvable_ref(schema)
     except SchemaError as exc:
-        message = f"options.response_format: the schema is not a valid JSON Schema: {_short(exc.message)}"
-        raise JobError(ErrorKind.INVALID_JOB, message) from None
-    return OutputFormat(schema, cls(schema))
+        raise _invalid_schema(f"the schema is not a valid JSON Schema: {_short(exc.message)}") from None
+    except RecursionError:
+        raise _invalid_schema("the schema is nested too deeply to check outputs against") from None
+    if unresolvable is not None:
+        reason = f"the schema's $ref {_short(unresolvable)!r} does not resolve inside the schema"
+        raise _invalid_schema(f"{reason} (references are not fetched)")
+    return OutputFormat(schema, cls(schema, registry=_NO_RETRIEVAL))
 
 
 def output_format(options: Mapping[str, Any]) -> OutputFormat | None:

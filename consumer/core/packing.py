@@ -206,7 +206,12 @@ def _value_text(value: Any) -> str | None:
                 return value
             return inner if isinstance(inner, str) else value
         return value
-    return orjson.dumps(value).decode()
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        # nested deeper than orjson writes (it reads 1,024 levels, writes 254): no answer
+        # that can be published as it is; the alias is asked again alone
+        return None
 
 
 def json_candidates(text: str) -> Iterable[str]:
@@ -240,7 +245,7 @@ def _find_mapping(text: str, alias_set: frozenset[str]) -> dict[str, Any] | None
                 tries += 1
                 try:
                     obj, end = _json_decoder.raw_decode(cand, pos)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested past the stack
                     pos = cand.find("{", pos + 1)
                     continue
                 found.append(obj)
@@ -267,10 +272,15 @@ def _normalize(obj: Any, alias_set: frozenset[str]) -> dict[str, Any] | None:
         return mapping
     if not isinstance(obj, dict):
         return None
-    if len(obj) == 1 and not alias_set.intersection(obj):
+    # unwrap single-key wrappers in a loop: a model's answer may nest them up to the 1,024
+    # levels orjson reads, past Python's recursion limit
+    while len(obj) == 1 and not alias_set.intersection(obj):
         (inner,) = obj.values()
-        if isinstance(inner, dict | list):
+        if isinstance(inner, list):
             return _normalize(inner, alias_set)
+        if not isinstance(inner, dict):
+            break
+        obj = inner
     return obj
 
 
@@ -295,14 +305,14 @@ def _scan_pairs(body: str, pos: int) -> dict[str, Any]:
             return pairs
         try:
             key, i = _json_decoder.raw_decode(body, i)
-        except ValueError:
+        except (ValueError, RecursionError):
             return pairs
         i = _skip_ws(body, i)
         if i >= n or body[i] != ":":
             return pairs
         try:
             value, i = _json_decoder.raw_decode(body, _skip_ws(body, i + 1))
-        except ValueError:
+        except (ValueError, RecursionError):
             return pairs
         i = _skip_ws(body, i)
         if i >= n:

@@ -297,12 +297,21 @@ class Pipeline:
                 # the first request runs in this task: most plans are one request, and a
                 # task per request was a large share of an unbatched job's cost
                 await self._send(tier, plan, first, group, key, batched)
-        except BaseException:
+        except BaseException as exc:
             # cancelled (shutdown) or a bug: members without an outcome stay uncommitted and
             # are read again after restart; never publish a guess
-            for c in ctxs:
-                if not c.done:
-                    self._forget(c)
+            unfinished = [c for c in ctxs if not c.done]
+            for c in unfinished:
+                self._forget(c)
+            if not isinstance(exc, asyncio.CancelledError):
+                # a stalled commit watermark must not be silent: say why and what it holds
+                log.error(
+                    "a request plan of tier %s failed (a bug); its %d unfinished jobs stay "
+                    "uncommitted, holding back their partitions' commits until a restart reads them again",
+                    tier.name,
+                    len(unfinished),
+                    exc_info=exc,
+                )
             raise
 
     async def _send(

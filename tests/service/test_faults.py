@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import orjson
 import pytest
@@ -79,6 +81,20 @@ async def test_fault_storm_every_job_ends_exactly_once_with_its_own_answer(kafka
     assert len(outcomes.results) >= 0.9 * len(jobs)
 
 
+REMOTE_REF = "http://127.0.0.1:9/label.json"
+
+
+def _schema_options(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}}
+
+
+def _nested_schema(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
 async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_bootstrap: str) -> None:
     settings = settings_from_env(service_env(kafka_bootstrap, partitions=2))
     huge = orjson.dumps(job(99, batch=False, text="x" * (2 * 1024 * 1024)))
@@ -97,6 +113,10 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
         "bad-schema": orjson.dumps(
             job(97, batch=True, options={"response_format": {"type": "json_object", "schema": {"type": 7}}})
         ),
+        # a $ref out of the schema: never fetched (nothing listens on port 9 either)
+        "remote-ref": orjson.dumps(job(96, batch=True, options=_schema_options({"$ref": REMOTE_REF}))),
+        # nested past what can be checked without overflowing the stack
+        "deep-schema": orjson.dumps(job(95, batch=True, options=_schema_options(_nested_schema(120)))),
     }
     good = [job(i, batch=True) for i in range(5)]
     async with SimulatorServer(SimulatorConfig()) as base_url:
@@ -112,6 +132,8 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
                     poison["huge"],
                     poison["offline-not-allowed"],
                     poison["bad-schema"],
+                    poison["remote-ref"],
+                    poison["deep-schema"],
                     *good,
                 ],
             )
@@ -134,6 +156,8 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
         "huge": "invalid_job",
         "offline-not-allowed": "invalid_job",
         "bad-schema": "invalid_job",
+        "remote-ref": "invalid_job",
+        "deep-schema": "invalid_job",
     }
     assert "UTF-8" in by_raw[poison["not-utf8"]]["error"]["message"]
     assert "prompt" in by_raw[poison["wrong-types"]]["error"]["message"]
@@ -146,6 +170,8 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
     assert by_raw[poison["bad-schema"]]["error"]["message"].startswith(
         "options.response_format: the schema is not a valid JSON Schema"
     )
+    assert REMOTE_REF in by_raw[poison["remote-ref"]]["error"]["message"]
+    assert "nested too deeply" in by_raw[poison["deep-schema"]]["error"]["message"]
 
 
 async def test_deadline_passed_and_auth_failure_dead_letter_with_their_kinds(kafka_bootstrap: str) -> None:
@@ -221,3 +247,58 @@ async def test_deadline_passing_while_waiting_for_retries_dead_letters_without_w
     assert dead["error"]["kind"] == "deadline_exceeded"
     assert 1 <= dead["attempts"] < 10, "it stopped at the deadline, not after 50 attempts"
     assert stats["tiers"]["small"]["provider_requests"] < 10
+
+
+async def _committed(settings: Any, partition: int) -> int:
+    """The group's committed offset of one jobs partition (-1: none yet)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.structs import TopicPartition
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(settings.group_id)
+    finally:
+        await admin.close()
+    meta = offsets.get(TopicPartition(settings.jobs_topic, partition))
+    return meta.offset if meta is not None else -1
+
+
+async def test_a_plan_that_fails_on_a_bug_is_logged_and_holds_back_the_commit(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug inside a request plan publishes no guess: its job stays uncommitted (read again
+    after a restart) and the log says why the partition's commits stopped."""
+    import consumer.runtime.pipeline as pipeline
+
+    real_check = pipeline._output_check
+
+    def check_with_a_bug(ctx: Any) -> Any:
+        if ctx.input != "trigger the bug":
+            return real_check(ctx)
+
+        def broken(output: str) -> tuple[str, str | None]:
+            raise RuntimeError("injected bug")
+
+        return broken
+
+    monkeypatch.setattr(pipeline, "_output_check", check_with_a_bug)
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    jobs = [job(0, batch=False), job(1, batch=False, text="trigger the bug"), job(2, batch=False)]
+    async with SimulatorServer(SimulatorConfig()) as base_url:
+        async with InProcessService(settings, tier_file_dict(base_url + "/v1")):
+            await produce(settings, jobs[:2])
+            await wait_for_outcomes(settings, {"job-0"}, timeout_s=60)
+            await produce(settings, jobs[2:])
+            outcomes = await wait_for_outcomes(settings, {"job-0", "job-2"}, timeout_s=60)
+            # bounded: the commit loop runs several times meanwhile; it may reach job-1's
+            # offset (1) and must never pass it
+            seen = []
+            for _ in range(20):
+                seen.append(await _committed(settings, 0))
+                await asyncio.sleep(0.25)
+    assert set(outcomes.results) == {"job-0", "job-2"} and not outcomes.dead
+    assert seen[-1] == 1 and max(seen) == 1, seen
+    (line,) = [r for r in caplog.records if "failed (a bug)" in r.getMessage()]
+    assert line.levelname == "ERROR" and "1 unfinished jobs stay uncommitted" in line.getMessage()
+    assert line.exc_info is not None and "injected bug" in repr(line.exc_info[1])

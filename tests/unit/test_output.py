@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 import pytest
 
 from consumer.core.errors import ErrorKind, JobError
@@ -79,6 +81,83 @@ def test_a_schema_that_is_not_json_schema_is_a_bad_job() -> None:
         output_format(_openai({"type": "objekt"}))
     assert info.value.kind is ErrorKind.INVALID_JOB
     assert str(info.value).startswith("options.response_format: the schema is not a valid JSON Schema: ")
+
+
+def test_references_resolve_inside_the_schema() -> None:
+    labels = {"$defs": {"label": {"enum": ["positive", "negative"]}}}
+    by_ref = _fmt(_openai({**labels, "type": "object", "properties": {"label": {"$ref": "#/$defs/label"}}}))
+    assert by_ref.accept('{"label": "negative"}')[1] is None
+    assert "'maybe' is not one of" in str(by_ref.accept('{"label": "maybe"}')[1])
+    tree = _fmt(_openai({"type": "object", "properties": {"child": {"$ref": "#"}}}))
+    assert tree.accept('{"child": {"child": {}}}')[1] is None
+    assert tree.accept('{"child": {"child": 3}}')[1] == (
+        "output does not match the response_format schema at child/child: 3 is not of type 'object'"
+    )
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"n": {"type": "integer"}},
+        "type": "object",
+        "properties": {"n": {"$ref": "#/definitions/n"}},
+    }
+    assert _fmt(_openai(draft7)).accept('{"n": "x"}')[1] is not None
+    # a sub-resource's "#" is the sub-resource, not the root
+    nested = {
+        "$id": "https://schemas.example/root",
+        "type": "object",
+        "properties": {
+            "p": {
+                "$id": "sub",
+                "$defs": {"s": {"type": "string"}},
+                "type": "object",
+                "properties": {"q": {"$ref": "#/$defs/s"}},
+            }
+        },
+    }
+    assert _fmt(_openai(nested)).accept('{"p": {"q": 1}}')[1] is not None
+
+
+def test_a_reference_outside_the_schema_is_a_bad_job_and_is_never_fetched() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        remote = f"http://127.0.0.1:{port}/label.json"
+        with pytest.raises(JobError) as info:
+            output_format(_openai({"type": "object", "properties": {"label": {"$ref": remote}}}))
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected: the schema was not fetched
+    assert info.value.kind is ErrorKind.INVALID_JOB
+    assert str(info.value) == (
+        f"options.response_format: the schema's $ref '{remote}' does not resolve inside the schema"
+        " (references are not fetched)"
+    )
+    with pytest.raises(JobError, match="'#/\\$defs/nope' does not resolve"):
+        output_format(_openai({"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}))
+    # a "$ref" key inside a value (an enum member) is data, not a reference
+    as_data = _fmt(_openai({"enum": [{"$ref": remote}]}))
+    assert as_data.accept(orjson.dumps({"$ref": remote}).decode())[1] is None
+
+
+def _nested_schema(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def test_nesting_past_the_stack_is_a_bad_job_or_a_problem_never_an_exception() -> None:
+    with pytest.raises(JobError) as info:
+        output_format(_openai(_nested_schema(120)))
+    assert info.value.kind is ErrorKind.INVALID_JOB
+    assert str(info.value) == (
+        "options.response_format: the schema is nested too deeply to check outputs against"
+    )
+    fmt = _fmt(_openai(_nested_schema(20)))
+    assert fmt.accept(orjson.dumps({"x": "shallow"}).decode())[1] is not None
+    deep_output = '{"x":' * 5000
+    assert fmt.accept("Here: " + deep_output)[1] is not None
+    assert _fmt({"response_format": {"type": "json_object"}}).accept("Here: " + deep_output)[1] is not None
 
 
 def test_equal_schemas_compile_once_whatever_their_key_order() -> None:

@@ -215,6 +215,32 @@ def test_perfect_answer_roundtrip_and_any_cut(inputs: list[str], seed: int, data
     assert list(partial.answers) == list(packed.aliases[: len(partial.answers)])
 
 
+def _nested(levels: int, key: str = "a") -> str:
+    return f'{{"{key}":' * levels + "1" + "}" * levels
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "kind", "answered"),
+    [
+        # a value nested deeper than orjson writes (254 levels): that alias is asked again
+        ('{"ka1b": ' + _nested(300) + ', "zz9q": "neg", "m0nx": "x"}', "stop", AnswerKind.MISSING, 2),
+        ('{"ka1b": ' + "[" * 900 + "]" * 900 + ', "zz9q": "n", "m0nx": "x"}', "stop", AnswerKind.MISSING, 2),
+        # 900 single-key wrappers: unwrapped without recursion, no alias inside
+        (_nested(900, "wrap"), "stop", AnswerKind.UNEXPECTED, 0),
+        # prose around JSON nested past Python's stack, whole and cut at max_tokens
+        ("Sure: " + _nested(5000), "stop", AnswerKind.MALFORMED, 0),
+        ('{"ka1b": ' + '{"a":' * 5000, "length", AnswerKind.TRUNCATED, 0),
+    ],
+)
+def test_deeply_nested_answers_are_judged_not_raised(
+    text: str, reason: str, kind: AnswerKind, answered: int
+) -> None:
+    verdict = parse_answer(text, ALIASES, reason)
+    assert verdict.kind is kind
+    assert len(verdict.answers) == answered
+    assert set(verdict.answers).isdisjoint(verdict.missing)
+
+
 @given(st.text(max_size=200))
 def test_parse_never_raises(text: str) -> None:
     for reason in ("stop", "length", None):
