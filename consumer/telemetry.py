@@ -95,11 +95,14 @@ class Telemetry:
         t._tracer = None
         return t
 
-    def start_job(self, job: Job, headers: Sequence[tuple[str, bytes]]) -> Span | None:
+    def start_job(self, job: Job, headers: Sequence[tuple[str, bytes | None]]) -> Span | None:
         """A span per job, continuing the producer's traceparent when the record has one."""
         if self._tracer is None:
             return None
-        carrier = {k: v.decode("latin-1") for k, v in headers if k in ("traceparent", "tracestate")}
+        # Kafka allows a header without a value (None); the propagator ignores what is not valid
+        carrier = {
+            k: v.decode("latin-1") for k, v in headers if k in ("traceparent", "tracestate") and v is not None
+        }
         parent = propagate.extract(carrier)
         return self._tracer.start_span(
             "promptbus.job",

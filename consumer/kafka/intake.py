@@ -28,7 +28,7 @@ class InRecord:
     source: SourceOffset
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
+    headers: tuple[tuple[str, bytes | None], ...]
     timestamp_ms: int
 
 

@@ -183,6 +183,22 @@ class Pipeline:
     def _take(self, record: InRecord, now_s: float) -> None:
         ticket = self._sink.track(record.source)
         self._stats.items_in += 1
+        try:
+            self._take_tracked(record, ticket, now_s)
+        except Exception:
+            # a bug on one record must not stop the service (restarted, it would meet the same
+            # record again); as for a failed plan, no guess is published: the record stays
+            # uncommitted and is read again after a restart
+            log.error(
+                "input record %s/%d/%d could not be taken (a bug); it stays uncommitted, holding "
+                "back its partition's commits until a restart reads it again",
+                record.source.topic,
+                record.source.partition,
+                record.source.offset,
+                exc_info=True,
+            )
+
+    def _take_tracked(self, record: InRecord, ticket: Ticket, now_s: float) -> None:
         raw = record.value if record.value is not None else b""
         if len(raw) > self._settings.max_job_bytes:
             message = f"job is {len(raw)} bytes, over max_job_bytes ({self._settings.max_job_bytes})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -264,11 +265,8 @@ async def _committed(settings: Any, partition: int) -> int:
     return meta.offset if meta is not None else -1
 
 
-async def test_a_plan_that_fails_on_a_bug_is_logged_and_holds_back_the_commit(
-    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A bug inside a request plan publishes no guess: its job stays uncommitted (read again
-    after a restart) and the log says why the partition's commits stopped."""
+def _bug_in_plans(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The output check of the job whose input is "trigger the bug" raises."""
     import consumer.runtime.pipeline as pipeline
 
     real_check = pipeline._output_check
@@ -283,6 +281,35 @@ async def test_a_plan_that_fails_on_a_bug_is_logged_and_holds_back_the_commit(
         return broken
 
     monkeypatch.setattr(pipeline, "_output_check", check_with_a_bug)
+    return "a request plan of tier small failed (a bug); its 1 unfinished jobs stay uncommitted"
+
+
+def _bug_in_intake(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Rendering the job whose input is "trigger the bug" raises."""
+    import consumer.runtime.pipeline as pipeline
+
+    real_render = pipeline.render_and_split
+
+    def render_with_a_bug(template: str, variables: Any) -> Any:
+        if variables.get("text") == "trigger the bug":
+            raise RuntimeError("injected bug")
+        return real_render(template, variables)
+
+    monkeypatch.setattr(pipeline, "render_and_split", render_with_a_bug)
+    return "/0/1 could not be taken (a bug); it stays uncommitted"
+
+
+@pytest.mark.parametrize("inject", [_bug_in_plans, _bug_in_intake], ids=["plan", "intake"])
+async def test_a_bug_on_one_job_is_logged_and_holds_back_the_commit(
+    kafka_bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    inject: Callable[[pytest.MonkeyPatch], str],
+) -> None:
+    """A bug while taking a record or inside its request plan publishes no guess and does not
+    stop the service: the job stays uncommitted (read again after a restart), the jobs after
+    it are answered, and the log says why the partition's commits stopped."""
+    logged = inject(monkeypatch)
     settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
     jobs = [job(0, batch=False), job(1, batch=False, text="trigger the bug"), job(2, batch=False)]
     async with SimulatorServer(SimulatorConfig()) as base_url:
@@ -299,6 +326,6 @@ async def test_a_plan_that_fails_on_a_bug_is_logged_and_holds_back_the_commit(
                 await asyncio.sleep(0.25)
     assert set(outcomes.results) == {"job-0", "job-2"} and not outcomes.dead
     assert seen[-1] == 1 and max(seen) == 1, seen
-    (line,) = [r for r in caplog.records if "failed (a bug)" in r.getMessage()]
-    assert line.levelname == "ERROR" and "1 unfinished jobs stay uncommitted" in line.getMessage()
+    (line,) = [r for r in caplog.records if "(a bug)" in r.getMessage()]
+    assert line.levelname == "ERROR" and logged in line.getMessage()
     assert line.exc_info is not None and "injected bug" in repr(line.exc_info[1])

@@ -118,6 +118,37 @@ async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_boo
     assert ("promptbus.tier.limit", (("tier", "small"),)) in otel
 
 
+async def test_null_and_garbage_trace_headers_start_new_traces(kafka_bootstrap: str) -> None:
+    """Kafka allows a header without a value, and producers send anything: such a job is
+    processed like any other, its span the root of a new trace."""
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    odd_headers: list[list[tuple[str, bytes | None]]] = [
+        [("traceparent", None)],
+        [("traceparent", b"\xff\xfe not a traceparent"), ("tracestate", None)],
+        [("traceparent", f"00-{TRACE_ID}-0000000000000000-01".encode())],  # an all-zero span id is invalid
+    ]
+    jobs = [job(i, batch=False) for i in range(len(odd_headers))]
+    async with SimulatorServer(SimulatorConfig()) as base_url:
+        async with InProcessService(settings, tier_file_dict(base_url + "/v1"), tracer_provider=provider):
+            producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+            await producer.start()
+            try:
+                for j, headers in zip(jobs, odd_headers, strict=True):
+                    await producer.send_and_wait(
+                        settings.jobs_topic, orjson.dumps(j), key=j["id"].encode(), headers=headers
+                    )
+            finally:
+                await producer.stop()
+            outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
+    assert set(outcomes.results) == {j["id"] for j in jobs} and not outcomes.dead
+    job_spans = [s for s in exporter.get_finished_spans() if s.name == "promptbus.job"]
+    assert len(job_spans) == len(jobs)
+    assert all(s.parent is None for s in job_spans), "nothing valid to continue: new traces"
+
+
 def _otel_values(reader: InMemoryMetricReader) -> dict[tuple[str, tuple[tuple[str, object], ...]], float]:
     """{(instrument name, sorted attributes): value} of one collection."""
     data = reader.get_metrics_data()
