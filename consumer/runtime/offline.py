@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from pydantic import BaseModel, ValidationError
 
 from consumer.core.completion import CompletionRequest
 from consumer.core.errors import ErrorKind, JobError, ProviderError
@@ -159,6 +160,42 @@ def batch_key(tier: str, batch_id: str) -> bytes:
     return f"{tier}:{batch_id}".encode()
 
 
+class _MemberSource(BaseModel):
+    topic: str
+    partition: int
+    offset: int
+
+
+class _Member(BaseModel):
+    custom_id: str
+    job: Job
+    source: _MemberSource
+
+
+class _OpenBatch(BaseModel):
+    """What `outcome_records` needs of a batches-topic record (extra fields are kept)."""
+
+    tier: str
+    batch_id: str
+    members: list[_Member]
+
+
+def read_batch_record(value: bytes) -> dict[str, Any]:
+    """A batches-topic record, checked to hold what publishing its outcomes needs.
+
+    Raises ValueError naming what is wrong: promptbus writes these records, but a topic
+    written by something else (an operator's tool, another version) must not stop tracking.
+    """
+    try:
+        _OpenBatch.model_validate_json(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the record"
+        raise ValueError(f"{where}: {first['msg']}") from None
+    record: dict[str, Any] = orjson.loads(value)
+    return record
+
+
 def batch_record(tier: str, job: BatchJob, members: Sequence[tuple[str, JobContext]]) -> dict[str, Any]:
     return {
         "tier": tier,
@@ -247,8 +284,19 @@ class BatchTracker:
                         continue
                     if r.value is None:
                         self._open.pop(r.key, None)
-                    else:
-                        self._open[r.key] = orjson.loads(r.value)
+                        continue
+                    try:
+                        self._open[r.key] = read_batch_record(r.value)
+                    except ValueError as exc:
+                        # the latest record of this key replaces any earlier one: nothing to track
+                        self._open.pop(r.key, None)
+                        log.error(
+                            "batches topic record %r at offset %d is not a batch record (%s); "
+                            "skipped: its jobs get no outcome from it",
+                            r.key,
+                            r.offset,
+                            exc,
+                        )
             now_s = time.monotonic()
             for key, record in list(self._open.items()):
                 if self._next_poll_s.get(key, 0.0) > now_s:

@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from consumer.kafka.clients import read_topic
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-async def test_offline_batch_survives_a_restart(kafka_bootstrap: str, provider: str) -> None:
+async def test_offline_batch_survives_a_restart(
+    kafka_bootstrap: str, provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
     settings = settings_from_env(service_env(kafka_bootstrap, partitions=2))
     os.environ["PB_TEST_BATCH_KEY"] = "k"
     sim = SimulatorConfig(seed=3, batch_delay_s=4.0, batch_error_rate=0.1)
@@ -54,6 +57,12 @@ async def test_offline_batch_survives_a_restart(kafka_bootstrap: str, provider: 
                     )
                     await asyncio.sleep(0.2)
                 assert recorded >= 1
+            # something other than promptbus wrote to the batches topic after the batch's record
+            await _produce_raw(
+                kafka_bootstrap,
+                settings.batches_topic,
+                [(b"small:not-json", b"{oops"), (b"small:no-members", b'{"tier": "small", "batch_id": "x"}')],
+            )
             # the batch is still running at the provider; a new instance resumes tracking it
             async with InProcessService(settings, tiers):
                 outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
@@ -68,3 +77,15 @@ async def test_offline_batch_survives_a_restart(kafka_bootstrap: str, provider: 
         else:
             assert outcomes.dead[j["id"]][0]["error"]["kind"] == "batch_failed"
     assert 0 < len(outcomes.dead) < len(jobs), "about 10% of items were errored by the simulator"
+    skipped = [r.getMessage() for r in caplog.records if "is not a batch record" in r.getMessage()]
+    assert len(skipped) == 2 and "members: Field required" in skipped[1], skipped
+
+
+async def _produce_raw(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
 from consumer.core.completion import Completion, Usage
 from consumer.providers.base import BatchItemResult, BatchStatus
-from consumer.runtime.offline import outcome_records
+from consumer.runtime.offline import outcome_records, read_batch_record
 from tests.service.harness import service_env, settings_from_env
 
 
@@ -53,3 +54,25 @@ def test_batch_answers_that_break_the_output_format_are_output_invalid() -> None
     assert by_key[b"j2"][0] == settings.results_topic and by_key[b"j2"][1]["output"] == "free text"
     topic, dead = by_key[b"j3"]
     assert topic == settings.dlq_topic and dead["error"]["kind"] == "output_invalid"
+
+
+def test_batches_topic_records_are_read_or_refused_with_the_reason() -> None:
+    record = {
+        "tier": "small",
+        "provider": "openai",
+        "batch_id": "b1",
+        "submitted_at": 0,
+        "members": [_member(0, {})],
+    }
+    assert read_batch_record(orjson.dumps(record)) == record
+    broken_job = {**record, "members": [{**_member(1, {}), "job": {"id": "j1"}}]}
+    refused = {
+        b"not json": "the record: Invalid JSON",
+        b"[1]": "the record: Input should be an object",
+        orjson.dumps({"tier": "small", "members": []}): "batch_id: Field required",
+        orjson.dumps(broken_job): "members.0.job.tier: Field required",
+    }
+    for value, reason in refused.items():
+        with pytest.raises(ValueError) as info:
+            read_batch_record(value)
+        assert str(info.value).startswith(reason), (value, str(info.value))
