@@ -204,12 +204,17 @@ def format_stats(merged: dict[str, Any]) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from consumer.kafka.clients import read_stats_snapshots
-    from consumer.runtime.stats import merge_snapshots
+    from consumer.kafka.clients import read_stats_records
+    from consumer.runtime.stats import merge_snapshots, read_snapshot
 
     _configure_logging("WARNING", kafka_level="CRITICAL")
     settings = _settings(args)
-    snapshots = asyncio.run(read_stats_snapshots(settings))
+    snapshots = []
+    for key, value in asyncio.run(read_stats_records(settings)).items():
+        try:
+            snapshots.append(read_snapshot(value))
+        except ValueError as exc:  # the topic may hold what another tool wrote
+            print(f"promptbus stats: skipped record {key!r}, not a stats snapshot: {exc}", file=sys.stderr)
     merged = merge_snapshots(snapshots, now_s=time.time(), live_within_s=3 * settings.stats_interval_s + 5)
     if args.json:
         print(orjson.dumps(merged, option=orjson.OPT_INDENT_2).decode())

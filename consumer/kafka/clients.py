@@ -7,7 +7,6 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -106,14 +105,14 @@ async def read_topic(
         await consumer.stop()
 
 
-async def read_stats_snapshots(settings: Settings) -> list[dict[str, Any]]:
-    """The latest snapshot of every instance in the compacted stats topic."""
-    latest: dict[bytes, dict[str, Any]] = {}
+async def read_stats_records(settings: Settings) -> dict[bytes, bytes]:
+    """The latest record value of every instance (key) in the compacted stats topic."""
+    latest: dict[bytes, bytes] = {}
     async for key, value in read_topic(settings, settings.stats_topic, from_beginning=True, follow=False):
         if key is None:
             continue
         if value is None:
             latest.pop(key, None)
         else:
-            latest[key] = orjson.loads(value)
-    return list(latest.values())
+            latest[key] = value
+    return latest

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from consumer.core.completion import CompletionRequest
 from consumer.core.errors import ErrorKind, JobError, ProviderError
-from consumer.core.jobs import Job
+from consumer.core.jobs import Job, validation_message
 from consumer.core.output import output_format
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
@@ -189,9 +189,7 @@ def read_batch_record(value: bytes) -> dict[str, Any]:
     try:
         _OpenBatch.model_validate_json(value)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the record"
-        raise ValueError(f"{where}: {first['msg']}") from None
+        raise ValueError(validation_message(exc, what="batch record")) from None
     record: dict[str, Any] = orjson.loads(value)
     return record
 

@@ -11,7 +11,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+from pydantic import BaseModel, ValidationError
+
 from consumer.core.adaptive import AgreementStats
+from consumer.core.jobs import validation_message
 
 
 @dataclass
@@ -95,6 +99,37 @@ class ServiceStats:
 #: size, its API key's budgets)
 _OWN_GAUGES = {"limit", "inflight", "paused_s"}
 _SHARED_GAUGES = {"batch_size", "budget_requests_per_s", "budget_tokens_per_s"}
+
+
+class _AgreementCount(BaseModel):
+    compared: int = 0
+    agreed: int = 0
+
+
+class _Snapshot(BaseModel):
+    """The fields `merge_snapshots` reads, with their types (others are kept as they are)."""
+
+    updated_at: float = 0.0
+    items_in: int = 0
+    results: int = 0
+    dropped_late: int = 0
+    inflight: int = 0
+    dead_letters: dict[str, int] = {}
+    tiers: dict[str, dict[str, float]] = {}
+    agreement: dict[str, dict[str, _AgreementCount]] = {}
+
+
+def read_snapshot(value: bytes) -> dict[str, Any]:
+    """A stats-topic record, checked to be a snapshot `merge_snapshots` can add up.
+
+    Raises ValueError naming what is wrong (the topic may hold what another tool wrote).
+    """
+    try:
+        _Snapshot.model_validate_json(value)
+    except ValidationError as exc:
+        raise ValueError(validation_message(exc, what="stats snapshot")) from None
+    snapshot: dict[str, Any] = orjson.loads(value)
+    return snapshot
 
 
 def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_within_s: float) -> dict[str, Any]:

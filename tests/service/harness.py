@@ -128,6 +128,19 @@ async def produce(settings: Settings, jobs: Iterable[dict[str, Any] | bytes]) ->
     return await submit_jobs(settings, (encode(j) for j in jobs), key_of=key_of)
 
 
+async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]]) -> None:
+    """Write (key, value) records as they are: what a tool other than promptbus might write."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()
+
+
 @dataclass
 class Outcomes:
     """Every result and dead letter read, per job id (duplicates kept to count them)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.service.harness import ROOT, ServiceProcess, service_env, tier_file_dict
+from tests.service.harness import ROOT, ServiceProcess, produce_raw, service_env, tier_file_dict
 
 PROMPTBUS = [sys.executable, "-m", "consumer.cli"]
 
@@ -149,7 +150,12 @@ def test_submit_run_results_stats_through_the_cli(kafka_bootstrap: str, tmp_path
                 assert results[f"cli-{i}"]["output"] == answer_for(t)
             assert results["cli-single"]["output"] == answer_for("single")
             time.sleep(1.5)  # one more stats interval
+            # a record another tool wrote to the stats topic is skipped, with a word on stderr
+            foreign = [(b"not-an-instance", b"{oops")]
+            asyncio.run(produce_raw(kafka_bootstrap, env["PROMPTBUS_STATS_TOPIC"], foreign))
             stats = cli("stats", "--json", env=env)
+            assert stats.returncode == 0, stats.stderr
+            assert "skipped record b'not-an-instance', not a stats snapshot" in stats.stderr
             merged = orjson.loads(stats.stdout)
             assert merged["items_in"] == 13 and merged["results"] == 13
             assert merged["tiers"]["small"]["requests_saved"] > 0

@@ -7,7 +7,6 @@ import os
 import time
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from consumer.kafka.clients import read_topic
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
@@ -15,6 +14,7 @@ from tests.service.harness import (
     InProcessService,
     job,
     produce,
+    produce_raw,
     service_env,
     settings_from_env,
     tier_file_dict,
@@ -58,7 +58,7 @@ async def test_offline_batch_survives_a_restart(
                     await asyncio.sleep(0.2)
                 assert recorded >= 1
             # something other than promptbus wrote to the batches topic after the batch's record
-            await _produce_raw(
+            await produce_raw(
                 kafka_bootstrap,
                 settings.batches_topic,
                 [(b"small:not-json", b"{oops"), (b"small:no-members", b'{"tier": "small", "batch_id": "x"}')],
@@ -78,14 +78,4 @@ async def test_offline_batch_survives_a_restart(
             assert outcomes.dead[j["id"]][0]["error"]["kind"] == "batch_failed"
     assert 0 < len(outcomes.dead) < len(jobs), "about 10% of items were errored by the simulator"
     skipped = [r.getMessage() for r in caplog.records if "is not a batch record" in r.getMessage()]
-    assert len(skipped) == 2 and "members: Field required" in skipped[1], skipped
-
-
-async def _produce_raw(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for key, value in records:
-            await producer.send_and_wait(topic, value, key=key)
-    finally:
-        await producer.stop()
+    assert len(skipped) == 2 and "field 'members': Field required" in skipped[1], skipped

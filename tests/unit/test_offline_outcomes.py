@@ -67,10 +67,10 @@ def test_batches_topic_records_are_read_or_refused_with_the_reason() -> None:
     assert read_batch_record(orjson.dumps(record)) == record
     broken_job = {**record, "members": [{**_member(1, {}), "job": {"id": "j1"}}]}
     refused = {
-        b"not json": "the record: Invalid JSON",
-        b"[1]": "the record: Input should be an object",
-        orjson.dumps({"tier": "small", "members": []}): "batch_id: Field required",
-        orjson.dumps(broken_job): "members.0.job.tier: Field required",
+        b"not json": "batch record: Invalid JSON",
+        b"[1]": "batch record: Input should be an object",
+        orjson.dumps({"tier": "small", "members": []}): "field 'batch_id': Field required",
+        orjson.dumps(broken_job): "field 'members.0.job.tier': Field required",
     }
     for value, reason in refused.items():
         with pytest.raises(ValueError) as info:

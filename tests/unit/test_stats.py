@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from consumer.cli import format_stats
 from consumer.runtime.metrics import register_otel_metrics
-from consumer.runtime.stats import ServiceStats, merge_snapshots
+from consumer.runtime.stats import ServiceStats, merge_snapshots, read_snapshot
 
 
 def snapshot(instance: str, updated_at: float, **tier: Any) -> dict[str, Any]:
@@ -88,3 +90,22 @@ def test_otel_instruments_read_the_same_stats_as_prometheus() -> None:
     assert values[("promptbus.tier.verify_compared", (("size", "4"), ("tier", "small")))] == 2
     assert values[("promptbus.tier.verify_agreed", (("size", "4"), ("tier", "small")))] == 1
     provider.shutdown()
+
+
+def test_stats_topic_records_are_read_or_refused_with_the_reason() -> None:
+    stats = ServiceStats(instance="i-1")
+    stats.tier("small").limit = 4
+    stats.dead_letters["invalid_job"] += 2
+    stats.agreement.record("small", 4, agreed=2, compared=3)
+    published = stats.snapshot()
+    assert read_snapshot(orjson.dumps(published)) == published
+    refused = {
+        b"oops": "stats snapshot: Invalid JSON",
+        b"[]": "stats snapshot: Input should be an object",
+        b'{"tiers": 5}': "field 'tiers': Input should be an object",
+        b'{"items_in": "many"}': "field 'items_in': Input should be a valid integer",
+    }
+    for value, reason in refused.items():
+        with pytest.raises(ValueError) as info:
+            read_snapshot(value)
+        assert str(info.value).startswith(reason), (value, str(info.value))
