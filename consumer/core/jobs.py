@@ -48,6 +48,7 @@ __all__ = [
     "Result",
     "SourceRef",
     "UsageInfo",
+    "checked_json_object",
     "decode_job",
     "encode",
     "validation_message",
@@ -258,6 +259,18 @@ def validation_message(exc: ValidationError, *, what: str = "job") -> str:
     if len(errors) > _MAX_REPORTED_ERRORS:
         parts.append(f"and {len(errors) - _MAX_REPORTED_ERRORS} more")
     return "; ".join(parts)
+
+
+def checked_json_object(value: bytes, model: type[BaseModel], *, what: str) -> dict[str, Any]:
+    """`value` as a JSON object, once `model` accepts it (the fields it declares typed as it
+    says; others kept as they are). Raises ValueError naming what is wrong, for records of
+    promptbus's own topics that something else may have written."""
+    try:
+        model.model_validate_json(value)
+    except ValidationError as exc:
+        raise ValueError(validation_message(exc, what=what)) from None
+    checked: dict[str, Any] = orjson.loads(value)
+    return checked
 
 
 def decode_job(raw: bytes) -> Job:

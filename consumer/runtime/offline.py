@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from consumer.core.completion import CompletionRequest
 from consumer.core.errors import ErrorKind, JobError, ProviderError
-from consumer.core.jobs import Job, validation_message
+from consumer.core.jobs import Job, checked_json_object
 from consumer.core.output import output_format
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
@@ -186,12 +186,7 @@ def read_batch_record(value: bytes) -> dict[str, Any]:
     Raises ValueError naming what is wrong: promptbus writes these records, but a topic
     written by something else (an operator's tool, another version) must not stop tracking.
     """
-    try:
-        _OpenBatch.model_validate_json(value)
-    except ValidationError as exc:
-        raise ValueError(validation_message(exc, what="batch record")) from None
-    record: dict[str, Any] = orjson.loads(value)
-    return record
+    return checked_json_object(value, _OpenBatch, what="batch record")
 
 
 def batch_record(tier: str, job: BatchJob, members: Sequence[tuple[str, JobContext]]) -> dict[str, Any]:

@@ -11,11 +11,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from consumer.core.adaptive import AgreementStats
-from consumer.core.jobs import validation_message
+from consumer.core.jobs import checked_json_object
 
 
 @dataclass
@@ -124,12 +123,7 @@ def read_snapshot(value: bytes) -> dict[str, Any]:
 
     Raises ValueError naming what is wrong (the topic may hold what another tool wrote).
     """
-    try:
-        _Snapshot.model_validate_json(value)
-    except ValidationError as exc:
-        raise ValueError(validation_message(exc, what="stats snapshot")) from None
-    snapshot: dict[str, Any] = orjson.loads(value)
-    return snapshot
+    return checked_json_object(value, _Snapshot, what="stats snapshot")
 
 
 def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_within_s: float) -> dict[str, Any]:
