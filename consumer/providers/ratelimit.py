@@ -14,11 +14,13 @@ Understood headers (names are case-insensitive):
     anthropic-ratelimit-requests-reset      Anthropic, RFC 3339 timestamps
     anthropic-ratelimit-tokens-reset        (falls back to -input-tokens-reset)
 
-Unparseable values are ignored (a hint is advice, never a reason to fail a call).
+Unparseable values are ignored (a hint is advice, never a reason to fail a call), and so are
+non-finite numbers ("inf", "nan"); waits and resets are clamped to `MAX_HINT_S`.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -26,8 +28,28 @@ from email.utils import parsedate_to_datetime
 
 from consumer.core.errors import RateLimitHint
 
+#: the longest wait or reset a hint may announce: a day (daily quotas reset within one). A
+#: larger value is taken as a day, so a broken header cannot hold a tier back for ever.
+MAX_HINT_S = 86_400.0
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def _seconds(value: float) -> float | None:
+    """A wait in seconds as a hint may give it: non-negative, at most MAX_HINT_S; None: NaN."""
+    if math.isnan(value):
+        return None
+    return min(max(0.0, value), MAX_HINT_S)
+
+
+def _number(text: str) -> float | None:
+    """`text` as a finite float; None when it is not a number or not finite."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def parse_duration_s(value: str) -> float | None:
@@ -35,10 +57,9 @@ def parse_duration_s(value: str) -> float | None:
     text = value.strip()
     if not text:
         return None
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        pass
+    number = _number(text)
+    if number is not None:
+        return _seconds(number)
     pos = 0
     total_s = 0.0
     for match in _DURATION_PART.finditer(text):
@@ -48,7 +69,7 @@ def parse_duration_s(value: str) -> float | None:
         pos = match.end()
     if pos != len(text):
         return None
-    return total_s
+    return _seconds(total_s)
 
 
 def parse_retry_after_s(value: str, *, now_s: float) -> float | None:
@@ -56,17 +77,16 @@ def parse_retry_after_s(value: str, *, now_s: float) -> float | None:
     text = value.strip()
     if not text:
         return None
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        pass
+    number = _number(text)
+    if number is not None:
+        return _seconds(number)
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:  # RFC 9110 dates are GMT
         when = when.replace(tzinfo=UTC)
-    return max(0.0, when.timestamp() - now_s)
+    return _seconds(when.timestamp() - now_s)
 
 
 def parse_rfc3339_delay_s(value: str, *, now_s: float) -> float | None:
@@ -80,16 +100,14 @@ def parse_rfc3339_delay_s(value: str, *, now_s: float) -> float | None:
         return None
     if when.tzinfo is None:
         return None
-    return max(0.0, when.timestamp() - now_s)
+    return _seconds(when.timestamp() - now_s)
 
 
 def _int(value: str | None) -> int | None:
     if value is None:
         return None
-    try:
-        return int(float(value.strip()))
-    except ValueError:
-        return None
+    number = _number(value.strip())
+    return int(number) if number is not None else None
 
 
 def _first(headers: Mapping[str, str], names: Iterable[str]) -> str | None:

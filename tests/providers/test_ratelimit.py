@@ -8,6 +8,7 @@ import pytest
 from multidict import CIMultiDict
 
 from consumer.providers.ratelimit import (
+    MAX_HINT_S,
     format_duration,
     parse_duration_s,
     parse_rate_limit_headers,
@@ -121,3 +122,34 @@ def test_garbage_is_ignored() -> None:
     assert hint.retry_after_s is None
     assert hint.remaining_requests is None
     assert hint.reset_tokens_s is None
+
+
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "1e400", "9" * 400])
+def test_numbers_that_are_not_finite_are_ignored(text: str) -> None:
+    # int(float("inf")) raised OverflowError out of the parser, failing a good 2xx answer
+    headers = {
+        "retry-after": text,
+        "x-ratelimit-remaining-requests": text,
+        "x-ratelimit-limit-tokens": text,
+        "x-ratelimit-reset-requests": text,
+    }
+    hint = parse_rate_limit_headers(headers, now_s=NOW_S)
+    assert hint.retry_after_s is None
+    assert hint.remaining_requests is None and hint.limit_tokens is None
+    assert hint.reset_requests_s is None
+    assert parse_rate_limit_headers({"retry-after-ms": text}, now_s=NOW_S).retry_after_s is None
+
+
+def test_waits_and_resets_are_clamped_to_a_day() -> None:
+    far = formatdate(NOW_S + 10 * MAX_HINT_S, usegmt=True)
+    hint = parse_rate_limit_headers(
+        {
+            "retry-after": far,
+            "x-ratelimit-reset-requests": "1e308",
+            "anthropic-ratelimit-tokens-reset": "9999-12-31T23:59:59Z",
+        },
+        now_s=NOW_S,
+    )
+    assert hint.retry_after_s == hint.reset_requests_s == hint.reset_tokens_s == MAX_HINT_S
+    assert parse_duration_s("100000h") == MAX_HINT_S
+    assert parse_retry_after_s("5", now_s=NOW_S) == 5.0
