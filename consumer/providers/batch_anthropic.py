@@ -34,7 +34,7 @@ from consumer.providers.anthropic import (
     parse_message,
 )
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
-from consumer.providers.batchsplit import check_custom_ids, create_chunks, split_by_limits
+from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
 from consumer.providers.structured import StructuredMode
 
 log = logging.getLogger(__name__)
@@ -164,11 +164,7 @@ class AnthropicBatchProvider:
         content = await self.http.request("GET", url, decode_json=False)
         # an ended batch's requests are not needed again: forget them (bounded memory)
         submitted = (self._submitted.pop if job.status.done else self._submitted.get)(batch_id, {})
-        out: list[BatchItemResult] = []
-        for raw in content.content.splitlines():
-            if raw.strip():
-                out.append(self._parse_line(raw, submitted))
-        return out
+        return parse_result_lines(content.content, self._parse_line, submitted, self.name)
 
     def _parse_line(self, raw: bytes, submitted: Mapping[str, BatchRequest]) -> BatchItemResult:
         try:
@@ -192,8 +188,9 @@ class AnthropicBatchProvider:
                 return BatchItemResult(cid, error=exc)
             return BatchItemResult(cid, completion=completion)
         if kind == "errored":
-            envelope = result.get("error") or {}
-            nested = envelope.get("error") if isinstance(envelope, Mapping) else None
+            envelope = result.get("error")
+            envelope = envelope if isinstance(envelope, Mapping) else {}
+            nested = envelope.get("error")
             inner: Mapping[str, Any] = nested if isinstance(nested, Mapping) else envelope
             etype = str(inner.get("type") or "")
             # Anthropic gives no HTTP status per item; the error type says which class applies

@@ -25,7 +25,7 @@ from pydantic import SecretStr
 from consumer.core.completion import CompletionRequest
 from consumer.core.errors import MalformedResponse, ProviderError, Rejected
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
-from consumer.providers.batchsplit import check_custom_ids, create_chunks, split_by_limits
+from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
 from consumer.providers.httpapi import ProviderHttp
 from consumer.providers.openai import bearer_auth, build_chat_body, parse_chat_completion
 from consumer.providers.structured import STRUCTURED_MODES, StructuredMode
@@ -170,10 +170,7 @@ class OpenAIBatchProvider:
             if not file_id:
                 continue
             content = await self.http.request("GET", f"/files/{file_id}/content", decode_json=False)
-            for raw in content.content.splitlines():
-                if not raw.strip():
-                    continue
-                item = self._parse_line(raw, submitted)
+            for item in parse_result_lines(content.content, self._parse_line, submitted, self.name):
                 results[item.custom_id] = item
         for cid in submitted:
             if cid not in results:
@@ -197,7 +194,11 @@ class OpenAIBatchProvider:
         response = line.get("response")
         error = line.get("error")
         if isinstance(response, Mapping) and response.get("status_code") is not None:
-            status_code = int(response["status_code"])
+            try:
+                status_code = int(response["status_code"])
+            except (TypeError, ValueError):
+                malformed = self.http.malformed("batch result status_code is not a number")
+                return BatchItemResult(cid, error=malformed)
             body = response.get("body")
             if 200 <= status_code < 300:
                 original = submitted.get(cid)

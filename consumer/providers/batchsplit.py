@@ -1,13 +1,14 @@
-"""Shared Batch API bookkeeping: custom_id checks and splitting over a provider's limits."""
+"""Shared Batch API bookkeeping: custom_id checks, splitting over a provider's limits, and
+reading a results file line by line."""
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from consumer.core.errors import ProviderError
-from consumer.providers.base import BatchJob, BatchRequest
+from consumer.core.errors import MalformedResponse, ProviderError
+from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest
 
 log = logging.getLogger(__name__)
 
@@ -85,3 +86,26 @@ async def create_chunks(
         log.info("%s: created batch %s with %d requests", name, job.id, len(chunk))
         jobs.append(job)
     return jobs
+
+
+def parse_result_lines(
+    content: bytes,
+    parse_line: Callable[[bytes, Mapping[str, BatchRequest]], BatchItemResult],
+    submitted: Mapping[str, BatchRequest],
+    provider: str,
+) -> list[BatchItemResult]:
+    """Each non-blank line of a results file, parsed by the adapter's `parse_line`.
+
+    A line it cannot read (MalformedResponse: not JSON, no custom_id to tie it to) is skipped
+    with a warning, so the other items keep their answers; its request ends as one the file
+    does not mention.
+    """
+    items: list[BatchItemResult] = []
+    for number, raw in enumerate(content.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            items.append(parse_line(raw, submitted))
+        except MalformedResponse as exc:
+            log.warning("%s: results line %d skipped: %s", provider, number, exc.message)
+    return items

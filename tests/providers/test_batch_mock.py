@@ -296,6 +296,35 @@ async def test_openai_results_item_errors_map_like_online_errors() -> None:
     assert isinstance(results["y"].error, MalformedResponse)
 
 
+async def test_openai_unreadable_result_lines_cost_only_themselves(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeOpenAI()
+    provider, _ = openai_batch(fake)
+    jobs = await provider.submit(items(4))
+    fake.batch = {"id": jobs[0].id, "status": "completed", "output_file_id": "out"}
+    good = [
+        {"custom_id": f"job-{i}", "response": {"status_code": 200, "body": chat_body(f"answer {i}")}}
+        for i in (0, 1)
+    ]
+    odd_status = {"custom_id": "job-2", "response": {"status_code": "two hundred", "body": {}}}
+    fake.files["out"] = b"\n".join(
+        [
+            orjson.dumps(good[0]),
+            b"{cut",
+            orjson.dumps({"response": {}}),
+            orjson.dumps(odd_status),
+            orjson.dumps(good[1]),
+        ]
+    )
+    results = {r.custom_id: r for r in await provider.results(jobs[0].id)}
+    assert results["job-0"].completion is not None and results["job-0"].completion.text == "answer 0"
+    assert results["job-1"].completion is not None and results["job-1"].completion.text == "answer 1"
+    assert isinstance(results["job-2"].error, MalformedResponse)
+    # job-3's line was one of the unreadable ones: reported like a request the file left out
+    assert results["job-3"].error is not None and not results["job-3"].ok
+    skipped = [r.getMessage() for r in caplog.records if "results line" in r.getMessage()]
+    assert [m.split(":")[1].strip() for m in skipped] == ["results line 2 skipped", "results line 3 skipped"]
+
+
 async def test_openai_cancel_and_http_errors() -> None:
     fake = FakeOpenAI()
     fake.batch = {"id": "b", "status": "in_progress"}
@@ -356,9 +385,7 @@ class FakeAnthropic:
 
 def anthropic_batch(fake: Any, **kw: Any) -> tuple[AnthropicBatchProvider, Recorder]:
     rec = Recorder(fake)
-    provider = AnthropicBatchProvider(
-        rec.client(), base_url=rec.base_url, api_key=SecretStr(SECRET), **kw
-    )
+    provider = AnthropicBatchProvider(rec.client(), base_url=rec.base_url, api_key=SecretStr(SECRET), **kw)
     return provider, rec
 
 
@@ -454,6 +481,29 @@ async def test_anthropic_results_all_kinds() -> None:
     assert isinstance(results["job-2"].error, ProviderError) and not results["job-2"].expired
     assert results["job-3"].expired
     assert rec.requests[-1].headers["x-api-key"] == SECRET
+
+
+async def test_anthropic_unreadable_result_lines_cost_only_themselves() -> None:
+    fake = FakeAnthropic()
+    provider, rec = anthropic_batch(fake)
+    await provider.submit(items(2))
+    fake.batch = {
+        "id": "msgbatch_1",
+        "processing_status": "ended",
+        "results_url": rec.base_url + "/v1/messages/batches/msgbatch_1/results",
+    }
+    fake.results = b"\n".join(
+        [
+            b"not json",
+            orjson.dumps({"custom_id": "job-0", "result": {"type": "succeeded", "message": message("ok 0")}}),
+            orjson.dumps({"custom_id": "job-9", "result": "succeeded"}),
+            orjson.dumps({"custom_id": "job-1", "result": {"type": "errored", "error": "overloaded"}}),
+        ]
+    )
+    results = {r.custom_id: r for r in await provider.results("msgbatch_1")}
+    assert set(results) == {"job-0", "job-1"}
+    assert results["job-0"].completion is not None and results["job-0"].completion.text == "ok 0"
+    assert isinstance(results["job-1"].error, ProviderError)
 
 
 async def test_anthropic_results_url_on_another_origin_is_not_sent_the_key() -> None:
@@ -559,8 +609,11 @@ async def test_batch_transport_failures_map_and_never_leak_the_key(
         assert {(r.method, r.url.path.removeprefix("/v1")) for r in rec.requests} == (
             {("POST", "/files"), ("GET", "/batches/b"), ("POST", "/batches/b/cancel")}
             if provider_cls is OpenAIBatchProvider
-            else {("POST", "/messages/batches"), ("GET", "/messages/batches/b"),
-                  ("POST", "/messages/batches/b/cancel")}
+            else {
+                ("POST", "/messages/batches"),
+                ("GET", "/messages/batches/b"),
+                ("POST", "/messages/batches/b/cancel"),
+            }
         )
         sent = rec.requests[0].headers
         assert SECRET in sent.get("authorization", "") + sent.get("x-api-key", "")
