@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer.core.errors import ConfigError
-from consumer.kafka.admin import ensure_topics
+from consumer.kafka.admin import ensure_topics, max_record_bytes
 from consumer.kafka.intake import KafkaIntake
 from consumer.kafka.publisher import StatsPublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
@@ -23,6 +23,7 @@ from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, make_http_client
 from consumer.runtime.metrics import MetricsServer, build_app, register_otel_metrics
 from consumer.runtime.offline import BatchTracker, OfflineCollector
+from consumer.runtime.outcomes import RecordLimits
 from consumer.runtime.pipeline import Pipeline
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
@@ -96,6 +97,7 @@ def build_offline(
     make_producer: Any,
     instance: str,
     clients: list[Any],
+    limits: RecordLimits,
 ) -> list[Any]:
     """Collector and tracker for tiers with offline.enabled (none when no tier allows it)."""
     offline_tiers = {n: t for n, t in tier_file.tiers.items() if t.offline.enabled}
@@ -122,6 +124,7 @@ def build_offline(
         tracker_producer,
         poll_s_by_tier={n: t.offline.poll_s for n, t in offline_tiers.items()},
         options_by_tier={n: t.options for n, t in offline_tiers.items()},
+        limits=limits,
         transactional=exactly_once,
         client_id=f"promptbus-{instance}-tracker",
     )
@@ -192,6 +195,12 @@ async def run_service(
     report = await ensure_topics(settings)
     for topic, state in report.items():
         log.info("topic %s: %s", topic, state)
+    outputs = [settings.results_topic, settings.dlq_topic]
+    limits = RecordLimits.of_topics(
+        await max_record_bytes(settings, outputs),
+        results=settings.results_topic,
+        dead_letters=settings.dlq_topic,
+    )
 
     tiers, clients = await build_tiers(tier_file, stats, providers)
     intake = KafkaIntake(settings, client_id=f"promptbus-{instance}")
@@ -203,9 +212,9 @@ async def run_service(
         sink = AtLeastOnceSink(make_producer(transactional_id=None), intake.commit)
     side_producer = make_producer(transactional_id=None)
 
-    pipeline = Pipeline(settings, tiers, intake, sink, stats, telemetry, rng=random.Random())
+    pipeline = Pipeline(settings, tiers, intake, sink, stats, telemetry, rng=random.Random(), limits=limits)
     offline_parts = build_offline(
-        settings, tier_file, pipeline, side_producer, make_producer, instance, clients
+        settings, tier_file, pipeline, side_producer, make_producer, instance, clients, limits
     )
     stats_publisher = StatsPublisher(
         side_producer, settings.stats_topic, instance, stats.snapshot, settings.stats_interval_s

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.settings import Settings
@@ -82,3 +83,29 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None
         return report
     finally:
         await admin.close()
+
+
+async def max_record_bytes(settings: Settings, topics: list[str]) -> dict[str, int]:
+    """The largest record batch each topic takes: its `max.message.bytes` (the broker's
+    default unless the topic overrides it), at most what the producer sends
+    (MAX_MESSAGE_BYTES). A topic whose config cannot be read gets MAX_MESSAGE_BYTES."""
+    limits = dict.fromkeys(topics, MAX_MESSAGE_BYTES)
+    admin = AIOKafkaAdminClient(**client_kwargs(settings))
+    await admin.start()
+    try:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]
+        )
+    except Exception as exc:  # a broker that refuses DescribeConfigs (ACLs): keep the producer's limit
+        log.warning("cannot read the topics' max.message.bytes (%s); assuming %d", exc, MAX_MESSAGE_BYTES)
+        return limits
+    finally:
+        await admin.close()
+    for response in responses:
+        for error_code, _message, _type, name, entries, *_ in response.resources:
+            if error_code or name not in limits:
+                continue
+            for entry in entries:
+                if entry[0] == "max.message.bytes" and str(entry[1]).isdigit():
+                    limits[name] = min(int(entry[1]), MAX_MESSAGE_BYTES)
+    return limits

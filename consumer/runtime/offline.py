@@ -37,7 +37,7 @@ from consumer.core.output import output_format
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.providers.base import BatchItemResult, BatchJob, BatchProvider, BatchRequest, BatchStatus
-from consumer.runtime.outcomes import dead_letter_record, result_record
+from consumer.runtime.outcomes import RecordLimits, dead_letter_record, result_record, too_large_result
 from consumer.settings import Settings
 
 if TYPE_CHECKING:
@@ -221,10 +221,12 @@ class BatchTracker:
         *,
         poll_s_by_tier: dict[str, float],
         options_by_tier: dict[str, dict[str, Any]] | None = None,
+        limits: RecordLimits | None = None,
         transactional: bool,
         client_id: str,
     ) -> None:
         self._settings = settings
+        self._limits = limits
         self._providers = batch_providers
         self._producer = producer
         self._transactional = transactional
@@ -320,7 +322,7 @@ class BatchTracker:
             with contextlib.suppress(ProviderError):
                 items = await provider.results(record["batch_id"])
         tier_options = self._options_by_tier.get(record["tier"])
-        records = outcome_records(self._settings, record, job.status, items, tier_options)
+        records = outcome_records(self._settings, record, job.status, items, tier_options, self._limits)
         await self._publish(key, records)
         self._open.pop(key, None)
         self._next_poll_s.pop(key, None)
@@ -348,13 +350,16 @@ def outcome_records(
     status: BatchStatus,
     items: Sequence[BatchItemResult],
     tier_options: dict[str, Any] | None = None,
+    limits: RecordLimits | None = None,
 ) -> list[OutRecord]:
     """One result or dead letter per member of a finished provider batch.
 
     An answer is checked against the output format the job's options (merged over the tier's
-    `tier_options`, as online) ask for, like an online answer; one that breaks it is
-    `output_invalid` (a batch cannot ask again).
+    `tier_options`, as online) ask for, like an online answer; one that breaks it, or whose
+    result would be over the results topic's record size (`limits`), is `output_invalid` (a
+    batch cannot ask again).
     """
+    limits = limits or RecordLimits()
     by_id = {item.custom_id: item for item in items}
     latency_ms = max(0.0, (time.time() - float(record.get("submitted_at", time.time()))) * 1000.0)
     out: list[OutRecord] = []
@@ -373,19 +378,20 @@ def outcome_records(
             if wanted is not None:
                 output, problem = wanted.accept(output)
             if problem is None:
-                out.append(
-                    result_record(
-                        settings.results_topic,
-                        job=job,
-                        source=source,
-                        completion=item.completion,
-                        output=output,
-                        batch_size=1,
-                        attempts=1,
-                        latency_ms=latency_ms,
-                    )
+                result = result_record(
+                    settings.results_topic,
+                    job=job,
+                    source=source,
+                    completion=item.completion,
+                    output=output,
+                    batch_size=1,
+                    attempts=1,
+                    latency_ms=latency_ms,
                 )
-                continue
+                problem = too_large_result(result, limits.results)
+                if problem is None:
+                    out.append(result)
+                    continue
         if problem is not None:
             kind, message = ErrorKind.OUTPUT_INVALID, problem
         elif (item is not None and item.expired) or (item is None and status is BatchStatus.EXPIRED):
@@ -411,6 +417,7 @@ def outcome_records(
                 attempts=1,
                 status_code=error.status_code if error else None,
                 provider=record.get("provider"),
+                max_bytes=limits.dead_letters,
             )
         )
     return out

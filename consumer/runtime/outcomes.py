@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import orjson
@@ -10,6 +12,7 @@ import orjson
 from consumer.core.completion import Completion
 from consumer.core.errors import ErrorKind
 from consumer.core.jobs import DeadLetter, ErrorInfo, Job, SourceRef, encode
+from consumer.kafka.connection import MAX_MESSAGE_BYTES
 from consumer.kafka.records import (
     ERROR_KIND_HEADER,
     SOURCE_HEADER,
@@ -17,6 +20,30 @@ from consumer.kafka.records import (
     OutRecord,
     SourceOffset,
 )
+
+#: what a record adds to its value in a record batch of its own: key (a job id, at most 256
+#: characters), headers and batch framing, rounded up generously
+RECORD_OVERHEAD_BYTES = 16 * 1024
+#: the largest value a topic created by promptbus takes
+MAX_VALUE_BYTES = MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class RecordLimits:
+    """The largest result and dead-letter values the output topics take (see
+    `consumer.kafka.admin.max_record_bytes`); a record over its topic's limit is refused by
+    the broker on every attempt, so it would hold its partition's commits back for ever."""
+
+    results: int = MAX_VALUE_BYTES
+    dead_letters: int = MAX_VALUE_BYTES
+
+    @classmethod
+    def of_topics(cls, max_bytes: Mapping[str, int], *, results: str, dead_letters: str) -> RecordLimits:
+        """From each topic's largest record batch (bytes)."""
+        return cls(
+            results=max_bytes[results] - RECORD_OVERHEAD_BYTES,
+            dead_letters=max_bytes[dead_letters] - RECORD_OVERHEAD_BYTES,
+        )
 
 
 def _source_ref(source: SourceOffset) -> SourceRef:
@@ -131,6 +158,15 @@ def result_record(
     )
 
 
+def too_large_result(record: OutRecord, max_bytes: int) -> str | None:
+    """Why a result cannot be published (None: it can): over the results topic's record size,
+    the broker would refuse it on every attempt. The job is dead-lettered `output_invalid`."""
+    size = len(record.value or b"")
+    if size <= max_bytes:
+        return None
+    return f"the result would be {size} bytes, over the results topic's {max_bytes}: the output is too long"
+
+
 def dead_letter_record(
     topic: str,
     *,
@@ -145,8 +181,10 @@ def dead_letter_record(
     status_code: int | None = None,
     provider: str | None = None,
     traceparent: str | None = None,
+    max_bytes: int = MAX_VALUE_BYTES,
 ) -> OutRecord:
-    """A DeadLetter. `raw` (the original bytes) is kept whenever the caller has it."""
+    """A DeadLetter. `raw` (the original bytes) is kept whenever the caller has it and the
+    dead letter stays within `max_bytes` (see `_within`)."""
     jid = job.id if job is not None else job_id
     dead = DeadLetter(
         id=jid,
@@ -160,4 +198,27 @@ def dead_letter_record(
         failed_at=datetime.now(UTC),
     )
     headers = (*_headers(source, traceparent), (ERROR_KIND_HEADER, kind.value.encode()))
-    return OutRecord(topic, jid.encode() if jid else None, encode(dead), headers)
+    return OutRecord(topic, jid.encode() if jid else None, _within(dead, max_bytes), headers)
+
+
+def _within(dead: DeadLetter, max_bytes: int) -> bytes:
+    """The dead letter's JSON, leaving out its copies of the input (the original bytes, then
+    the parsed job) while it is over `max_bytes`; its message then says what was left out and
+    where the input is. A dead letter the topic refuses would be retried for ever."""
+    value = encode(dead)
+    if len(value) <= max_bytes:
+        return value
+    where = f"{dead.source.topic}/{dead.source.partition}/{dead.source.offset}"
+    for left_out, update in (
+        ("the original bytes", {"raw": None}),
+        ("the original bytes and the job", {"raw": None, "job": None}),
+    ):
+        note = (
+            f" [{left_out} left out: the dead letter was {len(value)} bytes, over the dead-letter"
+            f" topic's {max_bytes}; the input is at {where}]"
+        )
+        error = dead.error.model_copy(update={"message": dead.error.message + note})
+        smaller = encode(dead.model_copy(update={**update, "error": error}))
+        if len(smaller) <= max_bytes:
+            return smaller
+    return smaller

@@ -37,7 +37,13 @@ from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.limiter import Token
-from consumer.runtime.outcomes import AnswerResults, dead_letter_record, job_id_hint
+from consumer.runtime.outcomes import (
+    AnswerResults,
+    RecordLimits,
+    dead_letter_record,
+    job_id_hint,
+    too_large_result,
+)
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings
@@ -92,8 +98,10 @@ class Pipeline:
         offline: Any = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        limits: RecordLimits | None = None,
     ) -> None:
         self._settings = settings
+        self._limits = limits or RecordLimits()
         self._tiers = tiers
         self._intake = intake
         self._sink = sink
@@ -492,6 +500,10 @@ class Pipeline:
                 latency_ms=(now_s - ctx.received_s) * 1000.0,
                 traceparent=self._telemetry.traceparent(ctx.trace),
             )
+            problem = too_large_result(record, self._limits.results)
+            if problem is not None:
+                self._fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=plan.attempts(member))
+                continue
             self._finish(ctx, record, ok=True)
         for member, kind, message in step.failed:
             ctx = _ctx(member)
@@ -517,6 +529,7 @@ class Pipeline:
             job=job,
             job_id=job_id,
             raw=raw,
+            max_bytes=self._limits.dead_letters,
         )
         self._stats.dead_letters[kind.value] += 1
         self._sink.deliver(ticket, [record])
@@ -541,6 +554,7 @@ class Pipeline:
             status_code=error.status_code if error else None,
             provider=error.provider if error else None,
             traceparent=self._telemetry.traceparent(ctx.trace),
+            max_bytes=self._limits.dead_letters,
         )
         self._stats.dead_letters[kind.value] += 1
         self._finish(ctx, record, ok=False)

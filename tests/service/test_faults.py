@@ -329,3 +329,37 @@ async def test_a_bug_on_one_job_is_logged_and_holds_back_the_commit(
     (line,) = [r for r in caplog.records if "(a bug)" in r.getMessage()]
     assert line.levelname == "ERROR" and logged in line.getMessage()
     assert line.exc_info is not None and "injected bug" in repr(line.exc_info[1])
+
+
+async def test_outcomes_over_the_output_topics_record_size_still_end_their_jobs(kafka_bootstrap: str) -> None:
+    """Output topics made elsewhere may take smaller records than promptbus sends. A record
+    over that size is refused on every attempt, so it held its partition's commits back for
+    ever; now a dead letter leaves out its copies of the input and a result too large for
+    its topic is dead-lettered output_invalid."""
+    from tests.conftest import create_topic_on
+
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    await create_topic_on(kafka_bootstrap, settings.results_topic, 1, 1, {"max.message.bytes": "65536"})
+    await create_topic_on(kafka_bootstrap, settings.dlq_topic, 1, 1, {"max.message.bytes": "262144"})
+    big_invalid = orjson.dumps(job(1, batch=False, tier="nope", text="x" * 150_000))
+    big_metadata = job(2, batch=False, metadata={"notes": "m" * 100_000})
+    async with SimulatorServer(SimulatorConfig()) as base_url:
+        async with InProcessService(settings, tier_file_dict(base_url + "/v1")):
+            await produce(settings, [big_invalid, big_metadata, job(3, batch=False)])
+            outcomes = await wait_for_outcomes(settings, {"job-1", "job-2", "job-3"}, timeout_s=60)
+            committed = -1
+            for _ in range(40):  # bounded: the commit loop follows the acknowledgements
+                committed = await _committed(settings, 0)
+                if committed == 3:
+                    break
+                await asyncio.sleep(0.25)
+    assert set(outcomes.results) == {"job-3"}
+    (unknown,) = outcomes.dead["job-1"]
+    assert unknown["error"]["kind"] == "unknown_tier" and unknown["raw"] is None
+    assert unknown["job"]["id"] == "job-1", "the job itself still fits"
+    assert "[the original bytes left out: the dead letter was" in unknown["error"]["message"]
+    assert unknown["error"]["message"].endswith(f"the input is at {settings.jobs_topic}/0/0]")
+    (too_long,) = outcomes.dead["job-2"]
+    assert too_long["error"]["kind"] == "output_invalid"
+    assert "over the results topic's" in too_long["error"]["message"]
+    assert committed == 3, "every outcome is acknowledged, so every offset commits"

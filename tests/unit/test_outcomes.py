@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer.core.completion import Completion, Usage
+from consumer.core.errors import ErrorKind
 from consumer.core.jobs import BatchInfo, Job, Result, SourceRef, UsageInfo, encode
 from consumer.kafka.records import SOURCE_HEADER, TRACEPARENT_HEADER, SourceOffset, TopicPartition
-from consumer.runtime.outcomes import AnswerResults, result_record
+from consumer.runtime.outcomes import AnswerResults, dead_letter_record, result_record, too_large_result
 
 _text = st.text(min_size=1, max_size=12)
 _json_leaf = st.none() | st.booleans() | st.integers(-1000, 1000) | st.text(max_size=8)
@@ -122,3 +123,54 @@ def test_jobs_of_one_answer_share_its_fields_but_keep_their_own() -> None:
         assert got == want
         assert got["usage"] == {"input_tokens": 20, "output_tokens": 10}  # each job its share
         assert dict(record.headers) == {SOURCE_HEADER: f"jobs/{i}/{10 + i}".encode()}
+
+
+def test_a_dead_letter_over_its_topics_record_size_leaves_out_its_copies_of_the_input() -> None:
+    source = SourceOffset(TopicPartition("jobs", 3), 41)
+    job = Job.model_validate({"id": "j1", "tier": "nope", "prompt": "x" * 5000})
+    raw = encode(job)
+
+    def dead(max_bytes: int) -> dict[str, Any]:
+        record = dead_letter_record(
+            "dlq",
+            source=source,
+            kind=ErrorKind.UNKNOWN_TIER,
+            message="tier 'nope' is not configured",
+            job=job,
+            raw=raw,
+            max_bytes=max_bytes,
+        )
+        assert record.value is not None and len(record.value) <= max_bytes
+        value: dict[str, Any] = orjson.loads(record.value)
+        return value
+
+    whole = dead(100_000)
+    assert whole["raw"] and whole["job"]["id"] == "j1"
+    assert whole["error"]["message"] == "tier 'nope' is not configured"
+    without_raw = dead(8_000)  # the job (~5 KB) fits, with its base64 copy it does not
+    assert without_raw["raw"] is None and without_raw["job"]["id"] == "j1"
+    assert without_raw["error"]["message"].startswith(
+        "tier 'nope' is not configured [the original bytes left out:"
+    )
+    assert without_raw["error"]["message"].endswith("the input is at jobs/3/41]")
+    bare = dead(2_000)
+    assert bare["raw"] is None and bare["job"] is None and bare["id"] == "j1"
+    assert "[the original bytes and the job left out: the dead letter was" in bare["error"]["message"]
+
+
+def test_a_result_over_its_topics_record_size_is_refused_with_the_reason() -> None:
+    record = result_record(
+        "results",
+        job=Job.model_validate({"id": "j1", "tier": "t", "prompt": "p"}),
+        source=SourceOffset(TopicPartition("jobs", 0), 1),
+        completion=Completion("y" * 3000, "stop", Usage(1, 1), "openai", "m"),
+        output="y" * 3000,
+        batch_size=1,
+        attempts=1,
+        latency_ms=1.0,
+    )
+    size = len(record.value or b"")
+    assert too_large_result(record, size) is None
+    assert too_large_result(record, 2000) == (
+        f"the result would be {size} bytes, over the results topic's 2000: the output is too long"
+    )
