@@ -156,12 +156,18 @@ def cmd_results(args: argparse.Namespace) -> int:
     topic = settings.dlq_topic if args.dlq else settings.results_topic
 
     async def go() -> None:
-        async for _, value in read_topic(
+        async for key, value in read_topic(
             settings, topic, from_beginning=args.from_beginning or not args.follow, follow=args.follow
         ):
-            if value is not None:
-                sys.stdout.write(value.decode("utf-8") + "\n")
-                sys.stdout.flush()
+            if value is None:
+                continue
+            try:
+                line = value.decode("utf-8")
+            except UnicodeDecodeError:  # not promptbus's: another tool wrote to the topic
+                print(f"promptbus results: skipped record {key!r}: not UTF-8", file=sys.stderr)
+                continue
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
 
     try:
         asyncio.run(go())

@@ -139,10 +139,14 @@ def test_submit_run_results_stats_through_the_cli(kafka_bootstrap: str, tmp_path
             )
             assert one.returncode == 0, one.stderr
             assert one.stdout.strip() == "cli-single"
+            # a record another tool wrote: skipped with a word on stderr, the rest still printed
+            foreign_result = [(b"not-a-job", b"\xff\xfe not utf-8")]
+            asyncio.run(produce_raw(kafka_bootstrap, env["PROMPTBUS_RESULTS_TOPIC"], foreign_result))
             deadline = time.monotonic() + 60
             results: dict[str, dict] = {}
             while time.monotonic() < deadline and len(results) < 13:
                 out = cli("results", env=env)
+                assert "skipped record b'not-a-job': not UTF-8" in out.stderr
                 results = {r["id"]: r for r in map(orjson.loads, out.stdout.splitlines())}
                 time.sleep(0.5)
             assert set(results) == {f"cli-{i}" for i in range(12)} | {"cli-single"}, service.log_tail()
