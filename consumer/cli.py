@@ -19,12 +19,12 @@ from consumer.core.errors import ConfigError
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from consumer.settings import Settings
+    from consumer.settings import load_settings
 
     overrides: dict[str, Any] = {}
     if getattr(args, "bootstrap", None):
         overrides["kafka_bootstrap_servers"] = args.bootstrap
-    return Settings(**overrides)
+    return load_settings(**overrides)
 
 
 def _tier_file(args: argparse.Namespace) -> Any:
@@ -60,6 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     from consumer.app import validate_keys
 
+    _settings(args)  # the environment's settings too: a bad one stops `run` the same way
     tier_file = _tier_file(args)
     problems = validate_keys(tier_file, strict=False)
     for name, tier in tier_file.tiers.items():

@@ -221,3 +221,18 @@ class Settings(BaseSettings):
     stats_interval_s: float = Field(2.0, gt=0)
     config: str | None = None
     kafka: KafkaSecurity = KafkaSecurity()
+
+
+def _env_name(loc: tuple[int | str, ...]) -> str:
+    """The environment variable behind a Settings error location (nested with __)."""
+    return "PROMPTBUS_" + "__".join(str(part).upper() for part in loc)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment; raise ConfigError naming the variable and the reason
+    (never its value: it may be a password)."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False, include_input=False)[0]
+        raise ConfigError(_env_name(err["loc"]), str(err["msg"])) from None

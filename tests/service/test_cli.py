@@ -92,6 +92,27 @@ def test_check_config_accepts_the_example_and_run_refuses_a_missing_key(tmp_path
     assert "tiers.a.api_key_env" in proc.stderr and "PB_SURELY_UNSET_KEY" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "reason"),
+    [
+        ("PROMPTBUS_PROCESSING_GUARANTEE", "maybe", "Input should be 'at_least_once' or 'exactly_once'"),
+        ("PROMPTBUS_MAX_INFLIGHT", "0", "Input should be greater than or equal to 1"),
+        ("PROMPTBUS_KAFKA__SASL_MECHANISM", "MD5", "Input should be 'PLAIN', 'SCRAM-SHA-256' or"),
+    ],
+)
+def test_a_bad_environment_setting_is_named_by_check_config_and_run(
+    variable: str, value: str, reason: str
+) -> None:
+    example = str(ROOT / "examples" / "tiers.yaml")
+    for command in ("check-config", "run"):
+        proc = cli(
+            command, "--config", example, env={variable: value, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+        )
+        assert proc.returncode == 2, (command, proc.stderr)
+        assert proc.stderr.startswith(f"promptbus: config error: {variable}: {reason}"), proc.stderr
+        assert "Traceback" not in proc.stderr and value not in proc.stderr.split(reason)[0]
+
+
 def test_bad_yaml_and_missing_file_are_clear_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("tiers: [unclosed")
