@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from consumer.core.errors import ConfigError
 from consumer.runtime.stats import ServiceStats
 
 log = logging.getLogger(__name__)
@@ -177,7 +179,20 @@ class MetricsServer:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve(), name="promptbus-metrics")
+        """Listen and serve. Raises ConfigError when the address cannot be listened on.
+
+        The socket is bound here, not by uvicorn: uvicorn answers a failed bind with
+        `sys.exit(1)` inside its task, which tore the service's start-up down half way and
+        left it hanging in its clean-up, deaf to SIGTERM.
+        """
+        config = self._server.config
+        try:
+            family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+            listener = socket.create_server((config.host, config.port), family=family)
+        except OSError as exc:
+            where = f"{config.host}:{config.port}"
+            raise ConfigError("PROMPTBUS_METRICS_PORT", f"cannot listen on {where}: {exc.strerror}") from None
+        self._task = asyncio.create_task(self._server.serve(sockets=[listener]), name="promptbus-metrics")
         while not self._server.started and not self._task.done():  # noqa: ASYNC110 - uvicorn offers no event
             await asyncio.sleep(0.01)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -111,6 +112,21 @@ def test_a_bad_environment_setting_is_named_by_check_config_and_run(
         assert proc.returncode == 2, (command, proc.stderr)
         assert proc.stderr.startswith(f"promptbus: config error: {variable}: {reason}"), proc.stderr
         assert "Traceback" not in proc.stderr and value not in proc.stderr.split(reason)[0]
+
+
+@pytest.mark.integration
+def test_run_with_its_metrics_port_taken_exits_2_naming_it(kafka_bootstrap: str) -> None:
+    """uvicorn answered a failed bind with sys.exit inside its task: start-up stopped half way
+    and the process hung in its clean-up, deaf to SIGTERM (the cli timeout would fail this)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = service_env(kafka_bootstrap, partitions=1, PROMPTBUS_METRICS_PORT=port)
+        env["PROMPTBUS_METRICS_HOST"] = "127.0.0.1"
+        proc = cli("run", "--config", str(ROOT / "examples" / "tiers.yaml"), env=env, timeout=90)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"config error: PROMPTBUS_METRICS_PORT: cannot listen on 127.0.0.1:{port}" in proc.stderr
 
 
 def test_bad_yaml_and_missing_file_are_clear_errors(tmp_path: Path) -> None:
