@@ -299,6 +299,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        from aiokafka.errors import KafkaConnectionError
+
+        if not isinstance(exc, KafkaConnectionError):
+            raise
+        # a clear line, not a traceback; exit 1 so a supervisor starts it again later
+        print(f"promptbus: cannot reach Kafka: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

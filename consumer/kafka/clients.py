@@ -74,15 +74,15 @@ async def read_topic(
 
     Without `follow`, stop at the end offsets seen at start.
     """
+    partitions = await topic_partitions(settings, topic)
     consumer = AIOKafkaConsumer(
         isolation_level="read_committed",
         enable_auto_commit=False,
         max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
         **client_kwargs(settings),
     )
-    partitions = await topic_partitions(settings, topic)
-    await consumer.start()
     try:
+        await consumer.start()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         if not tps:
             return

@@ -129,6 +129,15 @@ def test_run_with_its_metrics_port_taken_exits_2_naming_it(kafka_bootstrap: str)
     assert f"config error: PROMPTBUS_METRICS_PORT: cannot listen on 127.0.0.1:{port}" in proc.stderr
 
 
+def test_commands_that_cannot_reach_kafka_say_so_in_one_line() -> None:
+    env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "PB_DEMO_KEY": "x"}
+    for command in (["run", "--config", str(ROOT / "examples" / "tiers.yaml")], ["stats"], ["results"]):
+        proc = cli(*command, env=env, timeout=90)
+        assert proc.returncode == 1, (command, proc.stderr[-2000:])
+        assert proc.stderr.strip().splitlines()[-1].startswith("promptbus: cannot reach Kafka:"), proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
 def test_bad_yaml_and_missing_file_are_clear_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("tiers: [unclosed")
