@@ -310,7 +310,11 @@ async def test_a_bug_on_one_job_is_logged_and_holds_back_the_commit(
     stop the service: the job stays uncommitted (read again after a restart), the jobs after
     it are answered, and the log says why the partition's commits stopped."""
     logged = inject(monkeypatch)
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    # the stuck job keeps the drain waiting for its outcome: bound it short
+    env = service_env(
+        kafka_bootstrap, partitions=1, PROMPTBUS_SHUTDOWN_TIMEOUT_S="2", PROMPTBUS_REVOKE_TIMEOUT_S="1"
+    )
+    settings = settings_from_env(env)
     jobs = [job(0, batch=False), job(1, batch=False, text="trigger the bug"), job(2, batch=False)]
     async with SimulatorServer(SimulatorConfig()) as base_url:
         async with InProcessService(settings, tier_file_dict(base_url + "/v1")):
