@@ -78,17 +78,24 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- submit
 def _jobs_from_args(args: argparse.Namespace) -> Iterator[bytes]:
+    from consumer.runtime.outcomes import MAX_VALUE_BYTES
+
     if args.file:
         path = Path(args.file)
+        # checked as the file streams out: a bad line stops it there
+        stopped = "the lines before it were submitted, none from it on"
         with path.open("rb") as fh:
             for n, line in enumerate(fh, 1):
                 line = line.strip()
                 if not line:
                     continue
+                if len(line) > MAX_VALUE_BYTES:
+                    reason = f"job is {len(line)} bytes, over the {MAX_VALUE_BYTES} a record may carry"
+                    raise ConfigError(f"{path}:{n}", f"{reason}; {stopped}")
                 try:
                     orjson.loads(line)
                 except orjson.JSONDecodeError as exc:
-                    raise ConfigError(f"{path}:{n}", f"not JSON: {exc}") from None
+                    raise ConfigError(f"{path}:{n}", f"not JSON: {exc}; {stopped}") from None
                 yield line
         return
     if not args.tier or args.prompt is None:

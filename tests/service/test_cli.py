@@ -138,6 +138,36 @@ def test_commands_that_cannot_reach_kafka_say_so_in_one_line() -> None:
         assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
+def test_submit_stops_at_a_line_no_record_can_carry(kafka_bootstrap: str, tmp_path: Path) -> None:
+    from consumer.kafka.clients import read_topic
+    from consumer.settings import load_settings
+
+    env = service_env(kafka_bootstrap, partitions=1)
+    lines = [
+        orjson.dumps({"id": "before", "tier": "small", "prompt": "hi"}),
+        orjson.dumps({"id": "huge", "tier": "small", "prompt": "x" * (11 * 1024 * 1024)}),
+        orjson.dumps({"id": "after", "tier": "small", "prompt": "hi"}),
+    ]
+    path = tmp_path / "jobs.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    proc = cli("submit", "--file", str(path), env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"config error: {path}:2: job is {len(lines[1])} bytes, over the" in proc.stderr
+    assert "the lines before it were submitted, none from it on" in proc.stderr
+
+    async def submitted() -> list[bytes | None]:
+        settings = load_settings(
+            jobs_topic=env["PROMPTBUS_JOBS_TOPIC"], kafka_bootstrap_servers=kafka_bootstrap
+        )
+        return [
+            key
+            async for key, _ in read_topic(settings, settings.jobs_topic, from_beginning=True, follow=False)
+        ]
+
+    assert asyncio.run(submitted()) == [b"before"]
+
+
 def test_bad_yaml_and_missing_file_are_clear_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("tiers: [unclosed")
