@@ -209,8 +209,9 @@ def output_format(options: Mapping[str, Any]) -> OutputFormat | None:
     """What `options.response_format` asks of the output; None when it asks for nothing checkable
     (no response_format, or `{"type": "text"}`).
 
-    Raises `JobError(INVALID_JOB)` when it names a schema that is not a valid JSON Schema.
-    Schemas are compiled once per distinct schema (most jobs of a stream share theirs).
+    Raises `JobError(INVALID_JOB)` when it names a schema outputs cannot be checked against:
+    not a valid JSON Schema, a `$ref` out of the schema, nested too deeply. Schemas are
+    compiled once per distinct schema (most jobs of a stream share theirs).
     """
     response_format = options.get("response_format")
     if not isinstance(response_format, Mapping):
@@ -221,5 +222,5 @@ def output_format(options: Mapping[str, Any]) -> OutputFormat | None:
     try:
         key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # cannot happen for a schema parsed from JSON; be clear anyway
-        raise JobError(ErrorKind.INVALID_JOB, "options.response_format: the schema is not JSON") from None
+        raise _invalid_schema("the schema is not JSON") from None
     return _compiled(key)

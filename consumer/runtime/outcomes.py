@@ -198,17 +198,17 @@ def dead_letter_record(
         failed_at=datetime.now(UTC),
     )
     headers = (*_headers(source, traceparent), (ERROR_KIND_HEADER, kind.value.encode()))
-    return OutRecord(topic, jid.encode() if jid else None, _within(dead, max_bytes), headers)
+    return OutRecord(topic, jid.encode() if jid else None, _within(dead, source, max_bytes), headers)
 
 
-def _within(dead: DeadLetter, max_bytes: int) -> bytes:
+def _within(dead: DeadLetter, source: SourceOffset, max_bytes: int) -> bytes:
     """The dead letter's JSON, leaving out its copies of the input (the original bytes, then
     the parsed job) while it is over `max_bytes`; its message then says what was left out and
     where the input is. A dead letter the topic refuses would be retried for ever."""
     value = encode(dead)
     if len(value) <= max_bytes:
         return value
-    where = f"{dead.source.topic}/{dead.source.partition}/{dead.source.offset}"
+    where = source.header_value().decode()  # topic/partition/offset, as the source header says
     for left_out, update in (
         ("the original bytes", {"raw": None}),
         ("the original bytes and the job", {"raw": None, "job": None}),
