@@ -83,4 +83,4 @@ demo: venv
 
 # Regenerate schemas/*.json from the message and tier-file models (a test fails on drift).
 schemas: venv
-	$(PY) -m consumer.core.schema_gen
+	$(PY) -m consumer.schemas

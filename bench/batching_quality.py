@@ -14,23 +14,30 @@ until every item has its answer), this classifies the labelled texts of
   answer schema, an enum of the labels; the job's ordinary requests carry it too). Size 1
   is an ordinary request (DESIGN.md rule 5): it runs once for free-text jobs and once for
   jobs with the label schema;
-- with the adaptive size (`consumer.core.adaptive.AdaptiveBatchSize`, initial 4, max 16,
-  probe after 10 s): every batched verdict is recorded, each new chunk takes the current
-  size, and a share (`--verify-fraction`, 0.25) of each batched request's items is also
-  asked alone: agreement below `--min-agreement` (0.8) shrinks the size like an invalid
-  answer. Those verification requests count in `provider_requests`.
+- with the adaptive size (`consumer.core.adaptive.AdaptiveBatchSize`, max the largest
+  `--sizes`, as a tier with `verify_fraction` > 0 builds it: nothing trusted beyond size 1,
+  `--probe-fraction` 0.1 of the items sent at the probe size): every item asks `size_at`
+  as the pipeline's jobs do (the first of a chunk fixes its size), every batched verdict,
+  every request's time and tokens and every verification are reported to it, and a share
+  (`--verify-fraction`, 0.25) of each batched request's items is also asked alone. Those
+  verification requests count in `provider_requests`. Its final `reason()` is recorded.
 
 For each: accuracy against the labels (the answer is normalized with
 `adaptive.normalize_answer` and its first label word counts), provider requests (with the
 verdict kinds of the batched ones), agreement of batched answers with the single answers
 of the same jobs (`adaptive.answers_agree`), tokens read and written by the server (the
 cost that does not depend on what else runs on the machine), wall time and items per
-second (which do: the 1-minute load average at the start of each run is recorded). Prints one
-JSON document and draws `bench/out/batching_quality.png` plus a copy at
+second (which do: the 1-minute load average at the start of each run is recorded), and
+`vs_single`: correct answers, requests and items/s against the single requests of the same
+run (the same answer schema), as a difference and as ratios, so a configuration is judged
+against size 1 measured minutes apart on the same machine, not against another run. Prints
+one JSON document and draws `bench/out/batching_quality.png` plus a copy at
 `docs/batching_quality.png`. No thresholds: numbers only.
 
 Usage: python bench/batching_quality.py [--texts 64] [--sizes 1,2,4,8,16] [--modes off,json_object,labels]
-       [--concurrency 2] [--base-url URL] [--no-adaptive] [--out FILE.json]
+       [--concurrency 2] [--base-url URL] [--no-adaptive] [--repeat N] [--no-bracket] [--out FILE.json]
+With `--repeat N` every configuration runs N times, round-robin; the single requests also run
+once more at the end (`--no-bracket`: not). `summary` holds the means per configuration.
 A full run (64 texts) takes about 5-10 minutes on 2 cores.
 """
 
@@ -147,6 +154,8 @@ class Runner:
         concurrency: int,
         verify_fraction: float = 0.0,
         on_agreement: Callable[[int, int, int, float], object] | None = None,
+        on_speed: Callable[..., object] | None = None,
+        wants_verification: Callable[[int], bool] | None = None,
     ) -> None:
         self.provider = provider
         self.model = model
@@ -156,9 +165,20 @@ class Runner:
         self.rng = random.Random(7)
         self.verify_fraction = verify_fraction
         self.on_agreement = on_agreement
+        #: (size, answered, elapsed_s, now_s, tokens=) of every answered request
+        self.on_speed = on_speed
+        #: whether a batched request of this size is worth verifying (None: always)
+        self.wants_verification = wants_verification
+
+    def timed(self, size: int, answered: int, elapsed_s: float, completion: Any) -> None:
+        """Report one answered request's time and tokens (`AdaptiveBatchSize.record_speed`)."""
+        if self.on_speed is not None:
+            usage = completion.usage
+            tokens = usage.input_tokens + usage.output_tokens
+            self.on_speed(size, answered, elapsed_s, time.monotonic(), tokens=tokens)
 
     def build(self, req: PlannedRequest) -> CompletionRequest:
-        """The same request the pipeline builds (`pipeline._build_request`)."""
+        """The same request the pipeline builds (`PlanRunner.build_request`)."""
         options: dict[str, Any] = {"temperature": 0, "max_tokens": ITEM_MAX_TOKENS}
         if req.packed is None:
             return self.single(req.members[0])
@@ -183,11 +203,13 @@ class Runner:
             async with self.sem:
                 stats.requests += 1
                 stats.verify_requests += 1
+                started = time.monotonic()
                 try:
                     completion = await self.provider.complete(self.single(member))
                 except ProviderError:
                     stats.errors += 1
                     return False
+                self.timed(1, 1, time.monotonic() - started, completion)
             stats.input_tokens += completion.usage.input_tokens
             stats.output_tokens += completion.usage.output_tokens
             return answers_agree(batched_answer, completion.text)
@@ -213,6 +235,8 @@ class Runner:
             async with self.sem:
                 stats.requests += 1
                 stats.batched_requests += req.batched
+                started = time.monotonic()
+                completion = None
                 try:
                     completion = await self.provider.complete(self.build(req))
                 except ProviderError as exc:
@@ -227,6 +251,11 @@ class Runner:
                     stats.input_tokens += completion.usage.input_tokens
                     stats.output_tokens += completion.usage.output_tokens
                     step = plan.on_answer(req, completion.text, completion.finish_reason)
+                elapsed_s = time.monotonic() - started
+            if completion is not None:
+                # items this very request answered (0 when its answer was discarded)
+                answered = sum(1 for _, _, by in step.answered if by is req)
+                self.timed(len(req.members), answered, elapsed_s, completion)
             if step.verdict is not None:
                 stats.verdicts[step.verdict.kind.value] += 1
                 if on_verdict is not None:
@@ -240,7 +269,8 @@ class Runner:
                 stats.failed[int(str(member.ref))] = f"{kind.value}: {message}"
             for nxt in step.requests:
                 group.create_task(send(nxt, group))
-            if by_batch and self.verify_fraction > 0:
+            wanted = self.wants_verification is None or self.wants_verification(len(req.members))
+            if by_batch and self.verify_fraction > 0 and wanted:
                 group.create_task(self.verify(by_batch, len(req.members), stats))
 
         async with asyncio.TaskGroup() as group:
@@ -266,6 +296,8 @@ class Runner:
                 size = max(1, size_at(time.monotonic()))
                 chunk = members[cursor : cursor + size]
                 cursor += len(chunk)
+                for _ in chunk[1:]:
+                    size_at(time.monotonic())  # the items that join it ask too, as jobs do
                 stats.sizes_used.append(len(chunk))
                 await self.run_chunk(chunk, stats, on_verdict)
 
@@ -379,19 +411,33 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
         configs += [(mode, size) for size in args.sizes if size > 1 for mode in args.modes]
         if args.adaptive:
             configs += [(mode, "adaptive") for mode in args.modes]
+        # round-robin repeats: each configuration meets the machine's load at several times
+        configs *= max(1, args.repeat)
+        if args.bracket:
+            # the machine's load drifts over a run: single requests again at the end, and
+            # every configuration is compared with the mean of both single runs
+            one_round = configs[: len(configs) // max(1, args.repeat)]
+            configs += [(mode, size) for mode, size in one_round if size == 1]
         for mode, size in configs:
             has_schema = MODES[mode][1] is not None
             size_at: Callable[[float], int]
             on_verdict: Callable[[str, int, float], object] | None = None
             if size == "adaptive":
+                # as `TierRuntime` builds it for an openai_compat tier that verifies
                 adaptive = AdaptiveBatchSize(
-                    min(args.adaptive_initial, max(args.sizes)),
                     max(args.sizes),
-                    probe_after_s=args.probe_after_s,
+                    trusted=1,
+                    measure_agreement=args.verify_fraction > 0,
                     min_agreement=args.min_agreement,
+                    confidence=args.confidence,
+                    probe_fraction=args.probe_fraction,
                 )
                 run = runner(
-                    mode, verify_fraction=args.verify_fraction, on_agreement=adaptive.record_agreement
+                    mode,
+                    verify_fraction=args.verify_fraction,
+                    on_agreement=adaptive.record_agreement,
+                    on_speed=adaptive.record_speed,
+                    wants_verification=adaptive.wants_verification,
                 )
                 size_at, on_verdict = adaptive.size_at, adaptive.record
             else:
@@ -408,10 +454,19 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
             wall_s = time.perf_counter() - started
             if size == 1:
                 name = "single (labels schema)" if has_schema else "single"
-                entry = summarize(name, mode if has_schema else "n/a", size, rows, stats, wall_s, None)
-                singles[has_schema] = {i: a for i, (a, _) in stats.answers.items()}
+                again = has_schema in singles
+                entry = summarize(
+                    name + (", again" if again else ""), mode if has_schema else "n/a", size, rows, stats,
+                    wall_s, None,
+                )
+                if not again:
+                    singles[has_schema] = {i: a for i, (a, _) in stats.answers.items()}
             else:
                 entry = summarize(f"{mode}/{size}", mode, size, rows, stats, wall_s, singles.get(has_schema))
+            if size == "adaptive":
+                entry["final_size"] = adaptive.size
+                entry["probes"] = adaptive.probes
+                entry["reason"] = adaptive.reason()
             entry["load_avg_1m_at_start"] = load_1m
             results.append(entry)
             progress(json.dumps(entry))
@@ -419,6 +474,58 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
         for provider in providers.values():
             await provider.aclose()
     return results
+
+
+def summarize_runs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per configuration over its runs (`--repeat`, the bracketing single run):
+    means, with each run's correct answers and items/s kept, and `vs_single` for every
+    batched configuration: its mean correct answers minus those of the single requests with
+    the same answer schema, its requests and items/s over theirs (means over all their runs,
+    so drift in the machine's load over the run weighs on both)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for entry in results:
+        groups.setdefault((entry["structured"], str(entry["size"])), []).append(entry)
+    summary: list[dict[str, Any]] = []
+    for runs in groups.values():
+        first = runs[0]
+
+        def mean(key: str, runs: list[dict[str, Any]] = runs) -> float:
+            return sum(float(r[key]) for r in runs) / len(runs)
+
+        summary.append(
+            {
+                "config": first["config"],
+                "structured": first["structured"],
+                "size": first["size"],
+                "items": first["items"],
+                "runs": len(runs),
+                "correct": round(mean("correct"), 1),
+                "correct_runs": [r["correct"] for r in runs],
+                "accuracy": round(mean("accuracy"), 3),
+                "provider_requests": round(mean("provider_requests"), 1),
+                "input_tokens": round(mean("input_tokens")),
+                "output_tokens": round(mean("output_tokens")),
+                "wall_s": round(mean("wall_s"), 2),
+                "items_per_s": round(mean("items_per_s"), 2),
+                "items_per_s_runs": [r["items_per_s"] for r in runs],
+                **({"reasons": [r["reason"] for r in runs]} if "reason" in first else {}),
+            }
+        )
+    for entry in summary:
+        if entry["size"] == 1:
+            continue
+        has_schema = MODES[entry["structured"]][1] is not None
+        single = next(
+            (r for r in summary if r["size"] == 1 and (r["structured"] != "n/a") == has_schema), None
+        )
+        if single is None:
+            continue
+        entry["vs_single"] = {
+            "correct_delta": round(entry["correct"] - single["correct"], 1),
+            "requests_ratio": round(entry["provider_requests"] / single["provider_requests"], 3),
+            "items_per_s_ratio": round(entry["items_per_s"] / single["items_per_s"], 3),
+        }
+    return summary
 
 
 def plot(results: list[dict[str, Any]], modes: Sequence[str], path: Path, title: str) -> None:
@@ -478,8 +585,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--concurrency", type=int, default=2, help="requests in flight (the server runs one at a time)"
     )
     parser.add_argument("--no-adaptive", dest="adaptive", action="store_false")
-    parser.add_argument("--adaptive-initial", type=int, default=4)
-    parser.add_argument("--probe-after-s", type=float, default=10.0)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run every configuration this many times, round-robin"
+    )
+    parser.add_argument(
+        "--no-bracket", dest="bracket", action="store_false", help="no second single run at the end"
+    )
+    parser.add_argument("--probe-fraction", type=float, default=0.1, help="adaptive runs only")
+    parser.add_argument("--confidence", type=float, default=0.9, help="adaptive runs only")
     parser.add_argument("--verify-fraction", type=float, default=0.25, help="adaptive runs only")
     parser.add_argument("--min-agreement", type=float, default=0.8, help="adaptive runs only")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
@@ -518,6 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         report["results"] = asyncio.run(bench(base_url, args, rows))
+        report["summary"] = summarize_runs(report["results"])
     finally:
         if handle is not None:
             handle.stop()
@@ -533,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"SmolLM2-135M-Instruct (llama.cpp server), {len(rows)} labelled texts, "
         f"concurrency {args.concurrency}, {os.cpu_count()} cores"
     )
-    plot(report["results"], args.modes, png, title)
+    plot(report["summary"], args.modes, png, title)
     progress(f"plot: {png}")
     if args.docs_copy:
         DOCS_PNG.parent.mkdir(parents=True, exist_ok=True)

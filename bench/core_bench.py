@@ -1,4 +1,4 @@
-"""CPU cost per job of the pure core: window + pack + parse (issue 3, target <= 50 us/job).
+"""CPU cost per job of the pure core: window + pack + parse (target: at most 50 us per job).
 
     .venv/bin/python bench/core_bench.py [--jobs 10000] [--max-items 20] [--repeat 5]
 

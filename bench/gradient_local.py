@@ -27,9 +27,9 @@ from typing import Any
 
 from consumer import localmodel
 from consumer.core.completion import ChatMessage, CompletionRequest
-from consumer.core.limit import FixedLimit, GradientLimit
+from consumer.core.limit import ConcurrencyLimit, FixedLimit, GradientLimit
 from consumer.providers.factory import build_provider, make_http_client
-from consumer.runtime.limiter import AsyncLimiter, LimitAlgorithm
+from consumer.runtime.limiter import AsyncLimiter
 from consumer.settings import TierConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,9 @@ def texts(n: int) -> list[str]:
     return [rows[i % len(rows)]["text"] for i in range(n)]
 
 
-async def run_mode(name: str, algorithm: LimitAlgorithm, base_url: str, inputs: list[str]) -> dict[str, Any]:
+async def run_mode(
+    name: str, algorithm: ConcurrencyLimit, base_url: str, inputs: list[str]
+) -> dict[str, Any]:
     tier = TierConfig(
         provider="openai_compat", base_url=base_url, model=localmodel.MODEL_ALIAS, timeout_s=300
     )

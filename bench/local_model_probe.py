@@ -48,7 +48,7 @@ LABELS = ("positive", "negative")
 # requests, "Classify the sentiment ... Answer with one word: positive or negative." only 24/48
 # (always "positive").
 PREFIX = "Is the sentiment of this review positive or negative? Reply with a single word.\nREVIEW:\n"
-# the job's own answer schema (issue 7: used for each batched item when the job gives one)
+# the job's own answer schema: when a job gives one, each batched item's answer is held to it
 LABEL_SCHEMA: dict[str, Any] = {"type": "string", "enum": list(LABELS)}
 #: structured modes of the batched check: none, aliases -> any string, aliases -> one label
 MODES = ("off", "string", "label_enum")

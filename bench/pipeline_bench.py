@@ -1,4 +1,4 @@
-"""Service benchmarks (issue 5): throughput vs raw aiokafka, and the limiter vs a provider ceiling.
+"""Service benchmarks: throughput vs raw aiokafka, and the limiter vs a provider ceiling.
 
     .venv/bin/python bench/pipeline_bench.py [--quick] [--jobs 50000] [--repeats 3] [--plot] [--profile]
 
@@ -708,7 +708,7 @@ async def limiter_scenario(
         seen: dict[str, Any] = {}
 
         async def watch(svc: InProcessService) -> None:
-            tier_runtime = svc.pipeline._tiers[TIER]
+            tier_runtime = svc.pipeline.runner(TIER).tier
             seen["limiter"] = tier_runtime.limiter
             sampler.limit_of = lambda: tier_runtime.limiter.limit
             await asyncio.Event().wait()
@@ -759,7 +759,8 @@ def _trace(samples: list[dict[str, Any]]) -> list[list[Any]]:
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:
-    """The issue's figures next to its targets."""
+    """Each figure next to its target: throughput at least 0.6 of raw aiokafka's; under a provider
+    ceiling, an accepted rate of at least 0.95 of it, at most 3 % answers 429 and no dead letters."""
     out: dict[str, Any] = {}
     tp = result.get("throughput") or {}
     for workload in WORKLOADS:

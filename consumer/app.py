@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -12,19 +13,21 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from consumer.core.errors import ConfigError
 from consumer.kafka.admin import ensure_topics, max_record_bytes
-from consumer.kafka.intake import KafkaIntake
+from consumer.kafka.intake import JobIntake, KafkaIntake
 from consumer.kafka.publisher import StatsPublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, make_http_client
+from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.metrics import MetricsServer, build_app, register_otel_metrics
 from consumer.runtime.offline import BatchTracker, OfflineCollector
 from consumer.runtime.outcomes import RecordLimits
 from consumer.runtime.pipeline import Pipeline
+from consumer.runtime.reachability import check_tier_providers
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings, TierFile
@@ -36,6 +39,44 @@ log = logging.getLogger(__name__)
 def instance_id() -> str:
     """Unique per process run: stats snapshots of each run add up to lifetime totals."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class ServiceIntake(JobIntake, Protocol):
+    """The intake the sinks commit through (`rejoin`: ask the group for a new assignment)."""
+
+    def rejoin(self) -> None: ...
+
+
+class ServiceEdges(Protocol):
+    """The service's edges to Kafka: topics, the jobs intake, producers.
+
+    `KafkaEdges` is the real one; `consumer.testing.memory.MemoryEdges` keeps everything in
+    memory (tests run the whole service on it without a broker).
+    """
+
+    async def ensure_topics(self, settings: Settings) -> dict[str, str]: ...
+
+    async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]: ...
+
+    def intake(self, settings: Settings, client_id: str) -> ServiceIntake: ...
+
+    def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any: ...
+
+
+class KafkaEdges:
+    """The real edges: aiokafka's admin client, consumer and producers."""
+
+    async def ensure_topics(self, settings: Settings) -> dict[str, str]:
+        return await ensure_topics(settings)
+
+    async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]:
+        return await max_record_bytes(settings, topics)
+
+    def intake(self, settings: Settings, client_id: str) -> KafkaIntake:
+        return KafkaIntake(settings, client_id=client_id)
+
+    def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any:
+        return kafka_producer_factory(settings, client_id)(transactional_id=transactional_id)
 
 
 @dataclass
@@ -53,12 +94,11 @@ def validate_keys(tier_file: TierFile, *, strict: bool = True) -> list[str]:
     """Every tier that names an API key env var must find it set. Strict: raise ConfigError."""
     problems = []
     for name, tier in tier_file.tiers.items():
-        if tier.api_key_env and tier.api_key() is None:
-            problem = ConfigError(
-                f"tiers.{name}.api_key_env", f"environment variable {tier.api_key_env} is not set"
-            )
+        try:
+            tier.require_api_key(name)
+        except ConfigError as problem:
             if strict:
-                raise problem
+                raise
             problems.append(str(problem))
     return problems
 
@@ -92,26 +132,27 @@ async def build_tiers(
 def build_offline(
     settings: Settings,
     tier_file: TierFile,
-    pipeline: Pipeline,
+    outcomes: OutcomeWriter,
     side_producer: Any,
     make_producer: Any,
     instance: str,
     clients: list[Any],
     limits: RecordLimits,
-) -> list[Any]:
-    """Collector and tracker for tiers with offline.enabled (none when no tier allows it)."""
+) -> tuple[OfflineCollector | None, list[Any]]:
+    """Collector and tracker for tiers with offline.enabled (none when no tier allows it).
+
+    Returns the collector (where the pipeline sends offline jobs) and the parts to start and
+    stop in order; the HTTP clients made are added to `clients`.
+    """
     offline_tiers = {n: t for n, t in tier_file.tiers.items() if t.offline.enabled}
     if not offline_tiers:
-        return []
+        return None, []
     batch_providers = {}
     for name, config in offline_tiers.items():
         client = make_http_client(config)
         clients.append(client)
         batch_providers[name] = build_batch_provider(name, config, client)
-    collector = OfflineCollector(
-        settings, batch_providers, side_producer, pipeline.offline_recorded, pipeline.offline_failed
-    )
-    pipeline.attach_offline(collector)
+    collector = OfflineCollector(settings, batch_providers, side_producer, outcomes)
     exactly_once = settings.processing_guarantee == "exactly_once"
     tracker_producer = (
         make_producer(transactional_id=f"{settings.group_id}.batch-tracker")
@@ -131,7 +172,7 @@ def build_offline(
     parts: list[Any] = [collector, tracker]
     if exactly_once:
         parts.insert(0, _ProducerPart(tracker_producer))
-    return parts
+    return collector, parts
 
 
 @dataclass
@@ -180,63 +221,99 @@ async def run_service(
     install_signal_handlers: bool = True,
     providers: dict[str, CompletionProvider] | None = None,
     on_started: Callable[[Service], None] | None = None,
+    edges: ServiceEdges | None = None,
 ) -> int:
-    """Run until SIGTERM/SIGINT (or `stop`), drain, commit, return 0."""
+    """Run until SIGTERM/SIGINT (or `stop`), drain, commit, return 0.
+
+    edges: where Kafka is (default `KafkaEdges`: the brokers the settings name).
+
+    Every part is started here and its stop registered at once (one AsyncExitStack), so a
+    part that fails to start stops everything started before it, in reverse order.
+    """
     stop = stop or asyncio.Event()
+    edges = edges if edges is not None else KafkaEdges()
     instance = instance_id()
     stats = ServiceStats(instance=instance)
-    telemetry = Telemetry(tracer_provider)
-    own_meter_provider = None  # made here from OTEL_* (an injected one stays its owner's)
-    if meter_provider is None:
-        meter_provider = own_meter_provider = meter_provider_from_env()
-    if meter_provider is not None:
-        register_otel_metrics(meter_provider, stats)
+    async with contextlib.AsyncExitStack() as parts:
+        telemetry = Telemetry(tracer_provider)
+        parts.callback(telemetry.shutdown)
+        if meter_provider is None:  # made here from OTEL_* (an injected one stays its owner's)
+            meter_provider = meter_provider_from_env()
+            if meter_provider is not None:
+                parts.callback(meter_provider.shutdown)  # exports what the last interval counted
+        if meter_provider is not None:
+            register_otel_metrics(meter_provider, stats)
 
-    report = await ensure_topics(settings)
-    for topic, state in report.items():
-        log.info("topic %s: %s", topic, state)
-    outputs = [settings.results_topic, settings.dlq_topic]
-    limits = RecordLimits.of_topics(
-        await max_record_bytes(settings, outputs),
-        results=settings.results_topic,
-        dead_letters=settings.dlq_topic,
-    )
+        report = await edges.ensure_topics(settings)
+        for topic, state in report.items():
+            log.info("topic %s: %s", topic, state)
+        outputs = [settings.results_topic, settings.dlq_topic]
+        limits = RecordLimits.of_topics(
+            await edges.max_record_bytes(settings, outputs),
+            results=settings.results_topic,
+            dead_letters=settings.dlq_topic,
+        )
 
-    tiers, clients = await build_tiers(tier_file, stats, providers)
-    intake = KafkaIntake(settings, client_id=f"promptbus-{instance}")
-    make_producer = kafka_producer_factory(settings, client_id=f"promptbus-{instance}")
-    sink: OutcomeSink
-    if settings.processing_guarantee == "exactly_once":
-        sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit, intake.rejoin)
-    else:
-        sink = AtLeastOnceSink(make_producer(transactional_id=None), intake.commit)
-    side_producer = make_producer(transactional_id=None)
+        clients: list[Any] = []
+        parts.push_async_callback(_close_all, clients)
+        tiers, tier_clients = await build_tiers(tier_file, stats, providers)
+        clients.extend(tier_clients)
+        for tier in tiers.values():
+            parts.push_async_callback(tier.provider.aclose)
 
-    pipeline = Pipeline(settings, tiers, intake, sink, stats, telemetry, rng=random.Random(), limits=limits)
-    offline_parts = build_offline(
-        settings, tier_file, pipeline, side_producer, make_producer, instance, clients, limits
-    )
-    stats_publisher = StatsPublisher(
-        side_producer, settings.stats_topic, instance, stats.snapshot, settings.stats_interval_s
-    )
-    metrics: MetricsServer | None = None
+        client_id = f"promptbus-{instance}"
+        intake = edges.intake(settings, client_id)
 
-    if install_signal_handlers:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        def make_producer(*, transactional_id: str | None) -> Any:
+            return edges.producer(settings, client_id, transactional_id)
 
-    await sink.start()
-    await side_producer.start()
-    try:
+        sink: OutcomeSink
+        if settings.processing_guarantee == "exactly_once":
+            sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit, intake.rejoin)
+        else:
+            sink = AtLeastOnceSink(make_producer(transactional_id=None), intake.commit)
+        side_producer = make_producer(transactional_id=None)
+        outcomes = OutcomeWriter(settings, sink, stats, telemetry, limits)
+        collector, offline_parts = build_offline(
+            settings, tier_file, outcomes, side_producer, make_producer, instance, clients, limits
+        )
+        pipeline = Pipeline(
+            settings, tiers, intake, sink, outcomes, stats, telemetry, offline=collector, rng=random.Random()
+        )
+        stats_publisher = StatsPublisher(
+            side_producer, settings.stats_topic, instance, stats.snapshot, settings.stats_interval_s
+        )
+
+        if install_signal_handlers:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+
+        await sink.start()
+        parts.push_async_callback(sink.stop)
+        await side_producer.start()
+        parts.push_async_callback(side_producer.stop)
         for part in offline_parts:
             await part.start()
+            parts.push_async_callback(part.stop)
         stats_publisher.start()
+        parts.push_async_callback(stats_publisher.stop)
         if settings.metrics_port is not None:
             metrics = MetricsServer(
                 build_app(stats, pipeline.ready.is_set), settings.metrics_port, host=settings.metrics_host
             )
             await metrics.start()
+            parts.push_async_callback(metrics.stop)
+        await intake.start(pipeline)
+        parts.push_async_callback(intake.stop)
+        reachability = asyncio.create_task(
+            check_tier_providers(
+                {n: t.provider for n, t in tiers.items()},
+                {n: t.config.resolved_base_url for n, t in tiers.items()},
+            )
+        )
+        parts.push_async_callback(_cancel, reachability)
+
         tune_gc()  # after start-up: what exists now lives as long as the service
         if on_started is not None:
             on_started(Service(settings, tier_file, stats, pipeline, sink))
@@ -248,21 +325,16 @@ async def run_service(
             ", ".join(sorted(tiers)),
         )
         await pipeline.run(stop)
-    finally:
-        for part in reversed(offline_parts):
-            await part.stop()
-        await stats_publisher.stop()
-        if metrics is not None:
-            await metrics.stop()
-        await intake.stop()
-        await sink.stop()
-        await side_producer.stop()
-        for tier in tiers.values():
-            await tier.provider.aclose()
-        for client in clients:
-            await client.close()
-        telemetry.shutdown()
-        if own_meter_provider is not None:
-            own_meter_provider.shutdown()  # exports what the last interval counted
     log.info("promptbus %s stopped", instance)
     return 0
+
+
+async def _close_all(clients: list[Any]) -> None:
+    for client in clients:
+        await client.close()
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,21 @@ def _settings(args: argparse.Namespace) -> Any:
     return load_settings(**overrides)
 
 
+def _check_kafka(settings: Any) -> None:
+    """One connection to a bootstrap server first: a refused SASL login or no broker at all
+    becomes one clear line (main) instead of aiokafka's retries and a generic failure."""
+    from consumer.kafka.connection import check_connection
+
+    asyncio.run(check_connection(settings))
+
+
+def _kafka_settings(args: argparse.Namespace) -> Any:
+    """Settings of a command that talks to Kafka, its connection checked."""
+    settings = _settings(args)
+    _check_kafka(settings)
+    return settings
+
+
 def _tier_file(args: argparse.Namespace) -> Any:
     from consumer.settings import load_tier_file
 
@@ -37,13 +53,16 @@ def _tier_file(args: argparse.Namespace) -> Any:
 
 
 def _configure_logging(level: str, *, kafka_level: str = "ERROR") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from consumer.kafka.logs import install_kafka_log_handler
+
+    root_level = getattr(logging, level.upper(), logging.INFO)
+    logging.basicConfig(level=root_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # aiokafka logs recoverable broker hiccups (leader moves, coordinator changes) at WARNING/ERROR
-    # and retries them itself; they are noise unless debugging
-    logging.getLogger("aiokafka").setLevel(logging.DEBUG if level.upper() == "DEBUG" else kafka_level)
+    # and retries them itself, and an ERROR per failed reconnect while a broker is away: its
+    # handler folds an outage into one WARNING and one INFO and keeps hiccups for DEBUG.
+    # kafka_level: the least level of aiokafka's own records shown (CRITICAL: none, no summary)
+    passthrough = logging.DEBUG if root_level <= logging.DEBUG else getattr(logging, kafka_level.upper())
+    install_kafka_log_handler(passthrough_level=passthrough, announce=passthrough <= logging.ERROR)
 
 
 # ---------------------------------------------------------------- run / check-config
@@ -54,6 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     tier_file = _tier_file(args)
     validate_keys(tier_file)
+    _check_kafka(settings)
     return asyncio.run(run_service(settings, tier_file))
 
 
@@ -130,7 +150,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from consumer.kafka.clients import submit_jobs
 
     _configure_logging("WARNING", kafka_level="CRITICAL")
-    settings = _settings(args)
+    settings = _kafka_settings(args)
     started = time.monotonic()
     last = [0.0]
 
@@ -160,7 +180,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     from consumer.kafka.clients import read_topic
 
     _configure_logging("WARNING", kafka_level="CRITICAL")
-    settings = _settings(args)
+    settings = _kafka_settings(args)
     topic = settings.dlq_topic if args.dlq else settings.results_topic
 
     async def go() -> None:
@@ -194,6 +214,15 @@ def _budget_text(tier: dict[str, Any]) -> str:
     return f" paced at {' and '.join(parts)}" if parts else ""
 
 
+def _circuit_text(tier: dict[str, Any]) -> str:
+    """Whether the tier's provider answers: the circuit's state, outages so far, held requests."""
+    opened, held = tier.get("circuit_opened", 0), tier.get("held_requests", 0)
+    history = f" (opened {opened}x, {held} requests held)" if opened else ""
+    if tier.get("circuit_open"):
+        return f"OPEN for {tier.get('outage_s', 0):g} s: provider unreachable, jobs held" + history
+    return "closed" + history
+
+
 def format_stats(merged: dict[str, Any]) -> str:
     lines = [
         f"instances: {merged['instances_live']} live, {merged['instances_seen']} seen",
@@ -208,6 +237,10 @@ def format_stats(merged: dict[str, Any]) -> str:
             f"retries={t.get('retries', 0)} 429s={t.get('rate_limited', 0)} limit={t.get('limit', 0)} "
             f"batch_size={t.get('batch_size', 0)}" + _budget_text(t)
         )
+        if t.get("batch_size_reason"):
+            # the adaptive rule's own words: the size in use and the evidence for it
+            lines.append(f"tier {name} batch {t['batch_size_reason']}")
+        lines.append(f"tier {name} circuit: " + _circuit_text(t))
     for name, per_size in sorted(merged.get("agreement", {}).items()):
         parts = [
             f"size {size}: {c['agreed']}/{c['compared']}"
@@ -222,7 +255,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from consumer.runtime.stats import merge_snapshots, read_snapshot
 
     _configure_logging("WARNING", kafka_level="CRITICAL")
-    settings = _settings(args)
+    settings = _kafka_settings(args)
     snapshots = []
     for key, value in asyncio.run(read_stats_records(settings)).items():
         try:
@@ -237,10 +270,199 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- map
+def cmd_map(args: argparse.Namespace) -> int:
+    from consumer.client import (
+        Client,
+        MapTimeout,
+        ProgressBar,
+        failure_counts,
+        read_inputs,
+        run_started_at,
+        write_outcomes,
+    )
+
+    _configure_logging("WARNING", kafka_level="CRITICAL")
+    if args.collect:
+        if args.total is None:
+            raise ConfigError("--total", "--collect RUN_ID needs --total N (the run's number of inputs)")
+    elif not args.tier or not (args.inputs or args.inputs_jsonl):
+        raise ConfigError("map", "give --tier T and --inputs FILE or --inputs-jsonl FILE, or --collect")
+    bar = ProgressBar(sys.stderr)
+
+    def write(outcomes: Any) -> None:
+        if args.out:
+            with Path(args.out).open("wb") as fh:
+                write_outcomes(outcomes, fh)
+        else:
+            write_outcomes(outcomes, sys.stdout.buffer)
+            sys.stdout.flush()
+
+    try:
+        with Client(_settings(args)) as client:
+            if args.collect:
+                outcomes = client.collect(
+                    args.collect, args.total, since=args.since, timeout_s=args.timeout_s, on_progress=bar
+                )
+            else:
+                path = args.inputs or args.inputs_jsonl
+                outcomes = client.map(
+                    args.tier,
+                    read_inputs(path, jsonl=bool(args.inputs_jsonl)),
+                    prompt=args.prompt,
+                    batch=args.batch,
+                    options=orjson.loads(args.options) if args.options else None,
+                    mode=args.mode,
+                    run_id=args.run_id,
+                    on_progress=bar,
+                    timeout_s=args.timeout_s,
+                )
+    except MapTimeout as exc:
+        bar.close()
+        write(exc.outcomes)
+        since = "" if run_started_at(exc.run_id) else f" --since {exc.started_at:.3f}"
+        done = sum(1 for o in exc.outcomes if not o.pending)
+        print(
+            f"promptbus map: timed out after {exc.timeout_s:g} s with {done} of {exc.total} outcomes; "
+            f"nothing was cancelled. Resume with:\n  promptbus map --collect {exc.run_id} "
+            f"--total {exc.total}{since}",
+            file=sys.stderr,
+        )
+        return 3
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        bar.close()
+        print(f"promptbus map: {exc}", file=sys.stderr)
+        return 2
+    bar.close()
+    write(outcomes)
+    failed = failure_counts(outcomes)
+    if failed:
+        kinds = ", ".join(f"{kind}={n}" for kind, n in failed.items())
+        print(f"promptbus map: {sum(failed.values())} of {len(outcomes)} failed: {kinds}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_map_command(sub: Any) -> None:
+    m = sub.add_parser("map", help="submit one job per input and wait: outcomes in input order")
+    m.add_argument("--tier", help="the tier every job goes to")
+    m.add_argument("--prompt", help="template whose one ${name} takes each input (default: input = prompt)")
+    src = m.add_mutually_exclusive_group()
+    src.add_argument("--inputs", metavar="FILE", help="one input per line, plain text (- for stdin)")
+    src.add_argument("--inputs-jsonl", metavar="FILE", help="one JSON string or object of variables per line")
+    m.add_argument("--batch", action="store_true", help="the jobs may share a prompt (batchable template)")
+    m.add_argument("--options", metavar="JSON", help="provider options, e.g. '{\"max_tokens\": 8}'")
+    m.add_argument("--mode", default="online", help="online (default) or offline (provider Batch API)")
+    m.add_argument("--run-id", help="run id (default: random, with the start time); job ids: RUN_ID-INDEX")
+    m.add_argument("--timeout-s", type=float, help="stop waiting after S seconds (exit 3; nothing cancelled)")
+    m.add_argument("--out", metavar="FILE", help="write the outcomes here instead of stdout")
+    m.add_argument("--collect", metavar="RUN_ID", help="collect the outcomes of an earlier run")
+    m.add_argument("--total", type=int, help="with --collect: the run's number of inputs")
+    m.add_argument("--since", type=float, help="with --collect: the run's start (Unix s) for a chosen run id")
+    m.add_argument("--bootstrap", help="Kafka bootstrap servers (default: KAFKA_BOOTSTRAP_SERVERS)")
+    m.set_defaults(func=cmd_map)
+
+
+# ---------------------------------------------------------------- replay
+def cmd_replay(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from consumer.core.errors import ErrorKind
+    from consumer.kafka.replay import ReplayFilter, replay_dead_letters
+
+    _configure_logging("WARNING", kafka_level="CRITICAL")
+    if not args.dlq:
+        raise ConfigError("replay", "give --dlq (dead letters are what replay republishes)")
+    known = {k.value for k in ErrorKind}
+    kinds = frozenset(args.kind or ())
+    unknown = sorted(kinds - known)
+    if unknown:
+        raise ConfigError("--kind", f"unknown error kind {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    since = None
+    if args.since:
+        try:
+            since = datetime.fromisoformat(args.since)
+        except ValueError:
+            raise ConfigError("--since", f"not an RFC 3339 time: {args.since!r}") from None
+        if since.tzinfo is None:
+            raise ConfigError("--since", f"give a UTC offset (e.g. Z): {args.since!r}")
+    settings = _kafka_settings(args)
+    flt = ReplayFilter(kinds=kinds, tier=args.tier, since=since)
+    report = asyncio.run(replay_dead_letters(settings, flt, dry_run=args.dry_run))
+    if args.dry_run:
+        for r in report.replays:
+            print(f"would replay {r.job_id or '(no id)'} ({r.kind}) from {r.dead_letter}")
+    for line in report.summary():
+        print(line)
+    for problem in report.problems:
+        print(f"promptbus replay: not replayable: {problem}", file=sys.stderr)
+    if report.incomplete:
+        print(f"promptbus replay: {report.incomplete}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_replay_command(sub: Any) -> None:
+    r = sub.add_parser("replay", help="republish dead letters' jobs to the jobs topic (--dlq)")
+    r.add_argument("--dlq", action="store_true", help="replay from the dead-letter topic")
+    r.add_argument("--kind", action="append", metavar="KIND", help="only this error kind (repeatable)")
+    r.add_argument("--tier", help="only jobs of this tier")
+    r.add_argument("--since", metavar="TIME", help="only dead letters failed at or after this RFC 3339 time")
+    r.add_argument("--dry-run", action="store_true", help="print what would be replayed; produce nothing")
+    r.add_argument("--bootstrap", help="Kafka bootstrap servers (default: KAFKA_BOOTSTRAP_SERVERS)")
+    r.set_defaults(func=cmd_replay)
+
+
 # ---------------------------------------------------------------- parser
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser whose options, with `load`, are added on first use.
+
+    `load(parser)` runs once, before the parser first parses or formats its help, so a
+    subcommand's module is imported only when that subcommand runs or is asked for help.
+    """
+
+    def __init__(
+        self, *args: Any, load: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._load = load
+
+    def _ensure_loaded(self) -> None:
+        load, self._load = self._load, None
+        if load is not None:
+            load(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """Load the options, then parse as ArgumentParser does."""
+        self._ensure_loaded()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        """Load the options, then format the usage line."""
+        self._ensure_loaded()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        """Load the options, then format the help."""
+        self._ensure_loaded()
+        return super().format_help()
+
+
+def module_command(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    """A `CommandParser` loader: import `module`, add its `add_arguments(parser)` options and
+    make its `run_from_args(args)` the subcommand's function."""
+
+    def load(parser: argparse.ArgumentParser) -> None:
+        owner = importlib.import_module(module)
+        owner.add_arguments(parser)
+        parser.set_defaults(func=owner.run_from_args)
+
+    return load
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="promptbus", description="A Kafka consumer service for LLM work.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
 
     def kafka_opt(p: argparse.ArgumentParser) -> None:
         p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: KAFKA_BOOTSTRAP_SERVERS)")
@@ -271,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     kafka_opt(results)
     results.set_defaults(func=cmd_results)
 
+    _add_map_command(sub)
+    _add_replay_command(sub)
+
     stats = sub.add_parser("stats", help="items, requests, requests saved by batching, 429s, limits")
     stats.add_argument("--json", action="store_true")
     kafka_opt(stats)
@@ -280,19 +505,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--config", help="tier file (YAML); default PROMPTBUS_CONFIG")
     check.set_defaults(func=cmd_check_config)
 
-    from consumer.testing import simulator
-
-    sim = sub.add_parser("simulate", help="run the fake provider server (OpenAI + Anthropic wire formats)")
-    simulator.add_arguments(sim)
-    sim.set_defaults(func=simulator.run_from_args)
-
-    from consumer import localmodel
-
-    local = sub.add_parser(
-        "local-model", help="the local llama.cpp server with SmolLM2 (serve, stop, status)"
+    # their modules pull in a web stack (starlette, uvicorn) or the local model's tooling: each is
+    # imported only when its own subcommand is parsed or asked for help
+    sub.add_parser(
+        "simulate",
+        help="run the fake provider server (OpenAI + Anthropic wire formats)",
+        load=module_command("consumer.testing.simulator"),
     )
-    localmodel.add_arguments(local)
-    local.set_defaults(func=localmodel.run_from_args)
+    sub.add_parser(
+        "local-model",
+        help="the local llama.cpp server with SmolLM2 (serve, stop, status)",
+        load=module_command("consumer.localmodel"),
+    )
     return parser
 
 
@@ -309,6 +533,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         from aiokafka.errors import KafkaConnectionError
 
+        from consumer.kafka.connection import SASL_REFUSALS, sasl_refused
+
+        if isinstance(exc, SASL_REFUSALS):
+            # refused after the connection check passed: the same line as a refusal there
+            print(f"promptbus: config error: {sasl_refused(_settings(args).kafka)}", file=sys.stderr)
+            return 2
         if not isinstance(exc, KafkaConnectionError):
             raise
         # a clear line, not a traceback; exit 1 so a supervisor starts it again later

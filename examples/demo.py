@@ -4,12 +4,19 @@ Starts (unless already running) the local Kafka broker and a model server — th
 model (llama.cpp server with SmolLM2-135M-Instruct) by default, the provider simulator with
 DEMO_PROVIDER=simulator — runs `promptbus run`, submits examples/jobs.jsonl with `promptbus
 submit`, prints each job id with its answer (and the dead letters), then `promptbus stats`, and
-stops everything it started. Exits 0 only when every job has exactly one outcome.
+stops everything it started.
+
+Exits 0 only when every job has its result, except the jobs that name a tier the tier file
+lacks (there to show a dead letter), which must be dead-lettered `unknown_tier`. While it
+waits it watches the provider; when the provider is gone (crashed, refusing connections), it
+says so in one line and stops waiting.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +35,8 @@ TIERS = ROOT / "examples" / "tiers.yaml"
 PROMPTBUS = [sys.executable, "-m", "consumer.cli"]
 SIM_PORT = int(os.environ.get("DEMO_SIM_PORT", "18080"))
 WAIT_S = float(os.environ.get("DEMO_WAIT_S", "600"))
+#: how often the wait looks at the provider (a dead one holds jobs: nothing else would end it)
+HEALTH_EVERY_S = 3.0
 
 
 def step(text: str) -> None:
@@ -74,15 +83,23 @@ def main() -> int:
             )
             cleanups.append(("process", sim))
             _wait_http(f"http://127.0.0.1:{SIM_PORT}/_sim/stats")
-            tiers["tiers"]["small"]["base_url"] = f"http://127.0.0.1:{SIM_PORT}/v1"
+            print(f"simulator ready: pid {sim.pid}", flush=True)
+            base_url = f"http://127.0.0.1:{SIM_PORT}/v1"
+            tiers["tiers"]["small"]["base_url"] = base_url
             tiers["tiers"]["small"]["model"] = "sim-model"
+            health = ProviderHealth(base_url, env, simulator=sim)
         else:
             step("provider: llama.cpp server with SmolLM2-135M-Instruct (promptbus local-model serve)")
             status = subprocess.run([*PROMPTBUS, "local-model", "status"], env=env, capture_output=True)
             if status.returncode != 0:
-                subprocess.run([*PROMPTBUS, "local-model", "serve"], env=env, check=True)
+                served = subprocess.run([*PROMPTBUS, "local-model", "serve"], env=env)
+                if served.returncode != 0:
+                    print("demo failed: the local model server did not start (above)", flush=True)
+                    return 1
                 cleanups.append(("local-model", None))
-            tiers["tiers"]["small"]["base_url"] = "http://127.0.0.1:8080/v1"
+            base_url = "http://127.0.0.1:8080/v1"
+            tiers["tiers"]["small"]["base_url"] = base_url
+            health = ProviderHealth(base_url, env, simulator=None)
 
         workdir = Path(tempfile.mkdtemp(prefix="promptbus-demo-"))
         config = workdir / "tiers.yaml"
@@ -98,19 +115,25 @@ def main() -> int:
         )
         cleanups.append(("process", service))
 
-        step(f"promptbus submit --file {JOBS.relative_to(ROOT)}")
-        subprocess.run([*PROMPTBUS, "submit", "--file", str(JOBS)], env=env, check=True)
-        expected = {orjson.loads(line)["id"] for line in JOBS.read_bytes().splitlines() if line.strip()}
+        jobs = [orjson.loads(line) for line in JOBS.read_bytes().splitlines() if line.strip()]
+        # the jobs naming a tier the file lacks are there to show a dead letter
+        meant_to_fail = {j["id"] for j in jobs if j["tier"] not in tiers["tiers"]}
+        expected = {j["id"] for j in jobs}
 
-        step(f"waiting for {len(expected)} outcomes")
-        results, dead = _wait_outcomes(env, expected, service)
+        step(f"client: map_jobs({JOBS.relative_to(ROOT)}), {len(jobs)} jobs, outcomes in input order")
+        os.environ.update(env)  # the client reads the same PROMPTBUS_* settings as the service
+        outcomes, provider_down = asyncio.run(_map_through_client(jobs, service, health))
+        results = {j["id"]: o.result for j, o in zip(jobs, outcomes, strict=True) if o.ok}
+        dead = {
+            j["id"]: {"error": {"kind": o.error.kind, "message": o.error.message}}
+            for j, o in zip(jobs, outcomes, strict=True)
+            if o.error is not None
+        }
         for jid in sorted(results):
             r = results[jid]
             via = f"batch of {r['batch']['size']}" if r["batch"] else "single request"
             print(f"  {jid}  {r['output'].strip()[:60]!r:<40} ({via}, attempts {r['attempts']})")
-        for jid in sorted(dead, key=str):
-            d = dead[jid]
-            print(f"  {jid}  DEAD LETTER {d['error']['kind']}: {d['error']['message'][:70]}")
+        _print_dead_letters(dead)
 
         step("SIGTERM the service (graceful drain)")
         service.send_signal(signal.SIGTERM)
@@ -125,7 +148,12 @@ def main() -> int:
             f"\ndemo finished in {time.monotonic() - started:.1f} s: {len(results)} results, "
             f"{len(dead)} dead letters, {len(missing)} missing"
         )
-        return 0 if not missing and code == 0 else 1
+        problems = _verdict(expected, meant_to_fail, results, dead, code)
+        if provider_down:
+            problems.insert(0, provider_down)
+        for problem in problems:
+            print(f"demo failed: {problem}", flush=True)
+        return 1 if problems else 0
     finally:
         for kind, thing in reversed(cleanups):
             if kind == "process":
@@ -156,31 +184,109 @@ def _wait_http(url: str, timeout_s: float = 30) -> None:
     raise RuntimeError(f"{url} did not answer within {timeout_s} s")
 
 
-def _read(env: dict[str, str], dlq: bool) -> list[dict]:
-    args = [*PROMPTBUS, "results", *(["--dlq"] if dlq else [])]
-    out = subprocess.run(args, env=env, check=True, capture_output=True).stdout
-    return [orjson.loads(line) for line in out.splitlines() if line.strip()]
+async def _map_through_client(
+    jobs: list[dict], service: subprocess.Popen, health: ProviderHealth
+) -> tuple[list, str | None]:
+    """Submit the jobs and wait for their outcomes with the client, looking at the provider
+    between waits: (outcomes in the jobs' order, why the provider is gone or None)."""
+    from consumer.client import AsyncClient, MapTimeout, Progress
 
-
-def _wait_outcomes(env: dict[str, str], expected: set[str], service: subprocess.Popen) -> tuple[dict, dict]:
     started = time.monotonic()
-    deadline = started + WAIT_S
-    results: dict = {}
-    dead: dict = {}
-    shown = -1
-    while time.monotonic() < deadline:
-        results = {r["id"]: r for r in _read(env, dlq=False)}
-        dead = {d["id"]: d for d in _read(env, dlq=True)}
-        done = expected & (set(results) | set(dead))
-        if len(done) != shown:
-            shown = len(done)
-            print(f"  {shown}/{len(expected)} done after {time.monotonic() - started:.1f} s", flush=True)
-        if done == expected:
-            return results, dead
-        if service.poll() is not None:
-            raise RuntimeError(f"promptbus run exited early with {service.returncode}")
-        time.sleep(1.0)
-    return results, dead
+    shown = [-1]
+
+    def progress(p: Progress) -> None:
+        if p.done != shown[0]:
+            shown[0] = p.done
+            print(f"  {p.done}/{p.total} done after {p.elapsed_s:.1f} s ({p.failed} failed)", flush=True)
+
+    async with AsyncClient() as client:
+        try:
+            return await client.map_jobs(jobs, on_progress=progress, timeout_s=HEALTH_EVERY_S), None
+        except MapTimeout as timeout:
+            run_id, outcomes = timeout.run_id, timeout.outcomes
+        while time.monotonic() - started < WAIT_S:
+            if service.poll() is not None:
+                raise RuntimeError(f"promptbus run exited early with {service.returncode}")
+            down = await asyncio.to_thread(health.down)
+            if down is not None:
+                return outcomes, down
+            try:
+                return await client.collect(
+                    run_id, len(jobs), on_progress=progress, timeout_s=HEALTH_EVERY_S
+                ), None
+            except MapTimeout as timeout:
+                outcomes = timeout.outcomes
+    return outcomes, None
+
+
+class ProviderHealth:
+    """Tells, in one line, why the demo's provider cannot answer, or None while it can."""
+
+    def __init__(self, base_url: str, env: dict[str, str], *, simulator: subprocess.Popen | None) -> None:
+        self.base_url = base_url
+        self._env = env
+        self._simulator = simulator
+
+    def down(self) -> str | None:
+        import httpx
+
+        if self._simulator is not None and self._simulator.poll() is not None:
+            return f"the provider simulator at {self.base_url} exited ({_how(self._simulator.returncode)})"
+        if self._simulator is None:
+            out = subprocess.run([*PROMPTBUS, "local-model", "status"], env=self._env, capture_output=True)
+            if out.returncode != 0 and out.stdout.strip():
+                state = orjson.loads(out.stdout.splitlines()[-1])
+                if state.get("crashed"):
+                    return (
+                        f"the model server at {self.base_url} crashed ({state.get('exit')}); "
+                        f"its log: {state.get('log_path')}"
+                    )
+        try:
+            httpx.get(f"{self.base_url}/models", timeout=5)
+        except httpx.ConnectError:
+            return f"the model server at {self.base_url} refused connections"
+        except httpx.HTTPError as exc:
+            return f"the model server at {self.base_url} did not answer ({type(exc).__name__})"
+        return None
+
+
+def _how(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        return f"signal {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
+
+
+def _print_dead_letters(dead: dict) -> None:
+    """One line per dead letter, but one line per reason when many share it (an outage)."""
+    by_reason: dict[tuple[str, str], list[str]] = {}
+    for jid in sorted(dead, key=str):
+        error = dead[jid]["error"]
+        # addresses, ports and counts vary per job; the reason is what is left
+        reason = re.sub(r"\d+", "N", error["message"])[:90]
+        by_reason.setdefault((error["kind"], reason), []).append(str(jid))
+    for (kind, _), ids in by_reason.items():
+        if len(ids) > 2:
+            message = dead[ids[0]]["error"]["message"][:90]
+            print(f"  {len(ids)} jobs ({ids[0]} .. {ids[-1]})  DEAD LETTER {kind}: {message}")
+            continue
+        for jid in ids:
+            print(f"  {jid}  DEAD LETTER {kind}: {dead[jid]['error']['message'][:70]}")
+
+
+def _verdict(
+    expected: set[str], meant_to_fail: set[str], results: dict, dead: dict, service_code: int
+) -> list[str]:
+    """What makes this run a failure (nothing: it succeeded)."""
+    problems = []
+    no_result = sorted(expected - meant_to_fail - set(results))
+    if no_result:
+        problems.append(f"{len(no_result)} of {len(expected - meant_to_fail)} jobs got no result")
+    wrong = sorted(j for j in meant_to_fail if dead.get(j, {}).get("error", {}).get("kind") != "unknown_tier")
+    if wrong:
+        problems.append(f"{', '.join(wrong)} should have been dead-lettered unknown_tier")
+    if service_code != 0:
+        problems.append(f"promptbus run exited {service_code} on SIGTERM")
+    return problems
 
 
 if __name__ == "__main__":

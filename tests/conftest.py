@@ -240,3 +240,16 @@ def create_topic(kafka_bootstrap: str) -> Callable[..., Awaitable[str]]:
         return await create_topic_on(kafka_bootstrap, name, partitions, rf, configs)
 
     return create
+
+
+@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.integration)])
+def make_bus(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """`make_bus(partitions=N, **PROMPTBUS_env)`: a fresh bus (topics, group) of this run's
+    kind. A test that takes it runs twice, on the in-memory Kafka edges (no broker) and on
+    the real broker: the same test code."""
+    from tests.service.harness import KafkaBus, MemoryBus
+
+    if request.param == "memory":
+        return lambda **kwargs: MemoryBus(**kwargs)
+    bootstrap: Any = request.getfixturevalue("kafka_bootstrap")
+    return lambda **kwargs: KafkaBus(bootstrap, **kwargs)

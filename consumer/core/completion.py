@@ -30,12 +30,35 @@ class CompletionRequest:
         tier options, then job options, then what batching sets).
     answer_schema: when set, a JSON Schema the answer must follow; adapters enforce it the
         way their provider can (json_schema response_format, a forced tool, ...).
+    cache_prefix_chars: the request's shared prefix, for provider prompt caching: every
+        message before the last plus this many leading characters of the last one (the
+        instruction before the data section, byte-identical across requests of one prefix);
+        None: no prompt caching asked (the tier's `prompt_cache: off`, or no shared prefix).
+    cache_key: the same for every request of one shared prefix (OpenAI `prompt_cache_key`).
     """
 
     messages: tuple[ChatMessage, ...]
     model: str
     options: Mapping[str, Any] = field(default_factory=dict)
     answer_schema: Mapping[str, Any] | None = None
+    cache_prefix_chars: int | None = None
+    cache_key: str | None = None
+
+    def cache_split(self) -> tuple[str, str] | None:
+        """The last message's content as (shared prefix, the rest), when caching is asked."""
+        if self.cache_prefix_chars is None or not self.messages:
+            return None
+        content = self.messages[-1].content
+        cut = min(max(self.cache_prefix_chars, 0), len(content))
+        return content[:cut], content[cut:]
+
+    def shared_prefix_tokens(self) -> int:
+        """The shared prefix's tokens, roughly (4 characters each); 0 without one."""
+        split = self.cache_split()
+        if split is None:
+            return 0
+        earlier = sum(len(m.content) for m in self.messages[:-1])
+        return (earlier + len(split[0])) // CHARS_PER_TOKEN
 
     def estimated_tokens(self) -> int:
         """The prompt's tokens, roughly (4 characters each): what a token budget is paced by
@@ -45,8 +68,38 @@ class CompletionRequest:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """The tokens one request used, as its provider counted them.
+
+    input_tokens: every prompt token, cached ones included (OpenAI's `prompt_tokens`; for
+        Anthropic its `input_tokens` plus both cache counts, which it reports apart);
+    cached_input_tokens: of those, read from the provider's prompt cache (OpenAI
+        `prompt_tokens_details.cached_tokens`, Anthropic `cache_read_input_tokens`);
+    cache_write_tokens: of those, written to the prompt cache (Anthropic
+        `cache_creation_input_tokens`; OpenAI bills no writes and reports none).
+    """
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+    def share(self, n: int) -> Usage:
+        """One of `n` equal shares (a batched request's member's), rounded down."""
+        n = max(n, 1)
+        return Usage(
+            max(self.input_tokens, 0) // n,
+            max(self.output_tokens, 0) // n,
+            max(self.cached_input_tokens, 0) // n,
+            max(self.cache_write_tokens, 0) // n,
+        )
 
 
 @dataclass(frozen=True, slots=True)

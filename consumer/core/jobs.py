@@ -1,7 +1,7 @@
 """The messages promptbus reads and writes: Job, Result, DeadLetter (DESIGN.md "Messages").
 
 These pydantic models are the edge of the service and the source of `schemas/*.json`
-(`python -m consumer.core.schema_gen`). Everything inside the service works on the
+(`python -m consumer.schemas`). Everything inside the service works on the
 parsed, frozen models.
 
 Decoding (`decode_job`) never raises anything but `JobError(INVALID_JOB, message)`; the
@@ -186,8 +186,14 @@ class SourceRef(_Frozen):
 class UsageInfo(_Frozen):
     """Token usage; a batched job gets its share of the request's usage."""
 
-    input_tokens: StrictInt = Field(default=0, ge=0)
+    input_tokens: StrictInt = Field(default=0, ge=0, description="Every prompt token, cached ones included.")
     output_tokens: StrictInt = Field(default=0, ge=0)
+    cached_input_tokens: StrictInt = Field(
+        default=0, ge=0, description="Of input_tokens, read from the provider's prompt cache."
+    )
+    cache_write_tokens: StrictInt = Field(
+        default=0, ge=0, description="Of input_tokens, written to the provider's prompt cache."
+    )
 
 
 class BatchInfo(_Frozen):
@@ -224,6 +230,11 @@ class Result(_Frozen):
     metadata: dict[str, Any] | None = None
     source: SourceRef
     completed_at: UtcTime
+    dedupe_of: StrictStr | None = Field(
+        default=None,
+        description="The job whose identical request answered this one (tier dedupe); "
+        "null when this job's own request did.",
+    )
 
 
 class DeadLetter(_Frozen):

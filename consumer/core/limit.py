@@ -27,7 +27,8 @@ __all__ = ["AIMDLimit", "ConcurrencyLimit", "FixedLimit", "GradientLimit", "limi
 
 
 class ConcurrencyLimit(Protocol):
-    """A concurrency limit algorithm."""
+    """A concurrency limit algorithm, as `consumer.runtime.limiter.AsyncLimiter` drives it: `limit`
+    is the current limit; `update(...)` takes one finished request and returns the new limit."""
 
     @property
     def limit(self) -> int: ...

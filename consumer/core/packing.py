@@ -44,6 +44,7 @@ from consumer.core.templates import find_data_marker
 
 __all__ = [
     "BATCH_INSTRUCTION",
+    "CODE_FENCE",
     "DEFAULT_PER_ITEM_OVERHEAD_TOKENS",
     "AnswerKind",
     "AnswerVerdict",
@@ -54,6 +55,7 @@ __all__ = [
     "make_aliases",
     "pack",
     "parse_answer",
+    "strip_code_fence",
 ]
 
 BATCH_INSTRUCTION = (
@@ -76,8 +78,9 @@ _ANSWER_ENVELOPE_TOKENS = 16
 #: How many '{' positions `parse_answer` tries before giving up on prose-wrapped JSON.
 _MAX_OBJECT_STARTS = 32
 
-_FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)```", re.DOTALL)
-_WRAPPER_ANSWER_KEYS = ("answer", "output", "result", "response", "text")
+#: A Markdown code fence: three backticks and an optional language tag, the body (group 1),
+#: three backticks. Models fence their JSON even when told not to.
+CODE_FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)```", re.DOTALL)
 _json_decoder = json.JSONDecoder()
 
 
@@ -214,12 +217,19 @@ def _value_text(value: Any) -> str | None:
         return None
 
 
+def strip_code_fence(text: str) -> str:
+    """`text` stripped; when all of it is one code fence (`CODE_FENCE`), the fence's body, stripped."""
+    stripped = text.strip()
+    fenced = CODE_FENCE.fullmatch(stripped)
+    return fenced.group(1).strip() if fenced else stripped
+
+
 def json_candidates(text: str) -> Iterable[str]:
     """Where a model's JSON may be in its answer: the whole text stripped, then each code-fenced
     block's content (models often fence JSON even when told not to)."""
     stripped = text.strip()
     yield stripped
-    for m in _FENCE.finditer(text):
+    for m in CODE_FENCE.finditer(text):
         yield m.group(1).strip()
 
 

@@ -17,6 +17,9 @@ Decisions:
   asked again alone; a member whose answer breaks its own output format (`Member.check`) is
   asked again alone too, whatever the verdict; TRUNCATED -> recovered complete entries end,
   the rest is split in halves; MALFORMED / UNEXPECTED -> discarded whole, split in halves (rule 7);
+  the items re-asked after a MALFORMED, UNEXPECTED or TRUNCATED answer are shuffled (with
+  the plan's rng) before the split: position in a batched list affects the answer (first
+  and last items fare better), so a re-ask does not repeat the order that failed;
 - a retryable `ProviderError` (rate limit, 5xx, 408, timeouts, connection errors,
   malformed responses) -> the same request again after `retry_delay_s`, until
   `max_attempts`, then every member fails `retries_exhausted`; a retry reuses the packed
@@ -294,6 +297,9 @@ class RequestPlan:
         if verdict.kind is AnswerKind.MISSING:
             step.requests.extend(self._request([m]) for m in rest)
         elif verdict.kind is not AnswerKind.COMPLETE:
+            # A model answers the first and last items of a list better than the middle
+            # ones: the re-ask shuffles them, so an item is not held at a bad position.
+            self._rng.shuffle(rest)
             step.requests.extend(self._halves(rest))
         return step
 

@@ -14,7 +14,7 @@ the spirit of openai-python's `_calculate_retry_timeout`:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from consumer.core.errors import (
@@ -60,14 +60,10 @@ class RetryPolicy:
 
     @classmethod
     def from_config(cls, retry: Any) -> RetryPolicy:
-        """From a `consumer.settings.RetryConfig` (or anything with the same fields)."""
-        return cls(
-            max_attempts=retry.max_attempts,
-            backoff_initial_s=retry.backoff_initial_s,
-            backoff_max_s=retry.backoff_max_s,
-            quota_cooldown_s=retry.quota_cooldown_s,
-            quota_max_wait_s=retry.quota_max_wait_s,
-        )
+        """The policy of a tier's `consumer.settings.RetryConfig` (or anything with the same
+        fields): the one place a RetryPolicy is built from settings. Every field of the policy
+        is read, so a field added here must exist in the settings too."""
+        return cls(**{f.name: getattr(retry, f.name) for f in fields(cls)})
 
 
 def _hinted_delay_s(hint: RateLimitHint) -> float | None:

@@ -1,14 +1,35 @@
-"""Common aiokafka client arguments from Settings (bootstrap servers and security)."""
+"""Common aiokafka client arguments from Settings (bootstrap servers and security), and a
+one-connection check that names a refused SASL login."""
 
 from __future__ import annotations
 
 import ssl
 from typing import Any
 
-from consumer.settings import Settings
+from aiokafka.conn import collect_hosts, create_conn
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    IllegalSaslStateError,
+    KafkaConnectionError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
+
+from consumer.core.errors import ConfigError
+from consumer.settings import KafkaSecurity, Settings
 
 #: jobs may be large (DESIGN: a 2 MB job must dead-letter cleanly, its bytes kept in base64)
 MAX_MESSAGE_BYTES = 10 * 1024 * 1024
+#: how long `check_connection` waits for one bootstrap server (connect, TLS, SASL)
+CHECK_TIMEOUT_S = 15.0
+
+#: what a broker answers when it refuses the client's SASL login
+SASL_REFUSALS = (
+    SaslAuthenticationFailed,
+    AuthenticationFailedError,
+    UnsupportedSaslMechanismError,
+    IllegalSaslStateError,
+)
 
 
 def client_kwargs(settings: Settings) -> dict[str, Any]:
@@ -28,3 +49,40 @@ def client_kwargs(settings: Settings) -> dict[str, Any]:
         kwargs["sasl_plain_username"] = sec.sasl_username
         kwargs["sasl_plain_password"] = sec.sasl_password.get_secret_value() if sec.sasl_password else None
     return kwargs
+
+
+def sasl_refused(security: KafkaSecurity) -> ConfigError:
+    """The error for a broker that refused the SASL login: names the user and the variables
+    that set it, never the password (nor the broker's words, which could echo it)."""
+    mechanism = security.sasl_mechanism or "PLAIN"
+    return ConfigError(
+        "PROMPTBUS_KAFKA__SASL_USERNAME",
+        f"Kafka refused the {mechanism} login of user {security.sasl_username!r} "
+        "(check it and PROMPTBUS_KAFKA__SASL_PASSWORD)",
+    )
+
+
+async def check_connection(settings: Settings, *, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """Open one connection to a bootstrap server (TLS and SASL as configured), then close it.
+
+    Raises `ConfigError` (`sasl_refused`) when a broker refuses the login, and
+    `KafkaConnectionError` when no bootstrap server could be reached. aiokafka's clients log
+    a refused login as one more failed connection and then fail with "Unable to bootstrap",
+    so commands call this first to say what is wrong.
+    """
+    kwargs = client_kwargs(settings)
+    kwargs.pop("bootstrap_servers")
+    failures: list[str] = []
+    for host, port, _family in collect_hosts(settings.kafka_bootstrap_servers, randomize=False):
+        try:
+            conn = await create_conn(
+                host, port, client_id="promptbus-check", request_timeout_ms=int(timeout_s * 1000), **kwargs
+            )
+        except SASL_REFUSALS:
+            raise sasl_refused(settings.kafka) from None
+        except (OSError, TimeoutError, KafkaConnectionError) as exc:
+            failures.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")
+            continue
+        conn.close()
+        return
+    raise KafkaConnectionError(f"no bootstrap server answered ({'; '.join(failures)})")

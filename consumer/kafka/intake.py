@@ -2,23 +2,44 @@
 
 Kafka vocabulary is kept verbatim (assignment, pause, resume, commit, highwater). Offsets are
 committed only by the delivery sink (`consumer.kafka.sink`), never automatically.
+
+A commit may name offsets above it whose outcomes are already durable (a `CommitPoint`); they
+go into the commit's offset metadata (`consumer.core.offsets.encode_done`). On assignment the
+intake reads the metadata of each partition's committed offset, and `poll` drops the records
+it names: they were finished by an earlier owner (counted in `skipped_done`, logged once per
+partition). Until this owner's commits pass them, its own commits name them again, so a
+second crash does not redo them either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import OffsetMetadataTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
+from consumer.core.offsets import (
+    METADATA_MAX_CHARS,
+    NO_OFFSETS,
+    CommitPoint,
+    DoneOffsets,
+    decode_done,
+    encode_done,
+)
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: reading the committed offsets' metadata on assignment may take this long (it retries
+#: inside); past it the partition is read without skipping anything
+COMMITTED_FETCH_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +78,12 @@ class JobIntake(Protocol):
 
     def paused(self) -> set[TopicPartition]: ...
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...
+    async def commit(self, offsets: dict[TopicPartition, int | CommitPoint]) -> None:
+        """Commit positions; a CommitPoint also names the offsets finished above its position."""
+        ...
+
+    #: records `poll` dropped because an earlier owner of their partition had finished them
+    skipped_done: int
 
     def has_unfetched(self) -> bool:
         """True when some assigned partition holds records not fetched yet (could still join a window)."""
@@ -65,9 +91,15 @@ class JobIntake(Protocol):
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, handler: RebalanceHandler, forget: Callable[[set[TopicPartition]], None]) -> None:
+    def __init__(
+        self,
+        handler: RebalanceHandler,
+        forget: Callable[[set[TopicPartition]], None],
+        load: Callable[[set[TopicPartition]], Awaitable[None]],
+    ) -> None:
         self._handler = handler
         self._forget = forget
+        self._load = load
 
     async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
         try:
@@ -78,6 +110,8 @@ class _Listener(ConsumerRebalanceListener):
             self._forget(set(revoked))
 
     async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        # what earlier owners finished above the committed offsets is known before any record
+        await self._load(set(assigned))
         await self._handler.on_assigned(set(assigned))
 
 
@@ -103,9 +137,15 @@ class KafkaIntake:
         )
         self._next_offset: dict[TopicPartition, int] = {}
         self._listener: _Listener | None = None
+        #: per assigned partition: offsets at or above its committed one that are finished
+        self._done: dict[TopicPartition, DoneOffsets] = {}
+        #: metadata text limit; halved when the broker's offset.metadata.max.bytes is lower
+        self._metadata_max_chars = METADATA_MAX_CHARS
+        #: records dropped by `poll` because an earlier owner had finished them
+        self.skipped_done = 0
 
     async def start(self, handler: RebalanceHandler) -> None:
-        self._listener = _Listener(handler, self._forget_positions)
+        self._listener = _Listener(handler, self._forget_positions, self._load_done)
         self._consumer.subscribe([self._topic], listener=self._listener)
         await self._consumer.start()
 
@@ -126,11 +166,75 @@ class KafkaIntake:
     def _forget_positions(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
             self._next_offset.pop(tp, None)
+            self._done.pop(tp, None)
+
+    async def _load_done(self, partitions: set[TopicPartition]) -> None:
+        """Read the committed offsets' metadata: what earlier owners finished above them.
+
+        Never raises (a failure only means those records are done again): it runs inside
+        the rebalance.
+        """
+        partitions = {tp for tp in partitions if tp not in self._done}
+        if not partitions:
+            return
+        try:
+            committed = await self._fetch_committed(partitions)
+        except Exception:
+            log.warning(
+                "could not read the committed offsets' metadata of %s; records finished above "
+                "them by an earlier owner will be done again",
+                sorted(partitions),
+                exc_info=True,
+            )
+            committed = {}
+        for tp in partitions:
+            self._done[tp] = NO_OFFSETS
+            meta = committed.get(tp)
+            if meta is None or meta.offset < 0:
+                continue
+            decoded = decode_done(meta.offset, meta.metadata or "")
+            if decoded.reason is not None:
+                log.warning(
+                    "%s: the metadata of committed offset %d is not used (%s)",
+                    tp,
+                    meta.offset,
+                    decoded.reason,
+                )
+            elif decoded.done:
+                self._done[tp] = decoded.done
+                log.info(
+                    "%s: %d records above committed offset %d were finished by an earlier owner; "
+                    "skipping them",
+                    tp,
+                    len(decoded.done),
+                    meta.offset,
+                )
+
+    async def _fetch_committed(self, partitions: set[TopicPartition]) -> dict[TopicPartition, Any]:
+        """The group's committed OffsetAndMetadata of these partitions.
+
+        `AIOKafkaConsumer.committed()` returns the offset without its metadata; its group
+        coordinator (the same connection and retries `committed()` uses) returns both. No
+        public API of the consumer does, hence the private attribute.
+        """
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        if coordinator is None:
+            return {}
+        fetch = coordinator.fetch_committed_offsets(list(partitions))
+        result: dict[TopicPartition, Any] = await asyncio.wait_for(fetch, COMMITTED_FETCH_TIMEOUT_S)
+        return result
 
     async def poll(self, timeout_s: float, max_records: int) -> list[InRecord]:
         batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         out: list[InRecord] = []
         for tp, records in batches.items():
+            if tp not in self._done:  # assigned without the listener seeing it (be safe)
+                await self._load_done({tp})
+            done = self._done.get(tp, NO_OFFSETS)
+            if done:
+                kept = [r for r in records if r.offset not in done]
+                self.skipped_done += len(records) - len(kept)
+                records = kept
             out += [
                 InRecord(
                     SourceOffset(tp, r.offset),
@@ -160,9 +264,40 @@ class KafkaIntake:
     def paused(self) -> set[TopicPartition]:
         return set(self._consumer.paused())
 
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
-        if offsets:
-            await self._consumer.commit({tp: OffsetAndMetadata(off, "") for tp, off in offsets.items()})
+    async def commit(self, offsets: Mapping[TopicPartition, int | CommitPoint]) -> None:
+        """Commit these positions; a CommitPoint's finished offsets (and those an earlier owner
+        finished, still above the position) go into the commit's metadata."""
+        if not offsets:
+            return
+        points: dict[TopicPartition, tuple[int, DoneOffsets]] = {}
+        for tp, value in offsets.items():
+            offset, done = (value, NO_OFFSETS) if isinstance(value, int) else (value.offset, value.done)
+            carried = self._done.get(tp)
+            if carried:
+                # below the new position they are committed anyway: forget them
+                carried = self._done[tp] = carried.from_offset(offset)
+                done = done.union(carried)
+            points[tp] = (offset, done)
+        while True:
+            limit = self._metadata_max_chars
+            try:
+                await self._consumer.commit(
+                    {
+                        tp: OffsetAndMetadata(off, encode_done(off, done, limit))
+                        for tp, (off, done) in points.items()
+                    }
+                )
+                return
+            except OffsetMetadataTooLargeError:
+                if limit == 0:
+                    raise
+                # the broker's offset.metadata.max.bytes is below ours: halve it until it fits
+                self._metadata_max_chars = limit // 2 if limit > 64 else 0
+                log.warning(
+                    "the broker refused %d chars of offset metadata; using at most %d",
+                    limit,
+                    self._metadata_max_chars,
+                )
 
     def has_unfetched(self) -> bool:
         for tp in self._consumer.assignment():

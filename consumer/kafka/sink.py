@@ -2,12 +2,17 @@
 
     at_least_once  `AtLeastOnceSink`: one idempotent producer (acks=all). An offset becomes
                    committable when the outcomes of it and of every offset below it are acked
-                   (the contiguous watermark of `OffsetTracker`); a commit loop commits it.
+                   (the contiguous watermark of `OffsetTracker`); a commit loop commits it,
+                   with the offsets whose outcomes are acked above it (a `CommitPoint`: the
+                   intake writes them into the commit's offset metadata, so a new owner of the
+                   partition skips them instead of doing them again).
     exactly_once   `ExactlyOnceSink`: one transactional producer per input partition
                    (transactional.id = group.topic.partition, so a restarted or rebalanced owner
                    fences the zombie). Outcomes wait in memory until their offsets are contiguous;
                    then outcomes and the input offset commit in ONE transaction, so a
                    read_committed reader never sees an outcome whose input will be read again.
+                   Its commits carry no finished offsets: nothing above the watermark has a
+                   committed outcome yet (those outcomes wait in memory).
 
 A `Ticket` is issued per input record on intake; it carries the partition's assignment
 epoch, so completions that arrive after the partition was revoked are dropped.
@@ -31,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ProducerFenced
 
-from consumer.core.offsets import OffsetTracker
+from consumer.core.offsets import CommitPoint, OffsetTracker
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
@@ -39,7 +44,10 @@ from consumer.settings import Settings
 
 log = logging.getLogger(__name__)
 
-CommitFn = Callable[[dict[TopicPartition, int]], Awaitable[None]]
+#: commits input positions: an offset, or a CommitPoint when offsets above it are finished too
+#: (a plain offset when nothing is, so a commit function that knows only offsets still works
+#: wherever nothing finishes out of order)
+CommitFn = Callable[[dict[TopicPartition, int | CommitPoint]], Awaitable[None]]
 
 #: how often ready offsets are committed (at_least_once) or transactions closed (exactly_once)
 COMMIT_INTERVAL_S = 0.2
@@ -86,6 +94,11 @@ class OutcomeSink(Protocol):
 
     async def wait_for_room(self, max_inflight: int, timeout_s: float) -> None:
         """Return once fewer than `max_inflight` records are in flight, or after `timeout_s`."""
+        ...
+
+    @property
+    def dropped_late(self) -> int:
+        """Completions dropped because their partition had been revoked meanwhile."""
         ...
 
 
@@ -397,12 +410,17 @@ class AtLeastOnceSink(_SinkBase):
             self._complete(outgoing.ticket)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
-        ready = self._tracker.committable()
-        if partitions is not None:
-            ready = {tp: off for tp, off in ready.items() if tp in partitions}
+        # A partition is committed again when its watermark stays put but outcomes above it
+        # were acked: the commit's metadata then names them, so a crash does not redo them.
+        points = self._tracker.commit_points()
+        ready: dict[TopicPartition, int | CommitPoint] = {
+            tp: point if point.done else point.offset
+            for tp, point in points.items()
+            if partitions is None or tp in partitions
+        }
         if ready:
             await asyncio.wait_for(self._commit(ready), COMMIT_TIMEOUT_S)
-            self._tracker.mark_committed(ready)
+            self._tracker.mark_committed({tp: points[tp] for tp in ready})
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
         try:

@@ -6,7 +6,8 @@ the request forces one tool whose `input_schema` is the schema, and the `tool_us
 becomes the Completion text (compact JSON). A job's `options.response_format` (a JSON object, or
 a schema) is enforced the same way: Anthropic has no such option.
 
-`build_messages_body` and `parse_message` also serve the Message Batches API (`batch_anthropic.py`).
+`build_messages_body`, `read_message` and `ANTHROPIC_API` also serve the Message Batches API
+(`batch_anthropic.py`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from typing import Any
 import aiohttp
 from pydantic import SecretStr
 
-from consumer.core.completion import Completion, CompletionRequest, Usage
-from consumer.core.errors import MalformedResponse
+from consumer.core.completion import CompletionRequest, Usage
 from consumer.core.output import response_format_schema
-from consumer.providers.httpapi import HttpCompletionProvider, HttpReply, ProviderHttp
+from consumer.providers.httpapi import HttpCompletionProvider, ProviderApi, ProviderHttp
 from consumer.providers.structured import (
     SCHEMA_NAME,
     TOOL_DESCRIPTION,
@@ -106,59 +106,36 @@ def build_messages_body(
     return body
 
 
-def parse_message(
-    payload: Any,
-    *,
-    request: CompletionRequest,
-    structured_mode: StructuredMode,
-    provider: str,
-    request_id: str | None = None,
-    latency_ms: float = 0.0,
-) -> Completion:
-    """A Message body -> Completion; MalformedResponse when it is not one.
+def read_message(
+    payload: Any, request: CompletionRequest, structured_mode: StructuredMode
+) -> tuple[str, str]:
+    """The answer text and finish reason of a Message body (a Message Batches result's too).
 
-    Text blocks are concatenated; in tool mode the forced tool's input is the answer.
+    Text blocks are concatenated; in tool mode the forced tool's input is the answer. Raises
+    KeyError, TypeError and the like when the body is not a message (`HttpAdapter.read_answer`
+    turns them into MalformedResponse).
     """
-    try:
-        if not isinstance(payload, Mapping) or payload.get("type", "message") != "message":
-            raise TypeError("not a message")
-        blocks = payload["content"]
-        if not isinstance(blocks, list):
-            raise TypeError("content is not a list")
-        texts: list[str] = []
-        tool_input: Any = None
-        for block in blocks:
-            if block.get("type") == "text":
-                texts.append(str(block["text"]))
-            elif block.get("type") == "tool_use" and tool_input is None:
-                tool_input = block["input"]
-        schema = answer_schema_of(request)
-        forced = structured_mode == "tool" and schema is not None
-        if tool_input is not None and (forced or not texts):
-            wrapped = schema is not None and root_schema(schema)[1]
-            text = answer_text(tool_input, wrapped=wrapped)
-        else:
-            text = "".join(texts)
-        usage_raw = payload.get("usage") or {}
-        usage = Usage(
-            input_tokens=int(usage_raw.get("input_tokens") or 0),
-            output_tokens=int(usage_raw.get("output_tokens") or 0),
-        )
-        raw_stop = payload.get("stop_reason") or "end_turn"
-        model = str(payload.get("model") or request.model)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise MalformedResponse(
-            f"{provider}: 2xx body is not a message ({type(exc).__name__})", provider=provider
-        ) from None
-    return Completion(
-        text=text,
-        finish_reason=_STOP_REASONS.get(str(raw_stop), str(raw_stop)),
-        usage=usage,
-        provider=provider,
-        model=model,
-        request_id=request_id or (str(payload["id"]) if payload.get("id") else None),
-        latency_ms=latency_ms,
-    )
+    if not isinstance(payload, Mapping) or payload.get("type", "message") != "message":
+        raise TypeError("not a message")
+    blocks = payload["content"]
+    if not isinstance(blocks, list):
+        raise TypeError("content is not a list")
+    texts: list[str] = []
+    tool_input: Any = None
+    for block in blocks:
+        if block.get("type") == "text":
+            texts.append(str(block["text"]))
+        elif block.get("type") == "tool_use" and tool_input is None:
+            tool_input = block["input"]
+    schema = answer_schema_of(request)
+    forced = structured_mode == "tool" and schema is not None
+    if tool_input is not None and (forced or not texts):
+        wrapped = schema is not None and root_schema(schema)[1]
+        text = answer_text(tool_input, wrapped=wrapped)
+    else:
+        text = "".join(texts)
+    raw_stop = payload.get("stop_reason") or "end_turn"
+    return text, _STOP_REASONS.get(str(raw_stop), str(raw_stop))
 
 
 def anthropic_http(
@@ -176,6 +153,31 @@ def anthropic_http(
         auth_headers=anthropic_auth,
         extra_headers={"anthropic-version": ANTHROPIC_VERSION},
     )
+
+
+def read_message_usage(usage: Mapping[str, Any]) -> Usage:
+    """A Message's `usage`. Anthropic's `input_tokens` leaves out the prompt cache's tokens
+    (`cache_read_input_tokens`, `cache_creation_input_tokens`); they are added back, so
+    `Usage.input_tokens` counts every prompt token as it does for OpenAI."""
+    read = int(usage.get("cache_read_input_tokens") or 0)
+    written = int(usage.get("cache_creation_input_tokens") or 0)
+    return Usage(
+        input_tokens=int(usage.get("input_tokens") or 0) + read + written,
+        output_tokens=int(usage.get("output_tokens") or 0),
+        cached_input_tokens=read,
+        cache_write_tokens=written,
+    )
+
+
+#: how both Anthropic adapters (Messages, Message Batches) are set up and read answers
+ANTHROPIC_API = ProviderApi(
+    structured_modes=ANTHROPIC_STRUCTURED_MODES,
+    mode_error=f"anthropic structured_mode must be one of {ANTHROPIC_STRUCTURED_MODES}",
+    http=anthropic_http,
+    answer="message",
+    read=read_message,
+    usage=read_message_usage,
+)
 
 
 class AnthropicProvider(HttpCompletionProvider):
@@ -198,28 +200,15 @@ class AnthropicProvider(HttpCompletionProvider):
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         owns_client: bool = True,
     ) -> None:
-        if structured_mode not in ANTHROPIC_STRUCTURED_MODES:
-            raise ValueError(f"anthropic structured_mode must be one of {ANTHROPIC_STRUCTURED_MODES}")
-        self.name = name
-        self.structured_mode: StructuredMode = structured_mode
+        super().__init__(client, base_url, api_key, name, structured_mode, owns_client)
         self.default_max_tokens = default_max_tokens
-        self.owns_client = owns_client
-        self.http = anthropic_http(client, base_url=base_url, api_key=api_key, name=name)
 
+    api = ANTHROPIC_API
     path = "/v1/messages"
+    models_path = "/v1/models"
 
     def build_body(self, request: CompletionRequest) -> dict[str, Any]:
         """The JSON body this adapter sends for `request`."""
         return build_messages_body(
             request, structured_mode=self.structured_mode, default_max_tokens=self.default_max_tokens
-        )
-
-    def parse(self, reply: HttpReply, request: CompletionRequest) -> Completion:
-        return parse_message(
-            reply.json,
-            request=request,
-            structured_mode=self.structured_mode,
-            provider=self.name,
-            request_id=reply.request_id,
-            latency_ms=reply.latency_ms,
         )

@@ -23,6 +23,11 @@ class CompletionProvider(Protocol):
 
     async def complete(self, request: CompletionRequest) -> Completion: ...
 
+    async def check_reachable(self) -> str:
+        """Ask the provider something that costs nothing (a models listing); return where it
+        was asked. Raises a ProviderError when the provider cannot be reached or refuses us."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

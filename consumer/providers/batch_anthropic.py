@@ -24,16 +24,10 @@ import aiohttp
 import orjson
 from pydantic import SecretStr
 
-from consumer.core.completion import CompletionRequest
-from consumer.core.errors import MalformedResponse, ProviderError
-from consumer.providers.anthropic import (
-    ANTHROPIC_STRUCTURED_MODES,
-    DEFAULT_MAX_TOKENS,
-    anthropic_http,
-    build_messages_body,
-    parse_message,
-)
+from consumer.core.errors import ProviderError
+from consumer.providers.anthropic import ANTHROPIC_API, DEFAULT_MAX_TOKENS, build_messages_body
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
+from consumer.providers.batchapi import HttpBatchProvider
 from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
 from consumer.providers.structured import StructuredMode
 
@@ -46,7 +40,7 @@ CUSTOM_ID_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _ENVELOPE = b'{"requests":[]}'
 
 
-class AnthropicBatchProvider:
+class AnthropicBatchProvider(HttpBatchProvider):
     """Anthropic's Message Batches API behind the `BatchProvider` Protocol.
 
     max_requests / max_bytes: per provider batch (Anthropic: 100,000 / 256 MB); tests pass small ones.
@@ -65,19 +59,13 @@ class AnthropicBatchProvider:
         max_bytes: int = ANTHROPIC_MAX_BYTES,
         owns_client: bool = True,
     ) -> None:
-        if structured_mode not in ANTHROPIC_STRUCTURED_MODES:
-            raise ValueError(f"anthropic structured_mode must be one of {ANTHROPIC_STRUCTURED_MODES}")
-        self.name = name
-        self.structured_mode: StructuredMode = structured_mode
+        super().__init__(client, base_url, api_key, name, structured_mode, owns_client)
         self.default_max_tokens = default_max_tokens
         self.max_requests = max_requests
         self.max_bytes = max_bytes
-        self.owns_client = owns_client
-        self.http = anthropic_http(client, base_url=base_url, api_key=api_key, name=name)
-        self._submitted: dict[str, dict[str, BatchRequest]] = {}
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
+    api = ANTHROPIC_API
+    batches_path = "/v1/messages/batches"
 
     def batch_item(self, item: BatchRequest) -> dict[str, Any]:
         """One `{custom_id, params}` entry of a Message Batches request."""
@@ -103,7 +91,7 @@ class AnthropicBatchProvider:
 
         async def create(chunk: range) -> BatchJob:
             reply = await self.http.request(
-                "POST", "/v1/messages/batches", json_body={"requests": [items[i] for i in chunk]}
+                "POST", self.batches_path, json_body={"requests": [items[i] for i in chunk]}
             )
             return self._job(reply.json)
 
@@ -141,29 +129,17 @@ class AnthropicBatchProvider:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise self.http.malformed(f"not a message batch object ({type(exc).__name__})") from None
 
-    async def status(self, batch_id: str) -> BatchJob:
-        """The batch as the provider reports it now."""
-        reply = await self.http.request("GET", f"/v1/messages/batches/{batch_id}")
-        return self._job(reply.json)
-
-    async def cancel(self, batch_id: str) -> BatchJob:
-        """Ask the provider to cancel; returns the batch as it is then."""
-        reply = await self.http.request("POST", f"/v1/messages/batches/{batch_id}/cancel")
-        return self._job(reply.json)
-
-    async def results(self, batch_id: str) -> list[BatchItemResult]:
-        """Every item of an ended batch (an unfinished batch has no results yet: [])."""
-        reply = await self.http.request("GET", f"/v1/messages/batches/{batch_id}")
-        job = self._job(reply.json)
-        url = reply.json.get("results_url")
+    async def _read_results(
+        self, batch_id: str, job: BatchJob, payload: Any, submitted: Mapping[str, BatchRequest]
+    ) -> list[BatchItemResult] | None:
+        """The lines at the batch's `results_url`; None while it has none (an unfinished batch)."""
+        url = payload.get("results_url")
         if not url:
-            return []
+            return None
         if not self.http.same_origin(url):
             log.warning("%s: results_url is on another origin; using the API's results route", self.name)
-            url = f"/v1/messages/batches/{batch_id}/results"
+            url = f"{self.batches_path}/{batch_id}/results"
         content = await self.http.request("GET", url, decode_json=False)
-        # an ended batch's requests are not needed again: forget them (bounded memory)
-        submitted = (self._submitted.pop if job.status.done else self._submitted.get)(batch_id, {})
         return parse_result_lines(content.content, self._parse_line, submitted, self.name)
 
     def _parse_line(self, raw: bytes, submitted: Mapping[str, BatchRequest]) -> BatchItemResult:
@@ -175,18 +151,7 @@ class AnthropicBatchProvider:
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise self.http.malformed(f"batch result line is not a result ({type(exc).__name__})") from None
         if kind == "succeeded":
-            original = submitted.get(cid)
-            request = original.request if original else CompletionRequest(messages=(), model="")
-            try:
-                completion = parse_message(
-                    result.get("message"),
-                    request=request,
-                    structured_mode=self.structured_mode,
-                    provider=self.name,
-                )
-            except MalformedResponse as exc:
-                return BatchItemResult(cid, error=exc)
-            return BatchItemResult(cid, completion=completion)
+            return self._answered(cid, result.get("message"), submitted)
         if kind == "errored":
             envelope = result.get("error")
             envelope = envelope if isinstance(envelope, Mapping) else {}
@@ -205,11 +170,6 @@ class AnthropicBatchProvider:
         return BatchItemResult(
             cid, error=ProviderError(f"{self.name}: batch request {kind}", provider=self.name)
         )
-
-    async def aclose(self) -> None:
-        """Close the HTTP client when this provider owns it (idempotent)."""
-        if self.owns_client:
-            await self.http.client.close()
 
 
 _STATUS_FOR_TYPE = {

@@ -22,13 +22,13 @@ import aiohttp
 import orjson
 from pydantic import SecretStr
 
-from consumer.core.completion import CompletionRequest
-from consumer.core.errors import MalformedResponse, ProviderError, Rejected
+from consumer.core.errors import ProviderError, Rejected
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
+from consumer.providers.batchapi import HttpBatchProvider
 from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
 from consumer.providers.httpapi import ProviderHttp
-from consumer.providers.openai import bearer_auth, build_chat_body, parse_chat_completion
-from consumer.providers.structured import STRUCTURED_MODES, StructuredMode
+from consumer.providers.openai import OPENAI_API, build_chat_body
+from consumer.providers.structured import StructuredMode
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ _STATUS = {
 }
 
 
-class OpenAIBatchProvider:
+class OpenAIBatchProvider(HttpBatchProvider):
     """OpenAI's Batch API behind the `BatchProvider` Protocol.
 
     max_requests / max_bytes: per input file (OpenAI: 50,000 / 200 MB); tests pass small ones.
@@ -68,23 +68,13 @@ class OpenAIBatchProvider:
         max_bytes: int = OPENAI_MAX_BYTES,
         owns_client: bool = True,
     ) -> None:
-        if structured_mode not in STRUCTURED_MODES:
-            raise ValueError(f"structured_mode must be one of {STRUCTURED_MODES}")
-        self.name = name
-        self.structured_mode: StructuredMode = structured_mode
+        super().__init__(client, base_url, api_key, name, structured_mode, owns_client)
         self.completion_window = completion_window
         self.max_requests = max_requests
         self.max_bytes = max_bytes
-        self.owns_client = owns_client
-        self.http = ProviderHttp(
-            client, base_url=base_url, provider=name, api_key=api_key, auth_headers=bearer_auth
-        )
-        # custom_id -> request for batches submitted by this process: parses answers with the
-        # right structured mode and reports items the provider never mentions
-        self._submitted: dict[str, dict[str, BatchRequest]] = {}
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
+    api = OPENAI_API
+    batches_path = "/batches"
 
     def jsonl_line(self, item: BatchRequest) -> bytes:
         """One input-file line (newline included)."""
@@ -145,25 +135,12 @@ class OpenAIBatchProvider:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise self.http.malformed(f"not a batch object ({type(exc).__name__})") from None
 
-    async def status(self, batch_id: str) -> BatchJob:
-        """The batch as the provider reports it now."""
-        reply = await self.http.request("GET", f"/batches/{batch_id}")
-        return self._job(reply.json)
-
-    async def cancel(self, batch_id: str) -> BatchJob:
-        """Ask the provider to cancel; returns the batch as it is then."""
-        reply = await self.http.request("POST", f"/batches/{batch_id}/cancel")
-        return self._job(reply.json)
-
-    async def results(self, batch_id: str) -> list[BatchItemResult]:
-        """Every item of the batch: the output file's lines, the error file's lines and, for a
-        batch submitted by this process, one error per request neither file mentions
-        (expired when the batch expired, else failed)."""
-        reply = await self.http.request("GET", f"/batches/{batch_id}")
-        job = self._job(reply.json)
-        payload = reply.json
-        # a finished batch's requests are not needed again: forget them (bounded memory)
-        submitted = (self._submitted.pop if job.status.done else self._submitted.get)(batch_id, {})
+    async def _read_results(
+        self, batch_id: str, job: BatchJob, payload: Any, submitted: Mapping[str, BatchRequest]
+    ) -> list[BatchItemResult]:
+        """The output file's lines, the error file's lines and, for a batch submitted by this
+        process, one error per request neither file mentions (expired when the batch expired,
+        else failed)."""
         results: dict[str, BatchItemResult] = {}
         for key in ("output_file_id", "error_file_id"):
             file_id = payload.get(key)
@@ -201,19 +178,7 @@ class OpenAIBatchProvider:
                 return BatchItemResult(cid, error=malformed)
             body = response.get("body")
             if 200 <= status_code < 300:
-                original = submitted.get(cid)
-                request = original.request if original else CompletionRequest(messages=(), model="")
-                try:
-                    completion = parse_chat_completion(
-                        body,
-                        request=request,
-                        structured_mode=self.structured_mode,
-                        provider=self.name,
-                        request_id=response.get("request_id"),
-                    )
-                except MalformedResponse as exc:
-                    return BatchItemResult(cid, error=exc)
-                return BatchItemResult(cid, completion=completion)
+                return self._answered(cid, body, submitted, request_id=response.get("request_id"))
             return BatchItemResult(cid, error=self.http.error_for(status_code, body, None))
         code = str((error or {}).get("code") or "") if isinstance(error, Mapping) else ""
         message = str((error or {}).get("message") or "") if isinstance(error, Mapping) else ""
@@ -227,11 +192,6 @@ class OpenAIBatchProvider:
             cid,
             error=Rejected(f"{self.name}: batch item failed: {code}: {message[:200]}", provider=self.name),
         )
-
-    async def aclose(self) -> None:
-        """Close the HTTP client when this provider owns it (idempotent)."""
-        if self.owns_client:
-            await self.http.client.close()
 
 
 def _field(payload: Any, key: str, http: ProviderHttp) -> str:

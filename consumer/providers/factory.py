@@ -8,7 +8,6 @@ The API key is read from the env var the tier names, at build time.
 from __future__ import annotations
 
 import aiohttp
-from pydantic import SecretStr
 
 from consumer.core.errors import ConfigError, NotSupportedError
 from consumer.providers.anthropic import ANTHROPIC_STRUCTURED_MODES, AnthropicProvider
@@ -59,16 +58,6 @@ def make_http_client(tier: TierConfig) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=timeout, raise_for_status=False)
 
 
-def api_key_for(tier_name: str, tier: TierConfig) -> SecretStr | None:
-    """The tier's key; ConfigError when the tier names an env var that is unset or empty."""
-    key = tier.api_key()
-    if tier.api_key_env and key is None:
-        raise ConfigError(
-            f"tiers.{tier_name}.api_key_env", f"environment variable {tier.api_key_env} is not set"
-        )
-    return key
-
-
 def structured_mode_for(tier_name: str, tier: TierConfig) -> StructuredMode:
     """`batching.structured` resolved for the tier's provider (auto -> the provider's natural mode)."""
     wanted = tier.batching.structured
@@ -93,7 +82,7 @@ def base_url_for(tier_name: str, tier: TierConfig) -> str:
 
 def build_provider(tier_name: str, tier: TierConfig, client: aiohttp.ClientSession) -> CompletionProvider:
     """The online adapter for a tier. Its `name` is the provider name (openai, anthropic, openai_compat)."""
-    key = api_key_for(tier_name, tier)
+    key = tier.require_api_key(tier_name)
     mode = structured_mode_for(tier_name, tier)
     base_url = base_url_for(tier_name, tier)
     if tier.provider == "openai":
@@ -107,7 +96,7 @@ def build_batch_provider(tier_name: str, tier: TierConfig, client: aiohttp.Clien
     """The offline Batch API adapter for a tier; NotSupportedError for openai_compat (no request sent)."""
     if tier.provider == "openai_compat":
         raise NotSupportedError(f"tier {tier_name}: provider openai_compat has no Batch API; use online mode")
-    key = api_key_for(tier_name, tier)
+    key = tier.require_api_key(tier_name)
     mode = structured_mode_for(tier_name, tier)
     base_url = base_url_for(tier_name, tier)
     if tier.provider == "openai":

@@ -43,14 +43,24 @@ async def _resolve(handler: FakeHandler, request: CompletionRequest) -> FakeAnsw
 class FakeProvider:
     """A CompletionProvider answering from `handler`; records every request in `requests`."""
 
-    def __init__(self, handler: FakeHandler, *, name: str = "fake") -> None:
+    def __init__(
+        self, handler: FakeHandler, *, name: str = "fake", unreachable: ProviderError | None = None
+    ) -> None:
         self.name = name
         self.handler = handler
         self.requests: list[CompletionRequest] = []
         self.closed = False
+        #: raised by `check_reachable` (None: the fake is reachable)
+        self.unreachable = unreachable
 
     def __repr__(self) -> str:
         return f"FakeProvider(name={self.name!r}, calls={len(self.requests)})"
+
+    async def check_reachable(self) -> str:
+        """`fake://NAME`, or raise `unreachable` when it is set."""
+        if self.unreachable is not None:
+            raise self.unreachable
+        return f"fake://{self.name}"
 
     async def complete(self, request: CompletionRequest) -> Completion:
         """Record the request and answer it from the handler."""

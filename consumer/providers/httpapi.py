@@ -1,6 +1,7 @@
 """The one HTTP call path every adapter uses: send, time, map failures, decode JSON.
 
-Adapters (online and batch) hold a `ProviderHttp`; it owns nothing but the injected
+Adapters (online and batch) are `HttpAdapter`s set up from their `ProviderApi` (structured
+modes, auth, answer format); each holds a `ProviderHttp`, which owns nothing but the injected
 `aiohttp.ClientSession`, the base URL, the auth headers (built from a `SecretStr` at call time,
 never stored as plain text on the object) and the provider name used in errors.
 
@@ -16,17 +17,26 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import aiohttp
 import orjson
 from pydantic import SecretStr
 from yarl import URL
 
-from consumer.core.completion import Completion, CompletionRequest
-from consumer.core.errors import MalformedResponse, ProviderError, RateLimitHint, Rejected
+from consumer.core.completion import Completion, CompletionRequest, Usage
+from consumer.core.errors import (
+    AuthFailed,
+    ConnectionFailed,
+    MalformedResponse,
+    ProviderError,
+    RateLimitHint,
+    Rejected,
+    RequestTimeout,
+)
 from consumer.providers.errormap import error_for_exception, error_for_status, redact
 from consumer.providers.ratelimit import parse_rate_limit_headers
+from consumer.providers.structured import StructuredMode
 
 log = logging.getLogger(__name__)
 
@@ -221,33 +231,149 @@ class ProviderHttp:
         return MalformedResponse(f"{self.provider}: {redact(what, self._secret())}", provider=self.provider)
 
 
-class HttpCompletionProvider:
-    """What every HTTP chat adapter shares: one POST, parse, attach the rate-limit budget, close.
+class HttpFactory(Protocol):
+    """Builds one adapter's `ProviderHttp`: the provider's base URL rule and auth headers."""
 
-    Subclasses set `http`, `name`, `owns_client`, the endpoint `path`, and implement
-    `build_body` (the JSON they send) and `parse` (their answer format -> Completion).
+    def __call__(
+        self, client: aiohttp.ClientSession, *, base_url: str, api_key: SecretStr | None, name: str
+    ) -> ProviderHttp: ...
+
+
+#: what reading an answer body that is not the provider's format raises (then MalformedResponse)
+_NOT_AN_ANSWER = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderApi:
+    """What sets one provider API's adapters apart, online and batch alike.
+
+    structured_modes: the `structured_mode` values its adapters accept.
+    mode_error: the ValueError message for any other mode.
+    http: builds an adapter's HTTP path (base URL rule, auth headers).
+    answer: what an answer body is called in errors ("chat completion", "message").
+    read: `read(payload, request, structured_mode)` -> (answer text, finish reason) of one answer
+        body, online or a Batch API result; raises KeyError, TypeError and the like when the body
+        is not one.
+    usage: `usage(body["usage"])` -> Usage: the answer's token counts as the provider
+        reports them (prompt cache reads and writes included, see `Usage`).
     """
 
-    path: str
+    structured_modes: tuple[str, ...]
+    mode_error: str
+    http: HttpFactory
+    answer: str
+    read: Callable[[Any, CompletionRequest, StructuredMode], tuple[str, str]]
+    usage: Callable[[Mapping[str, Any]], Usage]
+
+
+class HttpAdapter:
+    """What every HTTP adapter, online or batch, sets up and closes the same way.
+
+    Subclasses set `api` (their provider API) and keep their own keyword-only constructors, which
+    pass `(client, base_url, api_key, name, structured_mode, owns_client)` on in that order. The
+    constructor checks `structured_mode` against `api`, builds the HTTP path with it and records
+    the name and whether the client is owned; `read_answer` reads an answer body with it.
+    """
+
+    api: ClassVar[ProviderApi]
     name: str
+    structured_mode: StructuredMode
     owns_client: bool
     http: ProviderHttp
+
+    def __init__(
+        self,
+        client: aiohttp.ClientSession,
+        base_url: str,
+        api_key: SecretStr | None,
+        name: str,
+        structured_mode: StructuredMode,
+        owns_client: bool,
+    ) -> None:
+        if structured_mode not in self.api.structured_modes:
+            raise ValueError(self.api.mode_error)
+        self.name = name
+        self.structured_mode = structured_mode
+        self.owns_client = owns_client
+        self.http = self.api.http(client, base_url=base_url, api_key=api_key, name=name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
 
-    def build_body(self, request: CompletionRequest) -> dict[str, Any]:
-        raise NotImplementedError
+    def read_answer(
+        self,
+        payload: Any,
+        request: CompletionRequest,
+        *,
+        request_id: str | None = None,
+        latency_ms: float = 0.0,
+    ) -> Completion:
+        """One answer body (online, or a Batch API result) as the Completion of `request`;
+        MalformedResponse when it is not the provider's format.
 
-    def parse(self, reply: HttpReply, request: CompletionRequest) -> Completion:
+        The model and id are the body's when it has them, else the request's model and
+        `request_id` (an online answer's request id header wins over the body's id).
+        """
+        api = self.api
+        try:
+            text, finish_reason = api.read(payload, request, self.structured_mode)
+            usage_raw = payload.get("usage") or {}
+            usage = api.usage(usage_raw if isinstance(usage_raw, Mapping) else {})
+            model = str(payload.get("model") or request.model)
+        except _NOT_AN_ANSWER as exc:
+            raise MalformedResponse(
+                f"{self.name}: 2xx body is not a {api.answer} ({type(exc).__name__})", provider=self.name
+            ) from None
+        return Completion(
+            text=text,
+            finish_reason=finish_reason,
+            usage=usage,
+            provider=self.name,
+            model=model,
+            request_id=request_id or (str(payload["id"]) if payload.get("id") else None),
+            latency_ms=latency_ms,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client when this adapter owns it (idempotent)."""
+        if self.owns_client:
+            await self.http.client.close()
+
+
+class HttpCompletionProvider(HttpAdapter):
+    """What every HTTP chat adapter shares: one POST, parse, attach the rate-limit budget.
+
+    Subclasses set `api`, the endpoint `path`, and implement `build_body` (the JSON they send);
+    the answer is read by `read_answer`.
+    """
+
+    path: str
+    #: a listing that costs nothing: OpenAI, Anthropic and OpenAI-compatible servers all serve it
+    models_path = "/models"
+
+    def build_body(self, request: CompletionRequest) -> dict[str, Any]:
+        """The JSON body this adapter sends for `request`."""
         raise NotImplementedError
 
     async def complete(self, request: CompletionRequest) -> Completion:
         """One call; raises only consumer.core.errors classes."""
         reply = await self.http.request("POST", self.path, json_body=self.build_body(request), cache_url=True)
-        return replace(self.parse(reply, request), rate_limit=reply.rate_limit)
+        completion = self.read_answer(
+            reply.json, request, request_id=reply.request_id, latency_ms=reply.latency_ms
+        )
+        return replace(completion, rate_limit=reply.rate_limit)
 
-    async def aclose(self) -> None:
-        """Close the HTTP client when this provider owns it (idempotent)."""
-        if self.owns_client:
-            await self.http.client.close()
+    async def check_reachable(self) -> str:
+        """GET the models listing; any answer but an auth refusal means the provider is there.
+
+        A server without the listing (404 and the like) still answered, so only a transport
+        failure, a timeout or an auth refusal raises.
+        """
+        url = self.http.url(self.models_path)
+        try:
+            await self.http.request("GET", self.models_path, decode_json=False)
+        except (ConnectionFailed, RequestTimeout, AuthFailed):
+            raise
+        except ProviderError:
+            pass
+        return url

@@ -1,6 +1,6 @@
 """OpenAI chat completions over aiohttp (`POST {base_url}/chat/completions`).
 
-`build_chat_body` and `parse_chat_completion` are shared by the online adapter, the
+`build_chat_body`, `read_chat_completion` and `OPENAI_API` are shared by the online adapter, the
 OpenAI-compatible adapter (`openai_compat.py`) and the Batch API (`batch_openai.py`), so a request
 looks the same whichever way it is sent.
 """
@@ -15,9 +15,8 @@ import aiohttp
 import orjson
 from pydantic import SecretStr
 
-from consumer.core.completion import Completion, CompletionRequest, Usage
-from consumer.core.errors import MalformedResponse
-from consumer.providers.httpapi import HttpCompletionProvider, HttpReply, ProviderHttp
+from consumer.core.completion import CompletionRequest, Usage
+from consumer.providers.httpapi import HttpCompletionProvider, ProviderApi, ProviderHttp
 from consumer.providers.structured import (
     SCHEMA_NAME,
     STRUCTURED_MODES,
@@ -42,6 +41,13 @@ _FINISH_REASONS = {
 def bearer_auth(secret: str) -> dict[str, str]:
     """OpenAI-style auth header for a key."""
     return {"authorization": f"Bearer {secret}"}
+
+
+def openai_http(
+    client: aiohttp.ClientSession, *, base_url: str, api_key: SecretStr | None, name: str
+) -> ProviderHttp:
+    """The HTTP path for OpenAI and OpenAI-compatible servers: the base URL as given, bearer auth."""
+    return ProviderHttp(client, base_url=base_url, provider=name, api_key=api_key, auth_headers=bearer_auth)
 
 
 def build_chat_body(request: CompletionRequest, *, structured_mode: StructuredMode) -> dict[str, Any]:
@@ -82,64 +88,66 @@ def build_chat_body(request: CompletionRequest, *, structured_mode: StructuredMo
     return body
 
 
-def parse_chat_completion(
-    payload: Any,
-    *,
-    request: CompletionRequest,
-    structured_mode: StructuredMode,
-    provider: str,
-    request_id: str | None = None,
-    latency_ms: float = 0.0,
-) -> Completion:
-    """A chat completion body -> Completion; MalformedResponse when it is not one."""
-    try:
-        choice = payload["choices"][0]
-        message = choice["message"]
-        if not isinstance(message, Mapping):
-            raise TypeError("message is not an object")
-        raw_finish = choice.get("finish_reason") or "stop"
-        text: str
-        wrapped = request.answer_schema is not None and root_schema(request.answer_schema)[1]
-        tool_calls = message.get("tool_calls") or []
-        content = message.get("content")
-        # a forced tool's arguments are the answer; also read them when the request is unknown
-        # (batch results after a restart) and there is no text
-        if tool_calls and ((structured_mode == "tool" and request.answer_schema is not None) or not content):
-            arguments = tool_calls[0]["function"]["arguments"]
-            try:
-                value = orjson.loads(arguments) if isinstance(arguments, str) else arguments
-                text = answer_text(value, wrapped=wrapped)
-            except orjson.JSONDecodeError:
-                # arguments cut by max_tokens are broken JSON: hand them on as text, so the
-                # caller's validation can keep what is complete (finish_reason says "length")
-                text = str(arguments)
-        else:
-            if content is None:
-                content = ""
-            if not isinstance(content, str):
-                raise TypeError("content is not a string")
-            text = content
-            if structured_mode in ("json_schema", "json_object") and request.answer_schema is not None:
-                text = unwrap_json_text(text, wrapped=wrapped)
-        usage_raw = payload.get("usage") or {}
-        usage = Usage(
-            input_tokens=int(usage_raw.get("prompt_tokens") or 0),
-            output_tokens=int(usage_raw.get("completion_tokens") or 0),
-        )
-        model = str(payload.get("model") or request.model)
-    except (KeyError, IndexError, TypeError, ValueError, orjson.JSONDecodeError) as exc:
-        raise MalformedResponse(
-            f"{provider}: 2xx body is not a chat completion ({type(exc).__name__})", provider=provider
-        ) from None
-    return Completion(
-        text=text,
-        finish_reason=_FINISH_REASONS.get(str(raw_finish), str(raw_finish)),
-        usage=usage,
-        provider=provider,
-        model=model,
-        request_id=request_id or (str(payload["id"]) if payload.get("id") else None),
-        latency_ms=latency_ms,
+def read_chat_completion(
+    payload: Any, request: CompletionRequest, structured_mode: StructuredMode
+) -> tuple[str, str]:
+    """The answer text and finish reason of a chat completion body (a Batch API line's too).
+
+    Raises KeyError, TypeError and the like when the body is not a chat completion
+    (`HttpAdapter.read_answer` turns them into MalformedResponse).
+    """
+    choice = payload["choices"][0]
+    message = choice["message"]
+    if not isinstance(message, Mapping):
+        raise TypeError("message is not an object")
+    raw_finish = choice.get("finish_reason") or "stop"
+    text: str
+    wrapped = request.answer_schema is not None and root_schema(request.answer_schema)[1]
+    tool_calls = message.get("tool_calls") or []
+    content = message.get("content")
+    # a forced tool's arguments are the answer; also read them when the request is unknown
+    # (batch results after a restart) and there is no text
+    if tool_calls and ((structured_mode == "tool" and request.answer_schema is not None) or not content):
+        arguments = tool_calls[0]["function"]["arguments"]
+        try:
+            value = orjson.loads(arguments) if isinstance(arguments, str) else arguments
+            text = answer_text(value, wrapped=wrapped)
+        except orjson.JSONDecodeError:
+            # arguments cut by max_tokens are broken JSON: hand them on as text, so the
+            # caller's validation can keep what is complete (finish_reason says "length")
+            text = str(arguments)
+    else:
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise TypeError("content is not a string")
+        text = content
+        if structured_mode in ("json_schema", "json_object") and request.answer_schema is not None:
+            text = unwrap_json_text(text, wrapped=wrapped)
+    return text, _FINISH_REASONS.get(str(raw_finish), str(raw_finish))
+
+
+def read_chat_usage(usage: Mapping[str, Any]) -> Usage:
+    """A chat completion's `usage`: `prompt_tokens` (cached ones included),
+    `completion_tokens`, `prompt_tokens_details.cached_tokens`."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    return Usage(
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+        cached_input_tokens=int(cached or 0),
     )
+
+
+#: how every OpenAI adapter (online, OpenAI-compatible, Batch API) is set up and reads answers
+OPENAI_API = ProviderApi(
+    structured_modes=STRUCTURED_MODES,
+    mode_error=f"structured_mode must be one of {STRUCTURED_MODES}",
+    http=openai_http,
+    answer="chat completion",
+    read=read_chat_completion,
+    usage=read_chat_usage,
+)
 
 
 class OpenAIProvider(HttpCompletionProvider):
@@ -162,27 +170,11 @@ class OpenAIProvider(HttpCompletionProvider):
         structured_mode: StructuredMode = "json_schema",
         owns_client: bool = True,
     ) -> None:
-        if structured_mode not in STRUCTURED_MODES:
-            raise ValueError(f"structured_mode must be one of {STRUCTURED_MODES}")
-        self.name = name
-        self.structured_mode: StructuredMode = structured_mode
-        self.owns_client = owns_client
-        self.http = ProviderHttp(
-            client, base_url=base_url, provider=name, api_key=api_key, auth_headers=bearer_auth
-        )
+        super().__init__(client, base_url, api_key, name, structured_mode, owns_client)
 
+    api = OPENAI_API
     path = "/chat/completions"
 
     def build_body(self, request: CompletionRequest) -> dict[str, Any]:
         """The JSON body this adapter sends for `request`."""
         return build_chat_body(request, structured_mode=self.structured_mode)
-
-    def parse(self, reply: HttpReply, request: CompletionRequest) -> Completion:
-        return parse_chat_completion(
-            reply.json,
-            request=request,
-            structured_mode=self.structured_mode,
-            provider=self.name,
-            request_id=reply.request_id,
-            latency_ms=reply.latency_ms,
-        )

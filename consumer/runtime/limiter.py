@@ -4,7 +4,9 @@ the provider's announced request budget (`consumer.core.pacing`).
 A caller acquires a `Token` before a provider call and ends it exactly once:
 `success()` (the call returned; its RTT feeds the algorithm), `dropped()` (overload:
 429/529/503/timeout — the algorithm shrinks), or `ignore()` (a failure that says nothing
-about load, e.g. a 400). Waiters are served first-in first-out.
+about load, e.g. a 400). `async with limiter.slot(tokens) as token:` guarantees the end: a
+token the block did not end (it raised, or forgot) ends as `ignore`, so no exception can
+leak a slot and wedge the tier. Waiters are served first-in first-out.
 
 Three things bound admission: the concurrency limit (AIMD, gradient or fixed) and, once a
 provider has sent rate-limit headers, mirrors of its request bucket (`BudgetPacer`) and of
@@ -25,22 +27,15 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from consumer.core.errors import RateLimitHint
+from consumer.core.limit import ConcurrencyLimit
 from consumer.core.pacing import BudgetPacer, TokenBudget
 
 #: smoothing of the actual / estimated token cost of answered requests
 COST_RATIO_SMOOTHING = 0.2
 #: bounds of that ratio (an answer's usage may be missing or odd)
 COST_RATIO_MIN, COST_RATIO_MAX = 0.25, 8.0
-
-
-class LimitAlgorithm(Protocol):
-    @property
-    def limit(self) -> int: ...
-
-    def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int: ...
 
 
 class Token:
@@ -79,12 +74,35 @@ class Token:
         self._limiter._release(self.started_s, dropped=dropped, sample=sample)
 
 
+class Slot:
+    """`async with limiter.slot(estimated_tokens) as token:` — the token ends when the block does.
+
+    The block ends the token itself (success / dropped / ignore) when it knows how the call
+    went; whatever it left unended, by an exception or otherwise, ends as `ignore`.
+    """
+
+    __slots__ = ("_estimated_tokens", "_limiter", "_token")
+
+    def __init__(self, limiter: AsyncLimiter, estimated_tokens: float) -> None:
+        self._limiter = limiter
+        self._estimated_tokens = estimated_tokens
+        self._token: Token | None = None
+
+    async def __aenter__(self) -> Token:
+        self._token = await self._limiter.acquire(self._estimated_tokens)
+        return self._token
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._token is not None:
+            self._token.ignore()  # a no-op when the block ended it
+
+
 class AsyncLimiter:
     """Admits at most `limit` concurrent calls, no faster than the provider's announced budget."""
 
     def __init__(
         self,
-        algorithm: LimitAlgorithm,
+        algorithm: ConcurrencyLimit,
         clock: Callable[[], float] = time.monotonic,
         pacer: BudgetPacer | None = None,
         tokens: TokenBudget | None = None,
@@ -203,6 +221,10 @@ class AsyncLimiter:
         self._pacer.admit(self._seq, now_s)
         self._tokens.admit(self._seq, estimated_tokens * self._cost_ratio, now_s)
         return Token(self, now_s, self._seq, estimated_tokens)
+
+    def slot(self, estimated_tokens: float = 0.0) -> Slot:
+        """An async context manager around `acquire` that always ends its token (see `Slot`)."""
+        return Slot(self, estimated_tokens)
 
     async def acquire(self, estimated_tokens: float = 0.0) -> Token:
         """Wait for a slot: first come, first served; a released slot is handed to the oldest waiter.

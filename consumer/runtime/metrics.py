@@ -40,6 +40,8 @@ _TIER_COUNTERS = {
     "rate_limited": "429 responses",
     "provider_errors": "Provider requests that failed",
     "verify_requests": "Extra single requests sent to verify batched answers",
+    "circuit_opened": "Times the tier's circuit opened (its provider unreachable)",
+    "held_requests": "Requests held through a provider outage instead of failing",
 }
 _TIER_GAUGES = {
     "limit": "Current concurrency limit",
@@ -48,6 +50,8 @@ _TIER_GAUGES = {
     "paused_s": "Seconds left in a quota pause",
     "budget_requests_per_s": "Refill rate of the provider's request budget, from its headers (0: none)",
     "budget_tokens_per_s": "Refill rate of the provider's token budget, from its headers (0: none)",
+    "circuit_open": "1 while the tier's circuit is open: its provider is unreachable and its jobs are held",
+    "outage_s": "Seconds the tier's provider has been unreachable (0 while its circuit is closed)",
 }
 
 Samples = Callable[[ServiceStats], Iterable[tuple[tuple[str, ...], float]]]

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -37,11 +37,10 @@ from consumer.core.output import output_format
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.providers.base import BatchItemResult, BatchJob, BatchProvider, BatchRequest, BatchStatus
+from consumer.runtime.context import JobContext
+from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.outcomes import RecordLimits, dead_letter_record, result_record, too_large_result
 from consumer.settings import Settings
-
-if TYPE_CHECKING:
-    from consumer.runtime.pipeline import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +52,23 @@ class _Pending:
 
 
 class OfflineCollector:
-    """Collects offline jobs per tier and submits them as provider batches."""
+    """Collects offline jobs per tier and submits them as provider batches.
+
+    outcomes: where a job's recorded batch (its offset may commit) or its failed submission ends.
+    """
 
     def __init__(
         self,
         settings: Settings,
         batch_providers: dict[str, BatchProvider],
         producer: AIOKafkaProducer,
-        on_recorded: Callable[[JobContext], None],
-        on_failed: Callable[[JobContext, ErrorKind, str, ProviderError], None],
+        outcomes: OutcomeWriter,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._providers = batch_providers
         self._producer = producer
-        self._on_recorded = on_recorded
-        self._on_failed = on_failed
+        self._outcomes = outcomes
         self._clock = clock
         self._pending: dict[str, _Pending] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -136,7 +136,8 @@ class OfflineCollector:
                 if not exc.retryable:
                     log.error("offline submission for tier %s rejected: %s", tier, exc)
                     for c in ctxs:
-                        self._on_failed(c, ErrorKind.BATCH_FAILED, f"batch submission rejected: {exc}", exc)
+                        message = f"batch submission rejected: {exc}"
+                        self._outcomes.offline_failed(c, ErrorKind.BATCH_FAILED, message, exc)
                     return
                 log.warning("offline submission for tier %s failed (%s); retrying", tier, exc)
                 await asyncio.sleep(delay_s)
@@ -152,7 +153,7 @@ class OfflineCollector:
                 self._settings.batches_topic, orjson.dumps(record), key=batch_key(tier, job.id)
             )
             for _, c in members:
-                self._on_recorded(c)
+                self._outcomes.offline_recorded(c)
         log.info("tier %s: %d offline jobs submitted as %s", tier, len(ctxs), ", ".join(j.id for j in jobs))
 
 

@@ -93,9 +93,12 @@ class AnswerResults:
         self._provider = completion.provider
         self._model = completion.model
         self._finish_reason = completion.finish_reason if batch_size == 1 else "stop"
+        mine = usage.share(share)
         self._usage = {
-            "input_tokens": max(usage.input_tokens, 0) // share,
-            "output_tokens": max(usage.output_tokens, 0) // share,
+            "input_tokens": mine.input_tokens,
+            "output_tokens": mine.output_tokens,
+            "cached_input_tokens": mine.cached_input_tokens,
+            "cache_write_tokens": mine.cache_write_tokens,
         }
         self._batch = {"request_id": completion.request_id, "size": batch_size} if batch_size > 1 else None
         # rendered once as the JSON string orjson gives a UTC datetime ("...Z")
@@ -111,8 +114,9 @@ class AnswerResults:
         attempts: int,
         latency_ms: float,
         traceparent: str | None = None,
+        dedupe_of: str | None = None,
     ) -> OutRecord:
-        """One job's Result record."""
+        """One job's Result record; `dedupe_of`: the job whose request answered it (dedupe)."""
         tp = source.tp
         value = {
             "id": job.id,
@@ -129,6 +133,7 @@ class AnswerResults:
             "metadata": job.metadata,
             "source": {"topic": tp.topic, "partition": tp.partition, "offset": source.offset},
             "completed_at": self._completed_at,
+            "dedupe_of": dedupe_of,
         }
         return OutRecord(self._topic, job.id.encode(), orjson.dumps(value), _headers(source, traceparent))
 

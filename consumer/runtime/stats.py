@@ -34,6 +34,26 @@ class TierStats:
     verify_requests: int = 0
     verify_agreed: int = 0
     verify_compared: int = 0
+    #: times the tier's circuit opened (its provider unreachable), requests held through it
+    circuit_opened: int = 0
+    held_requests: int = 0
+    #: tokens of every answered provider request, as the providers counted them (input
+    #: counts cached and cache-written tokens too), and their cost at the tier's `pricing`
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    #: the saving of batching (`consumer.core.cost.BatchSaving`): tokens of answered batched
+    #: requests and what their members would have used asked alone, estimated ...
+    batched_tokens: int = 0
+    alone_tokens_estimate: int = 0
+    #: ... and, measured on the verify_fraction sample, a verified job's share of its batched
+    #: request against the tokens of the same job asked alone
+    verify_batched_tokens: int = 0
+    verify_alone_tokens: int = 0
+    #: jobs answered by another job's identical request (dedupe) instead of their own
+    deduped: int = 0
     # gauges
     limit: int = 0
     inflight: int = 0
@@ -43,6 +63,11 @@ class TierStats:
     #: them from rate-limit headers (0: not known or not announced)
     budget_requests_per_s: float = 0.0
     budget_tokens_per_s: float = 0.0
+    #: 1 while the tier's circuit is open; for how long its provider has been unreachable
+    circuit_open: int = 0
+    outage_s: float = 0.0
+    #: why the batch size is what it is (`AdaptiveSizes.explain`), "" before any batch key
+    batch_size_reason: str = ""
 
     @property
     def requests_saved(self) -> int:
@@ -65,6 +90,8 @@ class ServiceStats:
     results: int = 0
     dead_letters: Counter[str] = field(default_factory=Counter)
     dropped_late: int = 0
+    #: records skipped because an earlier owner of their partition had finished them
+    skipped_done: int = 0
     inflight: int = 0
     paused_partitions: int = 0
     tiers: dict[str, TierStats] = field(default_factory=dict)
@@ -86,6 +113,7 @@ class ServiceStats:
             "results": self.results,
             "dead_letters": dict(self.dead_letters),
             "dropped_late": self.dropped_late,
+            "skipped_done": self.skipped_done,
             "inflight": self.inflight,
             "paused_partitions": self.paused_partitions,
             "tiers": {name: ts.as_dict() for name, ts in sorted(self.tiers.items())},
@@ -97,7 +125,9 @@ class ServiceStats:
 #: each instance has of its own, the largest live value for what they share (a tier's batch
 #: size, its API key's budgets)
 _OWN_GAUGES = {"limit", "inflight", "paused_s"}
-_SHARED_GAUGES = {"batch_size", "budget_requests_per_s", "budget_tokens_per_s"}
+_SHARED_GAUGES = {"batch_size", "budget_requests_per_s", "budget_tokens_per_s", "circuit_open", "outage_s"}
+#: text that goes with a shared gauge: taken from the live instance that has its largest value
+_GAUGE_TEXTS = {"batch_size_reason": "batch_size"}
 
 
 class _AgreementCount(BaseModel):
@@ -112,9 +142,10 @@ class _Snapshot(BaseModel):
     items_in: int = 0
     results: int = 0
     dropped_late: int = 0
+    skipped_done: int = 0
     inflight: int = 0
     dead_letters: dict[str, int] = {}
-    tiers: dict[str, dict[str, float]] = {}
+    tiers: dict[str, dict[str, float | str]] = {}
     agreement: dict[str, dict[str, _AgreementCount]] = {}
 
 
@@ -138,6 +169,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         "results": 0,
         "dead_letters": Counter(),
         "dropped_late": 0,
+        "skipped_done": 0,
         "inflight": 0,
         "tiers": {},
         "agreement": {},
@@ -145,14 +177,22 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
     for snap in snapshots:
         live = now_s - float(snap.get("updated_at", 0)) <= live_within_s
         total["instances_live"] += int(live)
-        for key in ("items_in", "results", "dropped_late"):
+        for key in ("items_in", "results", "dropped_late", "skipped_done"):
             total[key] += int(snap.get(key, 0))
         if live:
             total["inflight"] += int(snap.get("inflight", 0))
         total["dead_letters"].update(snap.get("dead_letters", {}))
         for name, ts in snap.get("tiers", {}).items():
             agg = total["tiers"].setdefault(name, {})
+            for text_key, gauge in _GAUGE_TEXTS.items():
+                # before the gauge itself is merged: compare with the largest value so far
+                if text_key in ts and (
+                    text_key not in agg or (live and ts.get(gauge, 0) >= agg.get(gauge, 0))
+                ):
+                    agg[text_key] = ts[text_key] if live else ""
             for k, v in ts.items():
+                if k in _GAUGE_TEXTS:
+                    continue
                 if k in _SHARED_GAUGES:
                     agg[k] = max(agg.get(k, 0), v) if live else agg.get(k, 0)
                 elif k in _OWN_GAUGES:

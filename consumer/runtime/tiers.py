@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from consumer.core.adaptive import AdaptiveBatchSize, AdaptiveSizes
+from consumer.core.circuit import CircuitBreaker
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
 from consumer.core.window import BatchKey, WindowLimits
 from consumer.providers.base import CompletionProvider
 from consumer.runtime.limiter import AsyncLimiter
 from consumer.runtime.stats import TierStats
-from consumer.settings import TierConfig
+from consumer.settings import BatchingConfig, TierConfig
+
+#: providers that bill per token: batching saves the prompt prefix repeated per job
+PER_TOKEN_PROVIDERS = frozenset({"openai", "anthropic"})
 
 
 @dataclass
@@ -25,18 +29,37 @@ class TierRuntime:
     stats: TierStats
     #: the adaptive batch size of each batch key of this tier
     sizes: AdaptiveSizes[BatchKey]
+    #: holds the tier's requests while its provider is down
+    circuit: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     def limits_for(self, key: BatchKey, now_s: float) -> WindowLimits:
-        """The window limits for a key: max_items follows the key's adaptive batch size."""
-        size = self.sizes.size_at(key, now_s)
+        """The window limits for a job routed to `key`'s window: max_items follows the key's
+        adaptive batch size (asked once per job, as `AdaptiveBatchSize.size_at` wants)."""
+        # a learnt request budget means the provider is paid in requests: batching saves them
+        request_limited = bool(self.limiter.pacer.rate_per_s)
+        size = self.sizes.size_at(key, now_s, request_limited=request_limited)
         if size == self.window_limits.max_items:
             return self.window_limits
         return replace(self.window_limits, max_items=size)
 
+    def refresh_gauges(self, now_s: float) -> None:
+        """Copy the limiter's state into the tier's stats (read by snapshots and /metrics)."""
+        limiter, stats = self.limiter, self.stats
+        stats.limit = limiter.limit
+        stats.inflight = limiter.inflight
+        stats.paused_s = round(limiter.paused_for_s, 3)
+        stats.budget_requests_per_s = round(limiter.pacer.rate_per_s or 0.0, 2)
+        stats.budget_tokens_per_s = round(limiter.tokens.rate_per_s or 0.0, 1)
+        stats.circuit_open = int(self.circuit.open)
+        stats.outage_s = round(self.circuit.outage_s(now_s), 1)
+        stats.circuit_opened = self.circuit.opened_count
+
     def current_batch_size(self) -> int:
-        """The largest current adaptive size over this tier's keys (max_items before any answer)."""
+        """The largest current adaptive size over this tier's keys (the trusted size before
+        any job); also refreshes `stats.batch_size_reason`, which says why."""
+        self.stats.batch_size_reason = self.sizes.explain()
         sizes = self.sizes.snapshot().values()
-        return max(sizes, default=self.config.batching.initial_items or self.config.batching.max_items)
+        return max(sizes, default=trusted_items(self.config.batching))
 
     @classmethod
     def build(
@@ -48,18 +71,34 @@ class TierRuntime:
             config=config,
             provider=provider,
             limiter=AsyncLimiter(limit_for(config.limiter)),
-            retry_policy=RetryPolicy(
-                max_attempts=r.max_attempts,
-                backoff_initial_s=r.backoff_initial_s,
-                backoff_max_s=r.backoff_max_s,
-                quota_cooldown_s=r.quota_cooldown_s,
-                quota_max_wait_s=r.quota_max_wait_s,
-            ),
+            retry_policy=RetryPolicy.from_config(r),
             window_limits=WindowLimits.from_config(b),
             stats=stats,
-            sizes=AdaptiveSizes(
-                lambda _key: AdaptiveBatchSize(
-                    b.initial_items or b.max_items, b.max_items, min_agreement=b.min_agreement
-                )
+            sizes=AdaptiveSizes(lambda _key: adaptive_size_for(config)),
+            circuit=CircuitBreaker(
+                failures=r.circuit_failures, probe_s=r.circuit_probe_s, probe_max_s=r.circuit_probe_max_s
             ),
         )
+
+
+def trusted_items(batching: BatchingConfig) -> int:
+    """The batch size a tier's configuration vouches for without measurement: initial_items,
+    else max_items when agreement is not measured (verify_fraction 0), else 1."""
+    if batching.initial_items is not None:
+        return batching.initial_items
+    return batching.max_items if batching.verify_fraction == 0 else 1
+
+
+def adaptive_size_for(config: TierConfig) -> AdaptiveBatchSize:
+    """A new key's adaptive batch size, from the tier's `batching` settings and provider."""
+    b = config.batching
+    per_token = b.charges == "tokens" or (b.charges == "auto" and config.provider in PER_TOKEN_PROVIDERS)
+    return AdaptiveBatchSize(
+        b.max_items,
+        trusted=trusted_items(b),
+        measure_agreement=b.verify_fraction > 0,
+        min_agreement=b.min_agreement,
+        confidence=b.agreement_confidence,
+        probe_fraction=b.probe_fraction,
+        per_token=per_token,
+    )

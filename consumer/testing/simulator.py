@@ -31,6 +31,11 @@ The prompt is the text of the LAST user message.
   An answer longer than `max_tokens` tokens (max_tokens * 4 characters) is cut and ends with
   finish_reason "length" / stop_reason "max_tokens".
 
+Refusals: a chat/messages request body the real API refuses (`request_refusal`: no `model`, an
+empty `messages` list, an unknown message role, an output-token limit below the minimum) is
+answered 400 in the provider's error shape before any fault is drawn; in an offline batch the
+same request ends errored (OpenAI: a 400 line of the error file; Anthropic: an `errored` result).
+
 Faults (`SimulatorConfig`, seeded by `seed`) are decided per chat/messages request in this
 order: auth (401 when `api_key` is set and not presented), billing 429 (quota), a shared 429
 (`shared_429_rate`: another client of the key spent its budget, which no header announced;
@@ -50,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -57,12 +63,12 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 import uvicorn
@@ -409,9 +415,150 @@ def model_answer(
         if isinstance(value, dict):
             value = _partial(value, len(text))
         finish = "length"
-    if not tool:
-        value = None
+    if not tool or not text:
+        value = None  # max_tokens 0 (Anthropic: only fill the prompt cache) generates nothing
     return SimAnswer(text, value, finish, n_items, items is not None, fault)
+
+
+# ----------------------------------------------------------------------------------------------
+# request validation: what the real APIs refuse with a 400 before any model runs
+
+#: the message roles the Chat Completions API accepts, in the order its refusal names them
+OPENAI_ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+#: the roles of Anthropic's `messages[]`; a system prompt is the top-level `system` field
+ANTHROPIC_ROLES = ("user", "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a provider refuses a request body (HTTP 400 `invalid_request_error`)."""
+
+    message: str  # the provider's own wording
+    param: str | None = None  # OpenAI's `param`: the offending field, e.g. "messages[0].role"
+    code: str | None = None  # OpenAI's `code`, e.g. "empty_array"
+
+
+#: JSON types as OpenAI's invalid_type refusals name them; bool before int, which it subclasses
+_JSON_KINDS: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean"),
+    (int, "an integer"),
+    (float, "a decimal"),
+    (str, "a string"),
+    (list, "an array"),
+)
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _wrong_type(param: str, expected: str, value: Any) -> Refusal:
+    got = "null" if value is None else next((n for t, n in _JSON_KINDS if isinstance(value, t)), "an object")
+    return Refusal(
+        f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param, "invalid_type"
+    )
+
+
+def _openai_refusal(body: Mapping[str, Any]) -> Refusal | None:
+    model = body.get("model")
+    if model is None or model == "":
+        return Refusal("you must provide a model parameter")
+    if not isinstance(model, str):
+        return _wrong_type("model", "a string", model)
+    messages = body.get("messages")
+    if messages is None:
+        return Refusal("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
+    if not isinstance(messages, list):
+        return _wrong_type("messages", "an array", messages)
+    if not messages:
+        return Refusal(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.",
+            "messages",
+            "empty_array",
+        )
+    supported = ", ".join(f"'{r}'" for r in OPENAI_ROLES[:-1]) + f", and '{OPENAI_ROLES[-1]}'"
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, Mapping):
+            return _wrong_type(where, "an object", message)
+        role = message.get("role")
+        if role is None:
+            return Refusal(
+                f"Missing required parameter: '{where}.role'.", f"{where}.role", "missing_required_parameter"
+            )
+        if role not in OPENAI_ROLES:
+            return Refusal(
+                f"Invalid value: '{role}'. Supported values are: {supported}.",
+                f"{where}.role",
+                "invalid_value",
+            )
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and not _is_int(value):
+            return _wrong_type(name, "an integer", value)
+        if value is not None and value < 1:
+            return Refusal(
+                f"Invalid '{name}': integer below minimum value. Expected a value >= 1, "
+                f"but got {value} instead.",
+                name,
+                "integer_below_min_value",
+            )
+    return None
+
+
+def _anthropic_refusal(body: Mapping[str, Any], *, in_batch: bool) -> Refusal | None:
+    model = body.get("model")
+    if model is None:
+        return Refusal("model: Field required")
+    if not isinstance(model, str):
+        return Refusal("model: Input should be a valid string")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        return Refusal("max_tokens: Field required")
+    if not _is_int(max_tokens):
+        return Refusal("max_tokens: Input should be a valid integer")
+    # 0 only fills the prompt cache; a batch runs too late for that, so there it must be >= 1
+    least = 1 if in_batch else 0
+    if max_tokens < least:
+        return Refusal(f"max_tokens: Input should be greater than or equal to {least}")
+    messages = body.get("messages")
+    if messages is None:
+        return Refusal("messages: Field required")
+    if not isinstance(messages, list):
+        return Refusal("messages: Input should be a valid list")
+    if not messages:
+        return Refusal("messages: at least one message is required")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            return Refusal(f"messages.{index}: Input should be a valid dictionary")
+        role = message.get("role")
+        if role is None:
+            return Refusal(f"messages.{index}.role: Field required")
+        if role == "system":
+            return Refusal(
+                'messages: Unexpected role "system". The Messages API accepts a top-level `system` '
+                'parameter, not "system" as an input message role.'
+            )
+        if role not in ANTHROPIC_ROLES:
+            return Refusal(f"messages.{index}.role: Input should be 'user' or 'assistant'")
+    return None
+
+
+def request_refusal(body: Any, kind: str, *, in_batch: bool = False) -> Refusal | None:
+    """What the real API would refuse in a chat (`kind` "openai") or messages ("anthropic")
+    request body, checked the way the provider reports it; None when it would be served.
+
+    Checked: `model` present, `messages` a non-empty list of objects whose `role` the provider
+    knows, the output-token limits (OpenAI `max_tokens` / `max_completion_tokens` >= 1 when
+    set; Anthropic `max_tokens` required, >= 0, >= 1 inside a Message Batch). `in_batch`: the
+    body is an OpenAI batch line's `body` or an Anthropic batch request's `params`.
+    """
+    if not isinstance(body, Mapping):
+        return Refusal("the request body must be a JSON object")
+    if kind == "openai":
+        return _openai_refusal(body)
+    return _anthropic_refusal(body, in_batch=in_batch)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -544,6 +691,54 @@ class _Dropped(Exception):
     """The handler closed the connection: send nothing."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """What the shared endpoint preamble hands a provider route's handler."""
+
+    kind: str  # "openai" | "anthropic": whose wire format and error shape
+    parsed: dict[str, Any] | None = None  # the JSON object body, on routes that take one
+    found: _Batch | None = None  # the path's batch, on /batches/{batch_id} routes
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The parsed JSON object body (routes declared with `body=True`)."""
+        if self.parsed is None:
+            raise RuntimeError("this route does not parse a body")
+        return self.parsed
+
+    @property
+    def batch(self) -> _Batch:
+        """The batch named by the path (routes declared with `batch=True`)."""
+        if self.found is None:
+            raise RuntimeError("this route does not look up a batch")
+        return self.found
+
+
+_Handler = Callable[["SimulatorApp", Request, _Call], Awaitable[Response]]
+_Route = Callable[["SimulatorApp", Request], Awaitable[Response]]
+
+
+def _endpoint(
+    kind: str, *, body: bool = False, batch: bool = False, chat: bool = False
+) -> Callable[[_Handler], _Route]:
+    """Give a provider route the preamble every one of them shares (`SimulatorApp._preamble`):
+    the handler runs only for an authorized request whose body and batch were found, and a
+    dropped connection answers nothing. `chat`: the route counts as a model request."""
+
+    def wrap(handler: _Handler) -> _Route:
+        @functools.wraps(handler)
+        async def route(self: SimulatorApp, request: Request) -> Response:
+            try:
+                call = await self._preamble(request, kind, body=body, batch=batch, chat=chat)
+                return call if isinstance(call, Response) else await handler(self, request, call)
+            except _Dropped:
+                return Response(status_code=500)  # never sent: the connection is gone
+
+        return route
+
+    return wrap
+
+
 class SimulatorApp:
     """The Starlette app and its state. `server` (a uvicorn.Server) is set when served, so drops
     can close the client's connection."""
@@ -555,6 +750,7 @@ class SimulatorApp:
         self.reset()
         routes = [
             Route("/v1/chat/completions", self.openai_chat, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/files", self.openai_upload, methods=["POST"]),
             Route("/v1/files/{file_id}/content", self.openai_file_content, methods=["GET"]),
             Route("/v1/batches", self.openai_create_batch, methods=["POST"]),
@@ -657,10 +853,13 @@ class SimulatorApp:
         message: str,
         *,
         code: str | None = None,
+        param: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Response:
         if kind == "openai":
-            body: dict[str, Any] = {"error": {"message": message, "type": etype, "param": None, "code": code}}
+            body: dict[str, Any] = {
+                "error": {"message": message, "type": etype, "param": param, "code": code}
+            }
         else:
             body = {"type": "error", "error": {"type": etype, "message": message}}
         if status == 429:
@@ -670,6 +869,48 @@ class SimulatorApp:
         elif status == 401:
             self.stats_.counters["status_401"] += 1
         return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+    def _refuse(self, kind: str, refusal: Refusal) -> Response:
+        """The 400 a provider sends for a body it refuses, in its own error shape."""
+        return self._error(
+            kind, 400, "invalid_request_error", refusal.message, code=refusal.code, param=refusal.param
+        )
+
+    async def _preamble(
+        self, request: Request, kind: str, *, body: bool, batch: bool, chat: bool
+    ) -> _Call | Response:
+        """The steps every provider route takes before its own, in this order: count the route
+        (and, on a chat route, the request, refused or not), check the key (401), parse the body
+        as a JSON object (400), find the path's batch of this provider and bring it up to date
+        (404). Returns what the handler needs, or the error response to send instead."""
+        self._count(request)
+        if chat:
+            self.stats_.counters["requests"] += 1
+        if not self._authorized(request, kind):
+            return self._unauthorized(kind)
+        parsed: dict[str, Any] | None = None
+        if body:
+            try:
+                value = orjson.loads(await request.body())
+            except orjson.JSONDecodeError:
+                value = None
+            if not isinstance(value, dict):
+                return self._error(
+                    kind, 400, "invalid_request_error", "the request body is not a JSON object"
+                )
+            parsed = value
+        found: _Batch | None = None
+        if batch:
+            found = self.batches.get(request.path_params["batch_id"])
+            if found is None or found.kind != kind:
+                return self._error(
+                    kind,
+                    404,
+                    "not_found_error" if kind == "anthropic" else "invalid_request_error",
+                    "batch not found",
+                )
+            self._advance(found)
+        return _Call(kind, parsed, found)
 
     def _rate_headers(
         self, kind: str, now_s: float, tokens_needed: int
@@ -744,23 +985,15 @@ class SimulatorApp:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
-    async def _chat(self, request: Request, kind: str) -> Response:
-        """The shared path of /v1/chat/completions and /v1/messages."""
-        self._count(request)
+    async def _chat(self, request: Request, call: _Call) -> Response:
+        """The shared path of /v1/chat/completions and /v1/messages, after the preamble."""
+        kind, body = call.kind, call.body
         cfg, counters = self.config, self.stats_.counters
-        counters["requests"] += 1
-        if not self._authorized(request, kind):
-            return self._unauthorized(kind)
-        try:
-            body = orjson.loads(await request.body())
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                raise ValueError("messages")
-        except (orjson.JSONDecodeError, ValueError):
-            return self._error(kind, 400, "invalid_request_error", "body must be JSON with messages")
+        refusal = request_refusal(body, kind)
+        if refusal is not None:
+            return self._refuse(kind, refusal)
         if body.get("stream"):
             return self._error(kind, 400, "invalid_request_error", "stream: streaming is not simulated")
-        if kind == "anthropic" and not isinstance(body.get("max_tokens"), int):
-            return self._error(kind, 400, "invalid_request_error", "max_tokens: Field required")
         if self.rng.random() < cfg.billing_rate:
             counters["quota_429"] += 1
             if kind == "openai":
@@ -797,14 +1030,8 @@ class SimulatorApp:
         prompt, schema, tool, all_text = _request_view(body, kind, ignore_structured=cfg.ignore_structured)
         if schema is not None:
             counters["structured_requests"] += 1
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         answer = model_answer(
-            prompt,
-            schema,
-            tool=tool,
-            max_tokens=int(max_tokens) if max_tokens else None,
-            rng=self.rng,
-            config=cfg,
+            prompt, schema, tool=tool, max_tokens=_max_tokens(body), rng=self.rng, config=cfg
         )
         input_tokens = estimate_tokens(all_text)
         output_tokens = estimate_tokens(answer.text if answer.value is None else _compact(answer.value))
@@ -870,27 +1097,37 @@ class SimulatorApp:
             headers["request-id"] = self._id("req_")
         return JSONResponse(payload, headers=headers)
 
-    async def openai_chat(self, request: Request) -> Response:
+    @_endpoint("openai", body=True, chat=True)
+    async def openai_chat(self, request: Request, call: _Call) -> Response:
         """POST /v1/chat/completions."""
-        try:
-            return await self._chat(request, "openai")
-        except _Dropped:
-            return Response(status_code=500)
+        return await self._chat(request, call)
 
-    async def anthropic_messages(self, request: Request) -> Response:
+    @_endpoint("anthropic", body=True, chat=True)
+    async def anthropic_messages(self, request: Request, call: _Call) -> Response:
         """POST /v1/messages."""
-        try:
-            return await self._chat(request, "anthropic")
-        except _Dropped:
-            return Response(status_code=500)
+        return await self._chat(request, call)
+
+    # -------- batches of either provider
+
+    def _register(self, batch: _Batch) -> _Batch:
+        self.batches[batch.id] = batch
+        self.stats_.counters["batches_created"] += 1
+        return batch
+
+    def _cancel(self, batch: _Batch, status: str) -> bool:
+        """End a batch that has not ended yet with `status`; False when it had already ended."""
+        if batch.ended_s is not None:
+            return False
+        batch.cancelled_s = time.time()
+        batch.ended_s = time.monotonic()
+        batch.status = status
+        return True
 
     # -------- OpenAI files and batches
 
-    async def openai_upload(self, request: Request) -> Response:
+    @_endpoint("openai")
+    async def openai_upload(self, request: Request, call: _Call) -> Response:
         """POST /v1/files (multipart, purpose=batch)."""
-        self._count(request)
-        if not self._authorized(request, "openai"):
-            return self._unauthorized("openai")
         form = _parse_multipart(await request.body(), request.headers.get("content-type", ""))
         if "file" not in form or form.get("purpose", (None, b""))[1] != b"batch":
             return self._error("openai", 400, "invalid_request_error", "expected file and purpose=batch")
@@ -899,22 +1136,19 @@ class SimulatorApp:
         self.files[file_id] = (filename or "upload.jsonl", content)
         return JSONResponse(_file_object(file_id, filename or "upload.jsonl", len(content), "batch"))
 
-    async def openai_file_content(self, request: Request) -> Response:
+    @_endpoint("openai")
+    async def openai_file_content(self, request: Request, call: _Call) -> Response:
         """GET /v1/files/{file_id}/content."""
-        self._count(request)
-        if not self._authorized(request, "openai"):
-            return self._unauthorized("openai")
         file_id = request.path_params["file_id"]
         if file_id not in self.files:
             return self._error("openai", 404, "invalid_request_error", f"No such File object: {file_id}")
         return Response(self.files[file_id][1], media_type="application/octet-stream")
 
-    async def openai_create_batch(self, request: Request) -> Response:
-        """POST /v1/batches."""
-        self._count(request)
-        if not self._authorized(request, "openai"):
-            return self._unauthorized("openai")
-        body = orjson.loads(await request.body())
+    @_endpoint("openai", body=True)
+    async def openai_create_batch(self, request: Request, call: _Call) -> Response:
+        """POST /v1/batches. Each line's `body` is checked when the batch runs: a refused one
+        ends in the error file as a 400, the others are answered."""
+        body = call.body
         file_id = body.get("input_file_id")
         if file_id not in self.files:
             return self._error("openai", 400, "invalid_request_error", f"input_file_id {file_id} not found")
@@ -937,44 +1171,40 @@ class SimulatorApp:
                 )
             seen.add(cid)
             lines.append(line)
-        batch = _Batch(self._id("batch_"), "openai", time.monotonic(), lines, input_file_id=file_id)
-        self.batches[batch.id] = batch
-        self.stats_.counters["batches_created"] += 1
+        batch = self._register(
+            _Batch(self._id("batch_"), "openai", time.monotonic(), lines, input_file_id=file_id)
+        )
         return JSONResponse(self._openai_batch(batch))
 
-    def _batch_or_404(self, request: Request, kind: str) -> _Batch | Response:
-        batch = self.batches.get(request.path_params["batch_id"])
-        if batch is None or batch.kind != kind:
-            return self._error(
-                kind,
-                404,
-                "not_found_error" if kind == "anthropic" else "invalid_request_error",
-                "batch not found",
-            )
-        self._advance(batch)
-        return batch
+    async def models(self, request: Request) -> Response:
+        """GET /v1/models: the listing both APIs serve (and the service's start-time check asks).
 
-    async def openai_get_batch(self, request: Request) -> Response:
+        The key is checked the way the caller's headers say it speaks: `x-api-key` (Anthropic,
+        whose listing also needs `anthropic-version`) or a bearer token (OpenAI).
+        """
+        kind = "anthropic" if "x-api-key" in request.headers else "openai"
+        self._count(request)
+        if not self._authorized(request, kind):
+            return self._unauthorized(kind)
+        model = {"id": "sim-model", "created": 0}
+        if kind == "anthropic":
+            entry = {"id": "sim-model", "type": "model", "display_name": "Simulator",
+                     "created_at": "2026-01-01T00:00:00Z"}
+            return JSONResponse({"data": [entry], "has_more": False, "first_id": "sim-model",
+                                 "last_id": "sim-model"})
+        listed = {**model, "object": "model", "owned_by": "simulator"}
+        return JSONResponse({"object": "list", "data": [listed]})
+
+    @_endpoint("openai", batch=True)
+    async def openai_get_batch(self, request: Request, call: _Call) -> Response:
         """GET /v1/batches/{batch_id}."""
-        self._count(request)
-        if not self._authorized(request, "openai"):
-            return self._unauthorized("openai")
-        batch = self._batch_or_404(request, "openai")
-        return batch if isinstance(batch, Response) else JSONResponse(self._openai_batch(batch))
+        return JSONResponse(self._openai_batch(call.batch))
 
-    async def openai_cancel_batch(self, request: Request) -> Response:
+    @_endpoint("openai", batch=True)
+    async def openai_cancel_batch(self, request: Request, call: _Call) -> Response:
         """POST /v1/batches/{batch_id}/cancel."""
-        self._count(request)
-        if not self._authorized(request, "openai"):
-            return self._unauthorized("openai")
-        batch = self._batch_or_404(request, "openai")
-        if isinstance(batch, Response):
-            return batch
-        if batch.ended_s is None:
-            batch.cancelled_s = time.time()
-            batch.ended_s = time.monotonic()
-            batch.status = "cancelled"
-        return JSONResponse(self._openai_batch(batch))
+        self._cancel(call.batch, "cancelled")
+        return JSONResponse(self._openai_batch(call.batch))
 
     def _openai_batch(self, batch: _Batch) -> dict[str, Any]:
         created = int(time.time() - (time.monotonic() - batch.created_s))
@@ -1005,13 +1235,11 @@ class SimulatorApp:
 
     # -------- Anthropic message batches
 
-    async def anthropic_create_batch(self, request: Request) -> Response:
-        """POST /v1/messages/batches."""
-        self._count(request)
-        if not self._authorized(request, "anthropic"):
-            return self._unauthorized("anthropic")
-        body = orjson.loads(await request.body())
-        items = body.get("requests")
+    @_endpoint("anthropic", body=True)
+    async def anthropic_create_batch(self, request: Request, call: _Call) -> Response:
+        """POST /v1/messages/batches. Each request's `params` is checked when the batch runs:
+        a refused one ends `errored` with the 400's error, the others are answered."""
+        items = call.body.get("requests")
         if not isinstance(items, list) or not items:
             return self._error(
                 "anthropic", 400, "invalid_request_error", "requests: must be a non-empty list"
@@ -1024,45 +1252,29 @@ class SimulatorApp:
                     "anthropic", 400, "invalid_request_error", f"bad or duplicate custom_id {cid!r}"
                 )
             seen.add(cid)
-        batch = _Batch(self._id("msgbatch_"), "anthropic", time.monotonic(), items)
-        self.batches[batch.id] = batch
-        self.stats_.counters["batches_created"] += 1
+        batch = self._register(_Batch(self._id("msgbatch_"), "anthropic", time.monotonic(), items))
         return JSONResponse(self._anthropic_batch(batch, request))
 
-    async def anthropic_get_batch(self, request: Request) -> Response:
+    @_endpoint("anthropic", batch=True)
+    async def anthropic_get_batch(self, request: Request, call: _Call) -> Response:
         """GET /v1/messages/batches/{batch_id}."""
-        self._count(request)
-        if not self._authorized(request, "anthropic"):
-            return self._unauthorized("anthropic")
-        batch = self._batch_or_404(request, "anthropic")
-        return batch if isinstance(batch, Response) else JSONResponse(self._anthropic_batch(batch, request))
+        return JSONResponse(self._anthropic_batch(call.batch, request))
 
-    async def anthropic_cancel_batch(self, request: Request) -> Response:
+    @_endpoint("anthropic", batch=True)
+    async def anthropic_cancel_batch(self, request: Request, call: _Call) -> Response:
         """POST /v1/messages/batches/{batch_id}/cancel."""
-        self._count(request)
-        if not self._authorized(request, "anthropic"):
-            return self._unauthorized("anthropic")
-        batch = self._batch_or_404(request, "anthropic")
-        if isinstance(batch, Response):
-            return batch
-        if batch.ended_s is None:
-            batch.cancelled_s = time.time()
-            batch.ended_s = time.monotonic()
-            batch.status = "ended"
+        batch = call.batch
+        if self._cancel(batch, "ended"):
             batch.results = [
                 {"custom_id": i["custom_id"], "result": {"type": "canceled"}} for i in batch.lines
             ]
             batch.counts = Counter(canceled=len(batch.lines))
         return JSONResponse(self._anthropic_batch(batch, request))
 
-    async def anthropic_results(self, request: Request) -> Response:
+    @_endpoint("anthropic", batch=True)
+    async def anthropic_results(self, request: Request, call: _Call) -> Response:
         """GET /v1/messages/batches/{batch_id}/results (JSONL)."""
-        self._count(request)
-        if not self._authorized(request, "anthropic"):
-            return self._unauthorized("anthropic")
-        batch = self._batch_or_404(request, "anthropic")
-        if isinstance(batch, Response):
-            return batch
+        batch = call.batch
         if batch.ended_s is None:
             return self._error("anthropic", 400, "invalid_request_error", "batch has not ended")
         content = b"".join(orjson.dumps(line) + b"\n" for line in batch.results)
@@ -1094,6 +1306,26 @@ class SimulatorApp:
 
     # -------- offline batch execution (lazy: on the first look after batch_delay_s)
 
+    def _item_errored(self, batch: _Batch, cid: str, refusal: Refusal, errors: list[bytes]) -> None:
+        """Record one batch request as refused, the way each provider reports it: OpenAI, a line
+        of the error file carrying the 400 response; Anthropic, an `errored` result."""
+        batch.counts["errored"] += 1
+        if batch.kind == "openai":
+            error = {
+                "message": refusal.message,
+                "type": "invalid_request_error",
+                "param": refusal.param,
+                "code": refusal.code,
+            }
+            record_id = self._id("batch_req_")  # ids before the request id: seeded runs keep their ids
+            response = {"status_code": 400, "request_id": self._id("req_"), "body": {"error": error}}
+            errors.append(
+                orjson.dumps({"id": record_id, "custom_id": cid, "response": response, "error": None})
+            )
+            return
+        error_body = {"type": "error", "error": {"type": "invalid_request_error", "message": refusal.message}}
+        batch.results.append({"custom_id": cid, "result": {"type": "errored", "error": error_body}})
+
     def _advance(self, batch: _Batch) -> None:
         cfg = self.config
         if batch.ended_s is not None or time.monotonic() - batch.created_s < cfg.batch_delay_s:
@@ -1102,8 +1334,15 @@ class SimulatorApp:
         errors: list[bytes] = []
         for line in batch.lines:
             cid = line["custom_id"]
-            roll = self.rng.random()
+            kind = batch.kind
+            body = line.get("body") if kind == "openai" else line.get("params")
             self.stats_.counters["batch_items"] += 1
+            # each request is checked as the online API checks it, before it can run or expire
+            refusal = request_refusal(body, kind, in_batch=True)
+            if refusal is not None:
+                self._item_errored(batch, cid, refusal, errors)
+                continue
+            roll = self.rng.random()
             if roll < cfg.batch_expire_rate:
                 batch.counts["expired"] += 1
                 if batch.kind == "openai":
@@ -1125,54 +1364,16 @@ class SimulatorApp:
                     batch.results.append({"custom_id": cid, "result": {"type": "expired"}})
                 continue
             if roll < cfg.batch_expire_rate + cfg.batch_error_rate:
-                batch.counts["errored"] += 1
-                message = "simulated item error: the request was rejected"
-                if batch.kind == "openai":
-                    errors.append(
-                        orjson.dumps(
-                            {
-                                "id": self._id("batch_req_"),
-                                "custom_id": cid,
-                                "response": {
-                                    "status_code": 400,
-                                    "request_id": self._id("req_"),
-                                    "body": {
-                                        "error": {
-                                            "message": message,
-                                            "type": "invalid_request_error",
-                                            "param": None,
-                                            "code": None,
-                                        }
-                                    },
-                                },
-                                "error": None,
-                            }
-                        )
-                    )
-                else:
-                    batch.results.append(
-                        {
-                            "custom_id": cid,
-                            "result": {
-                                "type": "errored",
-                                "error": {
-                                    "type": "error",
-                                    "error": {"type": "invalid_request_error", "message": message},
-                                },
-                            },
-                        }
-                    )
+                self._item_errored(
+                    batch, cid, Refusal("simulated item error: the request was rejected"), errors
+                )
                 continue
+            assert isinstance(body, dict)  # request_refusal refuses anything else
             batch.counts["succeeded"] += 1
-            kind = batch.kind
-            body = line["body"] if kind == "openai" else line["params"]
             prompt, schema, tool, all_text = _request_view(
                 body, kind, ignore_structured=cfg.ignore_structured
             )
-            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-            answer = model_answer(
-                prompt, schema, tool=tool, max_tokens=int(max_tokens) if max_tokens else None
-            )
+            answer = model_answer(prompt, schema, tool=tool, max_tokens=_max_tokens(body))
             self.stats_.counters["items_answered"] += answer.items
             tin = estimate_tokens(all_text)
             tout = estimate_tokens(answer.text)
@@ -1215,6 +1416,16 @@ class SimulatorApp:
             batch.status = "expired" if batch.counts["expired"] else "completed"
         else:
             batch.status = "ended"
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The output-token limit of a request that passed `request_refusal`: `max_tokens`, else
+    OpenAI's `max_completion_tokens`; None when neither is set."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if _is_int(value):
+            return value
+    return None
 
 
 def _request_view(
@@ -1285,7 +1496,7 @@ def anthropic_message_body(answer: SimAnswer, model: str, tin: int, tout: int, m
         ]
         stop = "max_tokens" if answer.finish == "length" else "tool_use"
     else:
-        content = [{"type": "text", "text": answer.text}]
+        content = [{"type": "text", "text": answer.text}] if answer.text else []
         stop = "max_tokens" if answer.finish == "length" else "end_turn"
     return {
         "id": mid,
@@ -1314,6 +1525,20 @@ def _file_object(file_id: str, filename: str, size: int, purpose: str) -> dict[s
 
 # ----------------------------------------------------------------------------------------------
 # running it
+
+
+def _uvicorn_config(sim: SimulatorApp, host: str, port: int) -> uvicorn.Config:
+    """How the simulator is served, embedded or from the CLI: quiet, no lifespan, a short
+    graceful shutdown."""
+    return uvicorn.Config(
+        sim.app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+        access_log=False,
+    )
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -1346,16 +1571,7 @@ class SimulatorServer:
 
     async def start(self) -> str:
         """Serve in the background; returns the base URL once listening."""
-        config = uvicorn.Config(
-            self.sim.app,
-            host=self.host,
-            port=self.port,
-            log_level="warning",
-            lifespan="off",
-            timeout_graceful_shutdown=1,
-            access_log=False,
-        )
-        server = _EmbeddedServer(config)
+        server = _EmbeddedServer(_uvicorn_config(self.sim, self.host, self.port))
         self._server = server
         self.sim.server = server
         self.sim._stop = asyncio.Event()  # bound to this loop
@@ -1491,17 +1707,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"promptbus simulate: {exc}", flush=True)
         return 2
     sim = SimulatorApp(config)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            sim.app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            lifespan="off",
-            timeout_graceful_shutdown=1,
-            access_log=False,
-        )
-    )
+    server = uvicorn.Server(_uvicorn_config(sim, args.host, args.port))
     sim.server = server
     print(f"promptbus simulator on http://{args.host}:{args.port} (OpenAI base .../v1) {config}", flush=True)
     server.run()

@@ -114,7 +114,7 @@ def test_serve_status_stop_lifecycle(model_path: Path, tmp_path: Path) -> None:
                               directory=tmp_path)
     try:
         recorded = json.loads((tmp_path / f"server-{port}.pid").read_text())
-        assert recorded["pid"] == handle.process.pid
+        assert recorded["pid"] == handle.info.pid and recorded["supervisor_pid"] == handle.process.pid
         assert recorded["base_url"] == f"http://127.0.0.1:{port}/v1"
         assert recorded["model"] == localmodel.MODEL_ALIAS
 
@@ -160,7 +160,7 @@ def test_serve_reports_a_server_that_dies(tmp_path: Path) -> None:
     bogus = tmp_path / "not-a-model.gguf"
     bogus.write_bytes(b"this is not a gguf file")
     port = free_port()
-    with pytest.raises(localmodel.LocalModelError, match="exited with code"):
+    with pytest.raises(localmodel.LocalModelError, match="exited with exit code"):
         localmodel.serve(port=port, model_path=bogus, directory=tmp_path, wait_s=60)
     assert not (tmp_path / f"server-{port}.pid").exists()
 

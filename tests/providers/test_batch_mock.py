@@ -638,3 +638,29 @@ async def test_openai_result_file_download_cut_is_a_connection_failure(behaviour
     rec.respond = fake  # the same download, answered in full
     [item] = await provider.results("b")
     assert item.ok and item.completion is not None and item.completion.text == "a"
+
+
+async def test_openai_batch_requests_are_kept_until_its_results_are_read() -> None:
+    """A results download that fails keeps the batch's requests: the next call still reports the
+    request neither file mentions; once read, a finished batch's requests are forgotten."""
+    fake = FakeOpenAI()
+
+    def respond(request: SentRequest) -> Reply | Behaviour:
+        if request.method == "GET" and request.url.path.startswith("/v1/files/"):
+            return Behaviour.DROP
+        return fake(request)
+
+    rec = Recorder(respond)
+    provider = OpenAIBatchProvider(rec.client(), base_url=rec.base_url + "/v1", api_key=SecretStr(SECRET))
+    [job] = await provider.submit(items(2))
+    fake.batch = {"id": job.id, "status": "completed", "output_file_id": "out"}
+    fake.files["out"] = orjson.dumps(
+        {"custom_id": "job-0", "response": {"status_code": 200, "body": chat_body("a")}}
+    )
+    with pytest.raises(ConnectionFailed):
+        await provider.results(job.id)
+    rec.respond = fake
+    results = {r.custom_id: r for r in await provider.results(job.id)}
+    assert results["job-0"].ok
+    assert not results["job-1"].ok and not results["job-1"].expired
+    assert [r.custom_id for r in await provider.results(job.id)] == ["job-0"]

@@ -1,4 +1,4 @@
-"""Backpressure (issue 5, Deliver 3): pause partitions at max_inflight, resume below it.
+"""Backpressure: partitions pause once max_inflight jobs are in flight and resume below it.
 
 In-process service (so the test can sample `stats_snapshot()` while it runs), a real broker,
 and a slow simulator over real HTTP (2 requests served at once, ~50 ms each): far more jobs

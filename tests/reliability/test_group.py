@@ -1,4 +1,4 @@
-"""Two service processes in one consumer group; SIGTERM one mid-run (issue 5, "Tests").
+"""Two service processes in one consumer group; SIGTERM one mid-run: the other takes over.
 
 Both `promptbus run` processes share env and group. Jobs arrive as a steady stream (~50/s for
 ~12 s, batched and unbatched mixed) so the run is under way when one process is stopped.

@@ -188,7 +188,10 @@ async def wait_for_outcomes(
 
 
 class InProcessService:
-    """`async with InProcessService(settings, tiers) as svc:` runs `run_service` in this loop."""
+    """`async with InProcessService(settings, tiers) as svc:` runs `run_service` in this loop.
+
+    edges: where Kafka is (default: the real brokers the settings name; `MemoryEdges` for none).
+    """
 
     def __init__(
         self,
@@ -197,7 +200,9 @@ class InProcessService:
         providers: dict[str, CompletionProvider] | None = None,
         tracer_provider: Any = None,
         meter_provider: Any = None,
+        edges: Any = None,
     ) -> None:
+        self.edges = edges
         self.settings = settings
         self.tier_file = parse_tier_file(tier_file)
         self.providers = providers
@@ -227,6 +232,7 @@ class InProcessService:
                 meter_provider=self.meter_provider,
                 install_signal_handlers=False,
                 on_started=self._started,
+                edges=self.edges,
             )
         )
         deadline = time.monotonic() + 60
@@ -295,3 +301,101 @@ class ServiceProcess:
 
 
 __all__ = ["TopicSpec"]
+
+
+class KafkaBus:
+    """Service tests on the real broker: unique topics and group per bus."""
+
+    name = "kafka"
+
+    def __init__(self, bootstrap: str, *, partitions: int = 4, **env: Any) -> None:
+        self.settings = settings_from_env(service_env(bootstrap, partitions=partitions, **env))
+
+    def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
+        return InProcessService(self.settings, tier_file, **kwargs)
+
+    async def produce(self, jobs: Iterable[dict[str, Any] | bytes]) -> int:
+        return await produce(self.settings, jobs)
+
+    async def outcomes(self) -> Outcomes:
+        return await read_outcomes(self.settings)
+
+    async def committed(self, partition: int) -> int:
+        """The group's committed offset of one jobs partition (-1: none yet)."""
+        from aiokafka.admin import AIOKafkaAdminClient
+        from aiokafka.structs import TopicPartition
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap_servers)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(self.settings.group_id)
+        finally:
+            await admin.close()
+        meta = offsets.get(TopicPartition(self.settings.jobs_topic, partition))
+        return meta.offset if meta is not None else -1
+
+    async def wait_for_outcomes(
+        self, expected: set[Any], *, timeout_s: float, dead_expected: int = 0
+    ) -> Outcomes:
+        return await wait_for_outcomes(
+            self.settings, expected, timeout_s=timeout_s, dead_expected=dead_expected
+        )
+
+
+class MemoryBus:
+    """The same service tests on the in-memory edges (`consumer.testing.memory`): no broker."""
+
+    name = "memory"
+
+    def __init__(self, *, partitions: int = 4, **env: Any) -> None:
+        from consumer.testing.memory import MemoryBroker, memory_edges
+
+        self.broker = MemoryBroker(partitions=partitions)
+        self.edges = memory_edges(self.broker)
+        self.settings = settings_from_env(service_env("memory:0", partitions=partitions, **env))
+
+    def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
+        return InProcessService(self.settings, tier_file, edges=self.edges, **kwargs)
+
+    async def produce(self, jobs: Iterable[dict[str, Any] | bytes]) -> int:
+        n = 0
+        for j in jobs:
+            value = j if isinstance(j, bytes) else orjson.dumps(j)
+            key = None
+            with contextlib.suppress(Exception):
+                jid = orjson.loads(value).get("id")
+                key = jid.encode() if isinstance(jid, str) else None
+            self.broker.append(self.settings.jobs_topic, key, value)
+            n += 1
+        return n
+
+    async def committed(self, partition: int) -> int:
+        """The group's committed offset of one jobs partition (-1: none yet)."""
+        from consumer.kafka.records import TopicPartition
+
+        group = self.broker.committed.get(self.settings.group_id, {})
+        return group.get(TopicPartition(self.settings.jobs_topic, partition), -1)
+
+    async def outcomes(self) -> Outcomes:
+        out = Outcomes()
+        for record in self.broker.records(self.settings.results_topic):
+            if record.value is not None:
+                r = orjson.loads(record.value)
+                out.results[r["id"]].append(r)
+        for record in self.broker.records(self.settings.dlq_topic):
+            if record.value is not None:
+                d = orjson.loads(record.value)
+                out.dead[d["id"]].append(d)
+        return out
+
+    async def wait_for_outcomes(
+        self, expected: set[Any], *, timeout_s: float, dead_expected: int = 0
+    ) -> Outcomes:
+        deadline = time.monotonic() + timeout_s
+        outcomes = Outcomes()
+        while time.monotonic() < deadline:
+            outcomes = await self.outcomes()
+            if expected <= outcomes.ids() and sum(len(v) for v in outcomes.dead.values()) >= dead_expected:
+                return outcomes
+            await asyncio.sleep(0.05)
+        return outcomes

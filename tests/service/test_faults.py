@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
+from opentelemetry.trace import NoOpTracer, NoOpTracerProvider
 
-from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
+from consumer.core.completion import Completion, CompletionRequest
+from consumer.providers.fake import FakeProvider, text_completion
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for, extract_input
 from tests.service.harness import (
     InProcessService,
     job,
@@ -21,8 +25,6 @@ from tests.service.harness import (
     tier_file_dict,
     wait_for_outcomes,
 )
-
-pytestmark = pytest.mark.integration
 
 STORM = SimulatorConfig(
     seed=7,
@@ -45,8 +47,10 @@ STORM = SimulatorConfig(
 )
 
 
-async def test_fault_storm_every_job_ends_exactly_once_with_its_own_answer(kafka_bootstrap: str) -> None:
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=4))
+async def test_fault_storm_every_job_ends_exactly_once_with_its_own_answer(
+    make_bus: Callable[..., Any],
+) -> None:
+    bus = make_bus(partitions=4)
     tiers = tier_file_dict(
         "",
         max_items=8,
@@ -55,11 +59,11 @@ async def test_fault_storm_every_job_ends_exactly_once_with_its_own_answer(kafka
     )
     async with SimulatorServer(STORM) as base_url:
         tiers["tiers"]["small"]["base_url"] = base_url + "/v1"
-        service = InProcessService(settings, tiers)
+        service = bus.service(tiers)
         async with service:
             jobs = [job(i, batch=(i % 4 != 0)) for i in range(300)]
-            await produce(settings, jobs)
-            outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=180)
+            await bus.produce(jobs)
+            outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=180)
         stats = service.stats_snapshot()
 
     ids = {j["id"] for j in jobs}
@@ -96,8 +100,8 @@ def _nested_schema(levels: int) -> dict[str, Any]:
     return schema
 
 
-async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_bootstrap: str) -> None:
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=2))
+async def test_poison_input_goes_to_dead_letters_with_original_bytes(make_bus: Callable[..., Any]) -> None:
+    bus = make_bus(partitions=2)
     huge = orjson.dumps(job(99, batch=False, text="x" * (2 * 1024 * 1024)))
     poison: dict[str, bytes] = {
         "not-utf8": b"\xff\xfe\xfa not utf-8",
@@ -121,9 +125,8 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
     }
     good = [job(i, batch=True) for i in range(5)]
     async with SimulatorServer(SimulatorConfig()) as base_url:
-        async with InProcessService(settings, tier_file_dict(base_url + "/v1")):
-            await produce(
-                settings,
+        async with bus.service(tier_file_dict(base_url + "/v1")):
+            await bus.produce(
                 [
                     poison["not-utf8"],
                     poison["not-json"],
@@ -138,8 +141,8 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
                     *good,
                 ],
             )
-            outcomes = await wait_for_outcomes(
-                settings, {g["id"] for g in good}, timeout_s=60, dead_expected=len(poison)
+            outcomes = await bus.wait_for_outcomes(
+                {g["id"] for g in good}, timeout_s=60, dead_expected=len(poison)
             )
 
     assert set(outcomes.results) == {g["id"] for g in good}, "the service must keep running after poison"
@@ -175,20 +178,22 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(kafka_boots
     assert "nested too deeply" in by_raw[poison["deep-schema"]]["error"]["message"]
 
 
-async def test_deadline_passed_and_auth_failure_dead_letter_with_their_kinds(kafka_bootstrap: str) -> None:
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+async def test_deadline_passed_and_auth_failure_dead_letter_with_their_kinds(
+    make_bus: Callable[..., Any],
+) -> None:
+    bus = make_bus(partitions=1)
     async with SimulatorServer(SimulatorConfig(api_key="right-key")) as base_url:
         tiers = tier_file_dict(base_url + "/v1", api_key_env="PB_TEST_WRONG_KEY")
         import os
 
         os.environ["PB_TEST_WRONG_KEY"] = "wrong-key"
         try:
-            async with InProcessService(settings, tiers):
+            async with bus.service(tiers):
                 late = job(1, batch=False, deadline="2001-01-01T00:00:00Z")
                 unauthorized = [job(i, batch=True) for i in range(2, 6)]
-                await produce(settings, [late, *unauthorized])
-                outcomes = await wait_for_outcomes(
-                    settings, {"job-1", "job-2", "job-3", "job-4", "job-5"}, timeout_s=60
+                await bus.produce([late, *unauthorized])
+                outcomes = await bus.wait_for_outcomes(
+                    {"job-1", "job-2", "job-3", "job-4", "job-5"}, timeout_s=60
                 )
         finally:
             del os.environ["PB_TEST_WRONG_KEY"]
@@ -201,8 +206,8 @@ async def test_deadline_passed_and_auth_failure_dead_letter_with_their_kinds(kaf
     assert not outcomes.results
 
 
-async def test_quota_exhausted_pauses_only_its_tier_then_fails_its_jobs(kafka_bootstrap: str) -> None:
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=2))
+async def test_quota_exhausted_pauses_only_its_tier_then_fails_its_jobs(make_bus: Callable[..., Any]) -> None:
+    bus = make_bus(partitions=2)
     async with (
         SimulatorServer(SimulatorConfig(billing_rate=1.0)) as broke,
         SimulatorServer(SimulatorConfig()) as ok,
@@ -212,13 +217,13 @@ async def test_quota_exhausted_pauses_only_its_tier_then_fails_its_jobs(kafka_bo
             **tier_file_dict(broke + "/v1")["tiers"]["small"],
             "retry": {"max_attempts": 3, "quota_cooldown_s": 0.3, "quota_max_wait_s": 1.0},
         }
-        service = InProcessService(settings, tiers)
+        service = bus.service(tiers)
         async with service:
             broke_jobs = [job(i, batch=False, tier="broke") for i in range(4)]
             fine_jobs = [job(i, batch=True) for i in range(10, 30)]
-            await produce(settings, [*broke_jobs, *fine_jobs])
-            outcomes = await wait_for_outcomes(
-                settings, {j["id"] for j in broke_jobs + fine_jobs}, timeout_s=60
+            await bus.produce([*broke_jobs, *fine_jobs])
+            outcomes = await bus.wait_for_outcomes(
+                {j["id"] for j in broke_jobs + fine_jobs}, timeout_s=60
             )
         stats = service.stats_snapshot()
     for j in broke_jobs:
@@ -230,19 +235,19 @@ async def test_quota_exhausted_pauses_only_its_tier_then_fails_its_jobs(kafka_bo
 
 
 async def test_deadline_passing_while_waiting_for_retries_dead_letters_without_waiting(
-    kafka_bootstrap: str,
+    make_bus: Callable[..., Any],
 ) -> None:
     """A job whose deadline passes while its request waits out a backoff ends at the next send."""
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    bus = make_bus(partitions=1)
     async with SimulatorServer(SimulatorConfig(error_rate=1.0)) as base_url:
         tiers = tier_file_dict(
             base_url + "/v1", retry={"max_attempts": 50, "backoff_initial_s": 1.0, "backoff_max_s": 1.0}
         )
-        service = InProcessService(settings, tiers)
+        service = bus.service(tiers)
         async with service:
             soon = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
-            await produce(settings, [job(1, batch=False, deadline=soon)])
-            outcomes = await wait_for_outcomes(settings, {"job-1"}, timeout_s=30)
+            await bus.produce([job(1, batch=False, deadline=soon)])
+            outcomes = await bus.wait_for_outcomes({"job-1"}, timeout_s=30)
         stats = service.stats_snapshot()
     (dead,) = outcomes.dead["job-1"]
     assert dead["error"]["kind"] == "deadline_exceeded"
@@ -250,7 +255,7 @@ async def test_deadline_passing_while_waiting_for_retries_dead_letters_without_w
     assert stats["tiers"]["small"]["provider_requests"] < 10
 
 
-async def _committed(settings: Any, partition: int) -> int:
+async def _committed(settings: Any, partition: int) -> int:  # the record-size test reads Kafka
     """The group's committed offset of one jobs partition (-1: none yet)."""
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.structs import TopicPartition
@@ -265,76 +270,75 @@ async def _committed(settings: Any, partition: int) -> int:
     return meta.offset if meta is not None else -1
 
 
-def _bug_in_plans(monkeypatch: pytest.MonkeyPatch) -> str:
-    """The output check of the job whose input is "trigger the bug" raises."""
-    import consumer.runtime.pipeline as pipeline
+def _answers(request: CompletionRequest) -> Completion:
+    """Every job's right answer; the job "trigger the bug" gets an answer without usage, as an
+    adapter with a bug would return: the plan that reads it fails."""
+    text = extract_input(request.messages[-1].content)
+    if text == "trigger the bug":
+        return replace(text_completion("x"), usage=cast(Any, None))
+    return text_completion(answer_for(text))
 
-    real_check = pipeline._output_check
 
-    def check_with_a_bug(ctx: Any) -> Any:
-        if ctx.input != "trigger the bug":
-            return real_check(ctx)
+class _TracerBreakingOnJob1(NoOpTracer):
+    """A tracer whose span for job-1 cannot be started: taking that record fails."""
 
-        def broken(output: str) -> tuple[str, str | None]:
+    def start_span(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if (kwargs.get("attributes") or {}).get("promptbus.job.id") == "job-1":
             raise RuntimeError("injected bug")
-
-        return broken
-
-    monkeypatch.setattr(pipeline, "_output_check", check_with_a_bug)
-    return "a request plan of tier small failed (a bug); its 1 unfinished jobs stay uncommitted"
+        return super().start_span(name, *args, **kwargs)
 
 
-def _bug_in_intake(monkeypatch: pytest.MonkeyPatch) -> str:
-    """Rendering the job whose input is "trigger the bug" raises."""
-    import consumer.runtime.pipeline as pipeline
+class _TracingBreakingOnJob1(NoOpTracerProvider):
+    def get_tracer(self, *_args: Any, **_kwargs: Any) -> Any:
+        return _TracerBreakingOnJob1()
 
-    real_render = pipeline.render_and_split
+    def shutdown(self) -> None:
+        pass
 
-    def render_with_a_bug(template: str, variables: Any) -> Any:
-        if variables.get("text") == "trigger the bug":
-            raise RuntimeError("injected bug")
-        return real_render(template, variables)
 
-    monkeypatch.setattr(pipeline, "render_and_split", render_with_a_bug)
-    return "/0/1 could not be taken (a bug); it stays uncommitted"
+def _bug_in_plans() -> tuple[dict[str, Any], str]:
+    return {}, "a request plan of tier small failed (a bug); its 1 unfinished jobs stay uncommitted"
+
+
+def _bug_in_intake() -> tuple[dict[str, Any], str]:
+    tracing = {"tracer_provider": _TracingBreakingOnJob1()}
+    return tracing, "/0/1 could not be taken (a bug); it stays uncommitted"
 
 
 @pytest.mark.parametrize("inject", [_bug_in_plans, _bug_in_intake], ids=["plan", "intake"])
 async def test_a_bug_on_one_job_is_logged_and_holds_back_the_commit(
-    kafka_bootstrap: str,
-    monkeypatch: pytest.MonkeyPatch,
+    make_bus: Callable[..., Any],
     caplog: pytest.LogCaptureFixture,
-    inject: Callable[[pytest.MonkeyPatch], str],
+    inject: Callable[[], tuple[dict[str, Any], str]],
 ) -> None:
     """A bug while taking a record or inside its request plan publishes no guess and does not
     stop the service: the job stays uncommitted (read again after a restart), the jobs after
     it are answered, and the log says why the partition's commits stopped."""
-    logged = inject(monkeypatch)
+    service_kwargs, logged = inject()
     # the stuck job keeps the drain waiting for its outcome: bound it short
-    env = service_env(
-        kafka_bootstrap, partitions=1, PROMPTBUS_SHUTDOWN_TIMEOUT_S="2", PROMPTBUS_REVOKE_TIMEOUT_S="1"
-    )
-    settings = settings_from_env(env)
+    bus = make_bus(partitions=1, PROMPTBUS_SHUTDOWN_TIMEOUT_S="2", PROMPTBUS_REVOKE_TIMEOUT_S="1")
     jobs = [job(0, batch=False), job(1, batch=False, text="trigger the bug"), job(2, batch=False)]
-    async with SimulatorServer(SimulatorConfig()) as base_url:
-        async with InProcessService(settings, tier_file_dict(base_url + "/v1")):
-            await produce(settings, jobs[:2])
-            await wait_for_outcomes(settings, {"job-0"}, timeout_s=60)
-            await produce(settings, jobs[2:])
-            outcomes = await wait_for_outcomes(settings, {"job-0", "job-2"}, timeout_s=60)
-            # bounded: the commit loop runs several times meanwhile; it may reach job-1's
-            # offset (1) and must never pass it
-            seen = []
-            for _ in range(20):
-                seen.append(await _committed(settings, 0))
-                await asyncio.sleep(0.25)
+    provider = FakeProvider(_answers, name="small")
+    tiers = tier_file_dict("http://127.0.0.1:9/v1")
+    async with bus.service(tiers, providers={"small": provider}, **service_kwargs):
+        await bus.produce(jobs[:2])
+        await bus.wait_for_outcomes({"job-0"}, timeout_s=60)
+        await bus.produce(jobs[2:])
+        outcomes = await bus.wait_for_outcomes({"job-0", "job-2"}, timeout_s=60)
+        # bounded: the commit loop runs several times meanwhile; it may reach job-1's
+        # offset (1) and must never pass it
+        seen = []
+        for _ in range(20):
+            seen.append(await bus.committed(0))
+            await asyncio.sleep(0.25)
     assert set(outcomes.results) == {"job-0", "job-2"} and not outcomes.dead
     assert seen[-1] == 1 and max(seen) == 1, seen
     (line,) = [r for r in caplog.records if "(a bug)" in r.getMessage()]
     assert line.levelname == "ERROR" and logged in line.getMessage()
-    assert line.exc_info is not None and "injected bug" in repr(line.exc_info[1])
+    assert line.exc_info is not None
 
 
+@pytest.mark.integration
 async def test_outcomes_over_the_output_topics_record_size_still_end_their_jobs(kafka_bootstrap: str) -> None:
     """Output topics made elsewhere may take smaller records than promptbus sends. A record
     over that size is refused on every attempt, so it held its partition's commits back for

@@ -1,35 +1,29 @@
-"""The service end to end, in-process: real broker, simulator over real HTTP."""
+"""The service end to end, in-process: the simulator over real HTTP, each case on the in-memory
+edges and on the real broker (`make_bus`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import orjson
-import pytest
 
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
 from tests.service.harness import (
-    InProcessService,
     job,
-    produce,
-    service_env,
-    settings_from_env,
     tier_file_dict,
-    wait_for_outcomes,
 )
 
-pytestmark = pytest.mark.integration
 
-
-async def test_thousand_mixed_jobs_each_get_their_own_answer(kafka_bootstrap: str) -> None:
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=4))
+async def test_thousand_mixed_jobs_each_get_their_own_answer(make_bus: Callable[..., Any]) -> None:
+    bus = make_bus(partitions=4)
     async with SimulatorServer(SimulatorConfig(latency_ms=5, jitter_ms=3, seed=1)) as base_url:
-        service = InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=10))
+        service = bus.service(tier_file_dict(base_url + "/v1", max_items=10))
         async with service:
             jobs = [job(i, batch=(i % 3 != 0)) for i in range(1000)]
-            await produce(settings, jobs)
-            outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=120)
+            await bus.produce(jobs)
+            outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=120)
         stats = service.stats_snapshot()
 
     assert not outcomes.dead, list(outcomes.dead.items())[:3]
@@ -38,7 +32,7 @@ async def test_thousand_mixed_jobs_each_get_their_own_answer(kafka_bootstrap: st
     for j in jobs:
         (result,) = outcomes.results[j["id"]]
         assert result["output"] == answer_for(j["variables"]["text"]), j["id"]
-        assert result["source"]["topic"] == settings.jobs_topic
+        assert result["source"]["topic"] == bus.settings.jobs_topic
     batched = [r[0] for r in outcomes.results.values() if r[0]["batch"] is not None]
     assert batched, "no job was answered from a batched request"
     assert all(r["batch"]["size"] > 1 for r in batched)
@@ -47,18 +41,18 @@ async def test_thousand_mixed_jobs_each_get_their_own_answer(kafka_bootstrap: st
     assert tier["provider_requests"] < len(jobs)
 
 
-async def test_batch_size_adapts_down_when_batched_answers_keep_failing(kafka_bootstrap: str) -> None:
+async def test_batch_size_adapts_down_when_batched_answers_keep_failing(make_bus: Callable[..., Any]) -> None:
     """A model that drops ids from every batched answer: the tier falls back to ordinary requests."""
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    bus = make_bus(partitions=1)
     sim = SimulatorConfig(missing_rate=1.0, ignore_structured=True)
     async with SimulatorServer(sim) as base_url:
-        service = InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=8))
+        service = bus.service(tier_file_dict(base_url + "/v1", max_items=8))
         async with service:
             first = [job(i, batch=True) for i in range(40)]
             for wave in range(5):  # waves, so later windows are formed after earlier verdicts
-                await produce(settings, first[wave * 8 : wave * 8 + 8])
+                await bus.produce(first[wave * 8 : wave * 8 + 8])
                 ids = {j["id"] for j in first[: wave * 8 + 8]}
-                outcomes = await wait_for_outcomes(settings, ids, timeout_s=60)
+                outcomes = await bus.wait_for_outcomes(ids, timeout_s=60)
         stats = service.stats_snapshot()
     assert set(outcomes.results) == {j["id"] for j in first}, "re-asks deliver every id"
     for j in first:
@@ -68,16 +62,16 @@ async def test_batch_size_adapts_down_when_batched_answers_keep_failing(kafka_bo
     assert tier["reasks"] > 0
 
 
-async def test_verify_fraction_measures_agreement(kafka_bootstrap: str) -> None:
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+async def test_verify_fraction_measures_agreement(make_bus: Callable[..., Any]) -> None:
+    bus = make_bus(partitions=1)
     async with SimulatorServer(SimulatorConfig()) as base_url:
         tiers = tier_file_dict(base_url + "/v1", max_items=5)
         tiers["tiers"]["small"]["batching"]["verify_fraction"] = 0.5
-        service = InProcessService(settings, tiers)
+        service = bus.service(tiers)
         async with service:
             jobs = [job(i, batch=True) for i in range(40)]
-            await produce(settings, jobs)
-            outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
+            await bus.produce(jobs)
+            outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=60)
             await asyncio.sleep(1.0)  # verification requests run after the results
         stats = service.stats_snapshot()
     assert len(outcomes.results) == 40 and outcomes.duplicates() == {}
@@ -101,7 +95,7 @@ def _schema_option(schema: Mapping[str, object]) -> dict[str, object]:
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "label", "schema": schema}}}
 
 
-async def test_outputs_are_checked_against_the_jobs_response_format(kafka_bootstrap: str) -> None:
+async def test_outputs_are_checked_against_the_jobs_response_format(make_bus: Callable[..., Any]) -> None:
     """A server that honours structured output: every answer obeys the job's schema and is its
     result. One that ignores it: a batched member's answer that breaks the schema is asked again
     alone, and when that answer breaks it too the job is dead-lettered `output_invalid` with
@@ -111,11 +105,11 @@ async def test_outputs_are_checked_against_the_jobs_response_format(kafka_bootst
     objects = [
         job(50 + i, batch=True, options={"response_format": {"type": "json_object"}}) for i in range(6)
     ]
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    bus = make_bus(partitions=1)
     async with SimulatorServer(SimulatorConfig(seed=1)) as base_url:
-        async with InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=3)):
-            await produce(settings, obeyed + objects)
-            outcomes = await wait_for_outcomes(settings, {j["id"] for j in obeyed + objects}, timeout_s=60)
+        async with bus.service(tier_file_dict(base_url + "/v1", max_items=3)):
+            await bus.produce(obeyed + objects)
+            outcomes = await bus.wait_for_outcomes({j["id"] for j in obeyed + objects}, timeout_s=60)
     assert not outcomes.dead, outcomes.dead
     for j in obeyed:
         (result,) = outcomes.results[j["id"]]
@@ -125,17 +119,17 @@ async def test_outputs_are_checked_against_the_jobs_response_format(kafka_bootst
         assert isinstance(orjson.loads(result["output"]), dict)
         assert result["attempts"] == 1 and result["batch"]["size"] > 1  # obeyed in the batch
 
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    bus = make_bus(partitions=1)
     broken = [job(100 + i, batch=True, options=_schema_option(LABEL_SCHEMA)) for i in range(6)]
     broken_alone = [job(200 + i, batch=False, options=_schema_option(LABEL_SCHEMA)) for i in range(2)]
     prefixed = {"type": "string", "pattern": "^sim:[0-9a-f]{12}$"}  # what the simulator answers
     kept = [job(300 + i, batch=True, options=_schema_option(prefixed)) for i in range(6)]
     jobs = broken + broken_alone + kept
     async with SimulatorServer(SimulatorConfig(seed=1, ignore_structured=True)) as base_url:
-        service = InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=3))
+        service = bus.service(tier_file_dict(base_url + "/v1", max_items=3))
         async with service:
-            await produce(settings, jobs)
-            outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
+            await bus.produce(jobs)
+            outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=60)
         stats = service.stats_snapshot()
 
     assert outcomes.duplicates() == {}

@@ -1,8 +1,11 @@
-"""Adaptive batch size, agreement accounting, answers_agree and choose_verified (pure core)."""
+"""Adaptive batch size from evidence, agreement accounting, answers_agree and choose_verified (pure core)."""
 
 from __future__ import annotations
 
 import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -10,17 +13,21 @@ from hypothesis import strategies as st
 
 from consumer.core.adaptive import (
     INVALID_KINDS,
+    MIN_SINGLE_REQUESTS,
     AdaptiveBatchSize,
     AdaptiveSizes,
     AgreementCount,
     AgreementStats,
     answers_agree,
     choose_verified,
+    levels_for,
     normalize_answer,
+    wilson_bounds,
 )
 from consumer.core.packing import AnswerKind
 
 KINDS = sorted(k.value for k in AnswerKind)
+Z90 = statistics.NormalDist().inv_cdf(0.9)
 
 
 def test_verdict_kinds_cover_answer_kinds() -> None:
@@ -28,274 +35,460 @@ def test_verdict_kinds_cover_answer_kinds() -> None:
     assert set(KINDS) == INVALID_KINDS | {"complete"}
 
 
+# --- building blocks --------------------------------------------------------------------------
+
+
+def test_levels_double_up_to_max_items() -> None:
+    assert levels_for(1) == (1,)
+    assert levels_for(2) == (1, 2)
+    assert levels_for(16) == (1, 2, 4, 8, 16)
+    assert levels_for(10) == (1, 2, 4, 8, 10)
+    s = AdaptiveBatchSize(10)
+    assert [s.level_of(n) for n in (1, 2, 3, 7, 8, 9, 10)] == [1, 2, 2, 4, 8, 8, 10]
+
+
+def test_wilson_bounds() -> None:
+    assert wilson_bounds(0, 0, Z90) == (0.0, 1.0)
+    low, high = wilson_bounds(7, 7, Z90)
+    assert low >= 0.8 > wilson_bounds(6, 6, Z90)[0], "7 of 7 prove 80 % at 90 %, 6 of 6 do not"
+    assert high == 1.0
+    low, high = wilson_bounds(50, 100, 1.96)
+    assert low == pytest.approx(0.404, abs=0.001) and high == pytest.approx(0.596, abs=0.001)
+
+
+@given(st.integers(0, 200), st.integers(1, 200), st.floats(0.5, 3.0))
+def test_wilson_bounds_contain_the_rate(successes: int, trials: int, z: float) -> None:
+    successes = min(successes, trials)
+    low, high = wilson_bounds(successes, trials, z)
+    assert 0.0 <= low <= successes / trials <= high <= 1.0
+
+
+# --- a fake pipeline: jobs, windows, verdicts, verification, a fake clock ---------------------
+
+
+@dataclass
+class Run:
+    jobs: int = 0
+    requests: int = 0
+    batched_jobs: int = 0
+    verify_requests: int = 0
+
+
+def drive(
+    s: AdaptiveBatchSize,
+    jobs: int,
+    *,
+    agrees: Callable[[random.Random], bool] = lambda _rng: True,
+    seconds: Callable[[int], float] = lambda n: 1.0 + 0.1 * n,
+    tokens: Callable[[int], int] | None = None,
+    verify_fraction: float = 0.25,
+    rng: random.Random | None = None,
+    run: Run | None = None,
+) -> Run:
+    """Route `jobs` jobs as the pipeline does: every job asks `size_at`; the job that opens a
+    window fixes its size; a window's request takes `seconds(n)` (the fake clock advances),
+    is answered completely, and a share of its jobs is asked alone and compared."""
+    rng = rng or random.Random(0)
+    run = run or Run()
+    now_s = 1000.0 if run.jobs == 0 else 1000.0 + run.requests
+    sent = 0
+    while sent < jobs:
+        size = s.size_at(now_s)
+        n = min(size, jobs - sent)
+        for _ in range(n - 1):
+            s.size_at(now_s)  # jobs that join the open window
+        sent += n
+        run.requests += 1
+        elapsed = seconds(n)
+        now_s += elapsed
+        s.record_speed(n, n, elapsed, now_s, tokens=tokens(n) if tokens else 0)
+        if n > 1:
+            run.batched_jobs += n
+            s.record("complete", n, now_s)
+            chosen = choose_verified(list(range(n)), verify_fraction, rng)
+            for _ in chosen:
+                run.requests += 1
+                run.verify_requests += 1
+                s.record_speed(1, 1, seconds(1), now_s, tokens=tokens(1) if tokens else 0)
+            if chosen:
+                s.record_agreement(sum(agrees(rng) for _ in chosen), len(chosen), n, now_s)
+    run.jobs += jobs
+    return run
+
+
 # --- the size rule ----------------------------------------------------------------------------
 
 
-def test_slow_start_doubles_then_caps_at_max() -> None:
-    s = AdaptiveBatchSize(2, 20, probe_after_s=10)
+def test_with_verification_a_key_starts_at_one() -> None:
+    s = AdaptiveBatchSize(8)
+    assert s.size == 1 and s.size_at(0) == 1
+    assert s.reason() == "size 1: at size 2, agreement not measured yet (probing 10% of jobs)"
+
+
+def test_without_verification_the_configured_size_is_trusted() -> None:
+    s = AdaptiveBatchSize(8, trusted=8, measure_agreement=False)
+    assert s.size == 8 and s.size_at(0) == 8
+    assert s.reason() == "size 8: configured, 7.0 requests saved per 8 jobs (max_items)"
+    assert AdaptiveBatchSize(8, trusted=4).size == 4  # initial_items vouches for 4
+
+
+def test_grows_only_once_agreement_is_proven() -> None:
+    s = AdaptiveBatchSize(8, min_agreement=0.8, confidence=0.9)
+    for _ in range(4):
+        s.record("complete", 2, 0)
+    for _ in range(6):
+        assert s.record_agreement(1, 1, 2, 0) == 1, "6 of 6 do not prove 80 % at 90 %"
+    assert s.reason() == (
+        "size 1: at size 2, batching agreed 6/6, not yet 80% at 90% confidence (probing 10% of jobs)"
+    )
+    assert s.record_agreement(1, 1, 2, 0) == 2  # 7 of 7 do
+    assert s.reason().startswith("size 2: agreement 100% of 7, valid 100%, 1.0 requests saved per 2 jobs")
+
+
+def test_shape_must_be_proven_too() -> None:
+    s = AdaptiveBatchSize(4)
+    s.record_agreement(7, 7, 2, 0)
+    assert s.size == 1, "agreement alone, no judged answers"
+    s.record("complete", 2, 0)
+    s.record("complete", 2, 0)
+    assert s.size == 1  # 4 valid items: too few
+    for _ in range(2):
+        s.record("complete", 2, 0)
     assert s.size == 2
-    assert s.record("complete", 2, 0) == 4
-    assert s.record("complete", 4, 1) == 8
-    assert s.record("complete", 8, 2) == 16
-    assert s.record("complete", 16, 3) == 20  # x2 capped at max_items
-    assert s.record("complete", 20, 4) == 20
 
 
-def test_grows_by_one_after_a_failure() -> None:
-    s = AdaptiveBatchSize(16, 32)
-    assert s.record("malformed", 16, 0) == 8
-    # threshold is now 8: additive increase
-    assert s.record("complete", 8, 1) == 9
-    assert s.record("complete", 9, 2) == 10
-    assert s.record("complete", 10, 3) == 11
+def _proven(s: AdaptiveBatchSize, size: int, n: int = 10) -> None:
+    for _ in range(n):
+        s.record("complete", size, 0)
+    s.record_agreement(n, n, size, 0)
 
 
-def test_smaller_request_does_not_grow() -> None:
-    s = AdaptiveBatchSize(8, 32)
-    # a window that flushed with 3 items says nothing about 8
-    assert s.record("complete", 3, 0) == 8
-    assert s.record(AnswerKind.COMPLETE, 8, 1) == 16  # StrEnum values work as kinds
+def test_a_disagreement_shrinks_at_once() -> None:
+    s = AdaptiveBatchSize(8)
+    _proven(s, 2, n=7)
+    _proven(s, 4, n=7)
+    assert s.size == 4
+    s.record_agreement(0, 1, 4, 1)  # 7 of 8 no longer prove 80 %
+    assert s.size == 2
+    assert s.reason().startswith("size 2: agreement 100% of 7, valid 100%, 1.0 requests saved per 2 jobs")
+    assert s.reason().endswith(
+        "; at size 4, batching agreed 7/8, not yet 80% at 90% confidence (probing 10% of jobs)"
+    )
+
+
+def test_evidence_from_a_small_window_speaks_for_the_level_below() -> None:
+    s = AdaptiveBatchSize(8)
+    _proven(s, 3)  # 3 items: evidence for size 2, never for 4
+    assert s.size == 2
+
+
+def test_invalid_answers_leave_a_trusted_size_until_size_one() -> None:
+    """Without verification, answers that keep dropping ids take the size down to 1."""
+    s = AdaptiveBatchSize(8, trusted=8, measure_agreement=False, probe_fraction=0.0)
+    assert s.record("missing", 8, 0) == 4
+    assert s.record("missing", 4, 1) == 2
+    assert s.record("malformed", 2, 2) == 1
+    assert s.reason() == "size 1: at size 2, batched answers valid 0% < 80%"
+    assert s.record("missing", 8, 3) == 1  # late reports of bigger requests change nothing
 
 
 @pytest.mark.parametrize("kind", sorted(INVALID_KINDS))
-def test_each_invalid_kind_halves(kind: str) -> None:
-    s = AdaptiveBatchSize(16, 16, fallback_after=10)
+def test_each_invalid_kind_counts_against_the_size(kind: str) -> None:
+    s = AdaptiveBatchSize(16, trusted=16, measure_agreement=False)
     assert s.record(kind, 16, 0) == 8
 
 
-def test_halving_is_from_the_request_size_so_concurrent_failures_halve_once() -> None:
-    s = AdaptiveBatchSize(16, 16, fallback_after=10)
-    for t in range(4):  # four requests of 16 in flight together, all invalid
-        s.record("missing", 16, t)
-    assert s.size == 8
-    s.record("missing", 8, 5)
-    assert s.size == 4
-
-
-def test_falls_to_one_after_repeated_failures_and_probes_again() -> None:
-    s = AdaptiveBatchSize(16, 16, probe_after_s=30, fallback_after=3)
-    s.record("malformed", 16, 0)  # -> 8
-    s.record("malformed", 8, 1)  # -> 4
-    assert s.size == 4
-    s.record("malformed", 4, 2)  # third strike: straight to 1, not 2
-    assert s.size == 1
-    assert s.size_at(31.9) == 1  # not yet
-    assert s.size_at(32.0) == 2  # probe after 30 s at 1
-    assert s.probing
-    # a valid probe resumes additive growth
-    assert s.record("complete", 2, 33) == 3
-    assert not s.probing
-    assert s.record("complete", 3, 34) == 4
-
-
-def test_halving_alone_reaches_one() -> None:
-    s = AdaptiveBatchSize(4, 4, fallback_after=100)
-    s.record("truncated", 4, 0)
-    s.record("truncated", 2, 1)
-    assert s.size == 1
-
-
-def test_failed_probe_falls_back_and_restarts_timer() -> None:
-    s = AdaptiveBatchSize(2, 8, probe_after_s=10, fallback_after=1)
-    s.record("unexpected", 2, 0)
-    assert s.size == 1
-    assert s.size_at(10) == 2
-    assert s.record("missing", 2, 12) == 1
-    assert not s.probing
-    assert s.size_at(21.9) == 1  # timer restarted at 12
-    assert s.size_at(22) == 2
-
-
-def test_late_invalid_reports_at_one_do_not_delay_the_probe() -> None:
-    s = AdaptiveBatchSize(4, 8, probe_after_s=10, fallback_after=1)
-    s.record("malformed", 4, 0)
-    assert s.size == 1
-    s.record("malformed", 4, 5)  # sent before the fall, reported late
-    assert s.size_at(10) == 2
-
-
-def test_late_valid_report_at_one_resumes_batching() -> None:
-    s = AdaptiveBatchSize(4, 8, probe_after_s=100, fallback_after=1)
-    s.record("malformed", 4, 0)
-    assert s.size == 1
-    assert s.record("complete", 4, 1) == 2  # batching worked after all: leave size 1
-
-
-def test_initial_one_probes_after_the_interval() -> None:
-    s = AdaptiveBatchSize(1, 8, probe_after_s=5)
-    assert s.size_at(100) == 1  # timer starts at the first look
-    assert s.size_at(104) == 1
-    assert s.size_at(105) == 2
-
-
-def test_max_items_one_never_batches() -> None:
-    s = AdaptiveBatchSize(1, 1, probe_after_s=0)
-    assert s.size_at(0) == 1
-    assert s.size_at(1000) == 1
-
-
 def test_ordinary_requests_are_never_judged() -> None:
-    s = AdaptiveBatchSize(4, 8)
+    s = AdaptiveBatchSize(8, trusted=4, measure_agreement=False)
     assert s.record("malformed", 1, 0) == 4
-    assert s.record("complete", 1, 1) == 4
     assert s.record_agreement(0, 5, 1, 2) == 4
 
 
 def test_unknown_kind_and_bad_bounds_are_errors() -> None:
     with pytest.raises(ValueError):
-        AdaptiveBatchSize(4, 8).record("great", 4, 0)
-    for args in ((0, 4), (5, 4), (1, 0)):
+        AdaptiveBatchSize(8).record("great", 4, 0)
+    for kwargs in ({"trusted": 0}, {"trusted": 9}, {"min_agreement": 1.5}, {"confidence": 1.0},
+                   {"probe_fraction": -0.1}):
         with pytest.raises(ValueError):
-            AdaptiveBatchSize(*args)
+            AdaptiveBatchSize(8, **kwargs)
     with pytest.raises(ValueError):
-        AdaptiveBatchSize(2, 4, min_agreement=1.5)
+        AdaptiveBatchSize(0)
     with pytest.raises(ValueError):
-        AdaptiveBatchSize(2, 4).record_agreement(3, 2, 2, 0)
+        AdaptiveBatchSize(8).record_agreement(3, 2, 2, 0)
+    with pytest.raises(ValueError):
+        AdaptiveBatchSize(8).record_speed(2, 3, 1.0, 0)
 
 
-def test_low_agreement_counts_as_invalid_once_enough_is_compared() -> None:
-    s = AdaptiveBatchSize(8, 8, min_agreement=0.8, agreement_min_compared=5, fallback_after=10)
-    assert s.record_agreement(1, 2, 8, 0) == 8  # 2 compared: too few to judge
-    assert s.record_agreement(1, 3, 8, 1) == 4  # 2/5 = 0.4 < 0.8: like an invalid answer at 8
-    # counts restart after judging
-    assert s.record_agreement(4, 4, 4, 2) == 4
-    assert s.record_agreement(1, 1, 4, 3) == 4  # 5/5: fine, no change (growth comes from record)
+# --- probes -----------------------------------------------------------------------------------
 
 
-def test_low_agreement_holds_growth() -> None:
-    s = AdaptiveBatchSize(4, 32, min_agreement=0.8, agreement_min_compared=5, fallback_after=10)
-    s.record_agreement(0, 1, 4, 0)  # one disagreement so far: not judged, but no reason to grow
-    assert s.record("complete", 4, 1) == 4
-    s.record_agreement(4, 4, 4, 2)  # 4/5 = 0.8: judged fine
-    assert s.record("complete", 4, 3) == 8
-    s.record_agreement(0, 5, 8, 4)  # judged low: halve to 4 and hold
-    assert s.size == 4
-    assert s.record("complete", 4, 5) == 4
-    s.record_agreement(5, 5, 4, 6)  # judged fine again: growth resumes (+1 after a failure)
-    assert s.record("complete", 4, 7) == 5
+def test_a_share_of_jobs_goes_out_at_the_probe_size() -> None:
+    s = AdaptiveBatchSize(8, probe_fraction=0.2)
+    answers = [s.size_at(t) for t in range(101)]
+    # one probe of 2 jobs per 10 jobs (the probe's own jobs count): 2 / 10 = the share
+    assert answers[:22] == [1] * 9 + [2, 2] + [1] * 8 + [2, 2, 1]
+    assert answers.count(2) == 20 and s.probes == 10
 
 
-def test_good_agreement_does_not_shrink() -> None:
-    s = AdaptiveBatchSize(8, 8, min_agreement=0.8, agreement_min_compared=5)
-    assert s.record_agreement(4, 5, 8, 0) == 8  # exactly 0.8 is not below
+def test_no_probes_when_the_share_is_zero_or_nothing_is_left_to_learn() -> None:
+    s = AdaptiveBatchSize(8, probe_fraction=0.0)
+    assert {s.size_at(t) for t in range(100)} == {1}
+    full = AdaptiveBatchSize(8, trusted=8, measure_agreement=False)
+    assert {full.size_at(t) for t in range(100)} == {8}
+    assert AdaptiveBatchSize(1, probe_fraction=1.0).size_at(0) == 1
 
 
-def test_agreement_counts_restart_when_the_size_shrinks() -> None:
-    s = AdaptiveBatchSize(8, 8, min_agreement=0.8, agreement_min_compared=5, fallback_after=10)
-    s.record_agreement(0, 4, 8, 0)  # bad, not yet judged
-    s.record("malformed", 8, 1)  # -> 4; the counts spoke for 8
-    assert s.record_agreement(1, 1, 4, 2) == 4  # 1 compared since the shrink: not judged
+def test_probes_back_off_from_a_level_that_failed() -> None:
+    s = AdaptiveBatchSize(8, probe_fraction=0.2)
+    s.record_agreement(0, 4, 2, 0)  # size 2 is known to be worse than 80 %
+    answers = [s.size_at(t) for t in range(1000)]
+    # the share would probe every 10 jobs; each probe's bad evidence makes the next 4 times
+    # further away: 40, 160, 640 jobs
+    starts = [t for t, size in enumerate(answers) if size == 2][::2]
+    assert starts == [39, 199, 839] and s.probes == 3
 
 
-# --- properties -------------------------------------------------------------------------------
+def test_probes_grow_the_size_one_level_at_a_time() -> None:
+    s = AdaptiveBatchSize(8, probe_fraction=0.5)
+    _proven(s, 2)
+    assert s.size == 2
+    # the next probe tries 4: 4 jobs once the share has built up 4 jobs' worth
+    answers = [s.size_at(t) for t in range(9)]
+    assert answers == [2] * 7 + [4, 4]
 
-sizes_params = st.tuples(st.integers(1, 64), st.integers(1, 64)).map(lambda t: (min(t), max(t)))
+
+def test_a_probe_is_answered_to_as_many_jobs_as_it_takes() -> None:
+    s = AdaptiveBatchSize(8, probe_fraction=1.0)
+    _proven(s, 2)
+    _proven(s, 4)
+    assert [s.size_at(t) for t in range(10)] == [4] * 7 + [8] * 3
+
+
+# --- speed and charges ------------------------------------------------------------------------
+
+
+def _timed(s: AdaptiveBatchSize, size: int, seconds_each: float, requests: int = 3, tokens: int = 0) -> None:
+    for _ in range(requests):
+        s.record_speed(size, size, seconds_each, 0, tokens=tokens)
+
+
+def test_slower_batching_on_a_free_server_stops() -> None:
+    """A local server charges nothing per request: batching that is slower per item is worse."""
+    s = AdaptiveBatchSize(8)
+    _proven(s, 2)
+    assert s.size == 2
+    _timed(s, 1, 0.2)  # 5 items/s alone
+    _timed(s, 2, 0.8)  # 2.5 items/s batched
+    assert s.size == 1
+    assert s.reason() == (
+        "size 1: at size 2, batching slower (2.5 vs 5.0 items/s alone) "
+        "and saves nothing the provider charges for"
+    )
+
+
+def test_faster_batching_is_kept() -> None:
+    s = AdaptiveBatchSize(8)
+    _proven(s, 2)
+    _timed(s, 1, 0.2)
+    _timed(s, 2, 0.3)
+    assert s.size == 2
+    assert "1.0 requests saved per 2 jobs, 6.7 vs 5.0 items/s alone" in s.reason()
+
+
+def test_slower_batching_is_kept_where_requests_are_limited() -> None:
+    """Under a request budget every request saved is throughput and money."""
+    s = AdaptiveBatchSize(8)
+    _proven(s, 2)
+    _timed(s, 1, 0.2)
+    _timed(s, 2, 0.8)
+    assert s.size == 1
+    assert s.size_at(0, request_limited=True) == 2
+    assert s.size == 2 and "requests are limited" in s.reason()
+    s.size_at(1, request_limited=False)
+    assert s.size == 1
+
+
+def test_per_token_providers_keep_slower_batching_only_while_it_saves_tokens() -> None:
+    saving = AdaptiveBatchSize(8, per_token=True)
+    _proven(saving, 2)
+    _timed(saving, 1, 0.2, tokens=100)  # 100 tokens per item alone
+    _timed(saving, 2, 0.8, tokens=120)  # 60 per item batched: the prefix is sent once
+    assert saving.size == 2
+    costly = AdaptiveBatchSize(8, per_token=True)
+    _proven(costly, 2)
+    _timed(costly, 1, 0.2, tokens=100)
+    _timed(costly, 2, 0.8, tokens=260)  # 130 per item: the instruction costs more than it saves
+    assert costly.size == 1
+
+
+def test_verification_is_wanted_only_where_agreement_can_still_decide() -> None:
+    s = AdaptiveBatchSize(8)
+    assert s.wants_verification(2) and s.wants_verification(5)
+    assert not s.wants_verification(1), "an ordinary request has nothing to compare"
+    _timed(s, 1, 0.2)
+    _timed(s, 2, 0.8)  # size 2 is slower and saves nothing: agreement cannot make it worth it
+    assert not s.wants_verification(3)
+    assert s.wants_verification(4), "size 4 is not timed yet"
+    assert not AdaptiveBatchSize(8, trusted=8, measure_agreement=False).wants_verification(8)
+
+
+def test_speed_is_judged_only_with_enough_single_requests() -> None:
+    s = AdaptiveBatchSize(8)
+    _proven(s, 2)
+    _timed(s, 2, 10.0)
+    _timed(s, 1, 0.1, requests=MIN_SINGLE_REQUESTS - 1)
+    assert s.size == 2
+    s.record_speed(1, 1, 0.1, 0)
+    assert s.size == 1
+
+
+def test_a_batching_key_probes_single_requests_to_time_them() -> None:
+    """Batching with speed reported but never timed alone: a share of jobs goes alone."""
+    s = AdaptiveBatchSize(4, trusted=4, measure_agreement=False, probe_fraction=0.25)
+    s.record_speed(4, 4, 1.0, 0)
+    answers = [s.size_at(t) for t in range(16)]
+    assert answers == [4] * 15 + [1]  # one probe of size 1 for 4 jobs ...
+    assert [s.size_at(t) for t in range(3)] == [1, 1, 1]  # ... the window each of them opens
+    _timed(s, 1, 0.5)  # 2 items/s alone, 4 batched
+    assert {s.size_at(t) for t in range(40)} == {4}, "timed: nothing left to probe"
+
+
+def test_a_discarded_batched_answer_costs_its_time() -> None:
+    s = AdaptiveBatchSize(4, trusted=4, measure_agreement=False)
+    _timed(s, 1, 0.5)
+    s.record_speed(4, 0, 1.0, 0)  # malformed: answered nothing
+    assert s.size == 2, "size 4 is slower than single requests; size 2 is not timed yet"
+    s.record_speed(2, 0, 1.0, 0)
+    assert s.size == 1
+
+
+# --- properties (a fake clock and seeded models) ----------------------------------------------
+
 events = st.lists(
     st.one_of(
         st.tuples(st.just("record"), st.sampled_from(KINDS), st.integers(1, 80)),
         st.tuples(st.just("agree"), st.integers(0, 10), st.integers(1, 80)),
-        st.tuples(st.just("look"), st.floats(0, 100), st.just(0)),
+        st.tuples(st.just("speed"), st.floats(0, 5), st.integers(1, 80)),
+        st.tuples(st.just("look"), st.booleans(), st.just(0)),
     ),
-    max_size=60,
+    max_size=80,
 )
 
 
-@settings(max_examples=300)
-@given(sizes_params, st.floats(0, 50), st.integers(1, 5), events)
-def test_size_always_within_bounds(
-    params: tuple[int, int], probe_after_s: float, fallback_after: int, evs: list[tuple[str, object, int]]
+@settings(max_examples=200)
+@given(st.integers(1, 64), st.integers(1, 64), st.booleans(), st.floats(0, 1), events)
+def test_size_is_always_a_level_within_bounds(
+    max_items: int, trusted: int, measure: bool, probe_fraction: float, evs: list[tuple[str, object, int]]
 ) -> None:
-    initial, max_items = params
-    s = AdaptiveBatchSize(initial, max_items, probe_after_s=probe_after_s, fallback_after=fallback_after)
+    s = AdaptiveBatchSize(
+        max_items, trusted=min(trusted, max_items), measure_agreement=measure, probe_fraction=probe_fraction
+    )
     now = 0.0
-    for ev in evs:
+    for kind, value, size in evs:
         now += 1.0
-        if ev[0] == "record":
-            s.record(str(ev[1]), ev[2], now)
-        elif ev[0] == "agree":
-            agreed = int(str(ev[1]))
-            s.record_agreement(agreed // 2, agreed, ev[2], now)
+        if kind == "record":
+            s.record(str(value), size, now)
+        elif kind == "agree":
+            compared = int(str(value))
+            s.record_agreement(compared // 2, compared, size, now)
+        elif kind == "speed":
+            s.record_speed(min(size, max_items), min(size, max_items), float(str(value)), now)
         else:
-            now += float(str(ev[1]))
-            s.size_at(now)
-        assert 1 <= s.size <= max_items
+            asked = s.size_at(now, request_limited=bool(value))
+            assert asked in s.levels
+        assert s.size in s.levels and 1 <= s.size <= max_items
+        assert s.reason().startswith(f"size {s.size}: ")
 
 
-@given(sizes_params, st.integers(0, 5))
-def test_grows_under_all_valid_to_max(params: tuple[int, int], fails_first: int) -> None:
-    initial, max_items = params
-    s = AdaptiveBatchSize(initial, max_items, probe_after_s=0, fallback_after=100)
-    for t in range(fails_first):
-        s.record("malformed", s.size, t)
-    previous = s.size_at(10)
-    for t in range(200):
-        size = s.size_at(10 + t)
-        new = s.record("complete", size, 10 + t)
-        if size > 1:
-            assert new > previous or new == max_items  # strictly grows until the cap
-        previous = new
-    if max_items > 1:
-        assert s.size == max_items
-
-
-@given(sizes_params, st.integers(1, 5), st.floats(0.5, 100))
-def test_reaches_one_under_all_invalid_then_probes(
-    params: tuple[int, int], fallback_after: int, probe_after_s: float
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(2, 32),
+    st.sampled_from([0.25, 0.5, 1.0]),
+    st.sampled_from([0.1, 0.2, 0.5]),
+    st.integers(0, 2**16),
+)
+def test_a_faithful_model_reaches_max_items_and_saves_requests(
+    max_items: int, verify_fraction: float, probe_fraction: float, seed: int
 ) -> None:
-    initial, max_items = params
-    s = AdaptiveBatchSize(initial, max_items, probe_after_s=probe_after_s, fallback_after=fallback_after)
-    now = 0.0
-    s.size_at(now)  # the runtime asks before sending; starts the timer when initial is 1
-    steps = 0
-    while s.size > 1:
-        size = s.size
-        s.record("malformed", size, now)
-        assert s.size < size  # every invalid answer at the current size shrinks it
-        steps += 1
-        assert steps <= 7  # log2(64) + 1
-    fell_at = now
-    assert s.size_at(fell_at + probe_after_s * 0.99) == 1
-    expected = 2 if max_items >= 2 else 1
-    assert s.size_at(fell_at + probe_after_s) == expected
+    """Answers always agree and a batch is faster per item: the size climbs to max_items,
+    and the requests (verification included) are far fewer than the jobs."""
+    s = AdaptiveBatchSize(max_items, probe_fraction=probe_fraction)
+    run = drive(s, 3000, verify_fraction=verify_fraction, rng=random.Random(seed))
+    assert s.size == max_items, s.reason()
+    assert run.requests - run.verify_requests < run.jobs
+    later = drive(s, 1000, verify_fraction=verify_fraction, rng=random.Random(seed + 1), run=Run())
+    # at max_items: one request per max_items jobs (besides the verification requests)
+    assert later.requests - later.verify_requests <= 1000 / max_items + 1
+    assert later.batched_jobs >= 1000 - max_items
 
 
-@given(sizes_params, st.lists(st.one_of(st.none(), st.integers(1, 6)), min_size=1, max_size=60))
-def test_never_grows_while_answers_disagree(params: tuple[int, int], evs: list[int | None]) -> None:
-    # None: a well-formed answer at the current size; n: n answers compared, none agreed
-    initial, max_items = params
-    s = AdaptiveBatchSize(initial, max_items, min_agreement=0.5)
-    disagreed = False
-    for t, ev in enumerate(evs):
-        before = s.size
-        if ev is None:
-            s.record("complete", s.size, t)
-        else:
-            s.record_agreement(0, ev, s.size, t)
-            disagreed = disagreed or before > 1
-        if disagreed:
-            assert s.size <= before
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(2, 32), st.sampled_from([0.25, 1.0]), st.sampled_from([0.1, 0.2, 0.5]), st.integers(0, 2**16)
+)
+def test_a_model_that_never_agrees_stays_at_one_and_probes_less_and_less(
+    max_items: int, verify_fraction: float, probe_fraction: float, seed: int
+) -> None:
+    s = AdaptiveBatchSize(max_items, probe_fraction=probe_fraction)
+    first = drive(s, 500, agrees=lambda _rng: False, verify_fraction=verify_fraction, rng=random.Random(seed))
+    assert s.size == 1
+    assert first.batched_jobs <= probe_fraction * 500 + 2
+    later = drive(s, 2000, agrees=lambda _rng: False, verify_fraction=verify_fraction, run=Run())
+    assert later.batched_jobs <= probe_fraction * 2000 / 4 + 2, "probes of a failed size back off"
+
+
+def test_a_model_that_agrees_half_the_time_batches_little() -> None:
+    for seed in range(20):
+        s = AdaptiveBatchSize(16, probe_fraction=0.2)
+        run = drive(s, 2000, agrees=lambda rng: rng.random() < 0.5, rng=random.Random(seed))
+        assert s.size == 1, (seed, s.reason())
+        assert run.batched_jobs <= 0.2 * 2000, seed
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 32), st.sampled_from([0.1, 0.2, 0.5]), st.integers(0, 2**16))
+def test_slower_batching_on_a_free_server_is_dropped_and_probed_less_and_less(
+    max_items: int, probe_fraction: float, seed: int
+) -> None:
+    """Answers agree but a batch takes longer per item than single requests (a small model
+    on a one-slot CPU server): the key stays at ordinary requests."""
+    s = AdaptiveBatchSize(max_items, probe_fraction=probe_fraction)
+
+    def slow(n: int) -> float:
+        return 0.2 * n * (1.8 if n > 1 else 1.0)
+
+    first = drive(s, 500, seconds=slow, rng=random.Random(seed))
+    assert s.size == 1, s.reason()
+    assert first.batched_jobs <= probe_fraction * 500 + 2
+    later = drive(s, 2000, seconds=slow, rng=random.Random(seed), run=Run())
+    assert s.size == 1
+    assert later.batched_jobs <= probe_fraction * 2000 / 4 + 2
 
 
 # --- the registry -----------------------------------------------------------------------------
 
 
-def test_registry_keeps_one_tracker_per_key_and_expires_idle_ones() -> None:
+def test_registry_keeps_one_tracker_per_key_explains_and_expires_idle_ones() -> None:
     made: list[tuple[str, str]] = []
 
     def factory(key: tuple[str, str]) -> AdaptiveBatchSize:
         made.append(key)
-        return AdaptiveBatchSize(4 if key[0] == "small" else 2, 16)
+        return AdaptiveBatchSize(16, trusted=4 if key[0] == "small" else 2, measure_agreement=False)
 
     sizes: AdaptiveSizes[tuple[str, str]] = AdaptiveSizes(factory)
+    assert sizes.explain() == ""
     a, b = ("small", "k1"), ("big", "k1")
     assert sizes.size_at(a, 0) == 4
     assert sizes.size_at(b, 0) == 2
-    assert sizes.record(a, "complete", 4, 1) == 8
     assert sizes.record(b, "malformed", 2, 1) == 1
-    assert sizes.record_agreement(a, 0, 5, 8, 2) == 4
+    assert sizes.record_speed(a, 4, 4, 1.0, 2) == 4
+    assert sizes.record_agreement(a, 1, 1, 4, 2) == 4
     assert sizes.get(a) is sizes.get(a)
     assert made == [a, b]
     assert sizes.snapshot() == {a: 4, b: 1}
+    assert sizes.explain() == (
+        "size 4: configured, 3.0 requests saved per 4 jobs; at size 8, not measured yet (probing 10% of jobs)"
+    )
     c = ("small", "k2")
     sizes.get(c)  # created, never used
     assert sizes.expire(now_s=50, idle_s=49) == [b, c]  # b last used at 1, a at 2

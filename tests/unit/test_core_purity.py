@@ -1,4 +1,10 @@
-"""consumer/core is pure: no event loop, Kafka, HTTP, telemetry, sockets or processes."""
+"""consumer/core is pure: no event loop, Kafka, HTTP, web servers, telemetry, sockets or
+processes, and nothing of the service outside the core (the core is what the rest builds on).
+
+A static scan of every module's imports (`import`, `from ... import`, `__import__` and
+`importlib.import_module` with a literal name), so a forbidden import fails here even when it
+sits in a function or under `TYPE_CHECKING`.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +14,77 @@ from pathlib import Path
 import pytest
 
 CORE = Path(__file__).resolve().parents[2] / "consumer" / "core"
-FORBIDDEN = {"asyncio", "aiokafka", "httpx", "opentelemetry", "socket", "subprocess", "anyio", "trio"}
+#: top-level packages the core may not import: I/O, event loops, servers, telemetry
+FORBIDDEN = {
+    "aiohttp",
+    "aiokafka",
+    "anyio",
+    "asyncio",
+    "httpx",
+    "opentelemetry",
+    "socket",
+    "starlette",
+    "subprocess",
+    "trio",
+    "uvicorn",
+    "yarl",
+}
+#: the core's own package: `consumer.*` imports must stay inside it
+CORE_PACKAGE = "consumer.core"
 #: pydantic stays at the edge: only the message models may use it (STYLE.md habit 5)
-PYDANTIC_ALLOWED = {"jobs.py", "schema_gen.py"}
+PYDANTIC_ALLOWED = {"jobs.py"}
 
 
-def _imported_roots(tree: ast.AST) -> set[str]:
-    roots: set[str] = set()
+def _module_of(path: Path) -> str:
+    """`consumer/core/x.py` -> `consumer.core.x` (a package's `__init__.py` -> the package)."""
+    parts = path.relative_to(CORE.parent.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(module: str | None, level: int, importer: str, is_package: bool) -> str:
+    """The absolute name of `from <level dots><module> import ...` in module `importer`."""
+    if level == 0:
+        return module or ""
+    package = importer.split(".")
+    if not is_package:
+        package = package[:-1]
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
+def _imported_names(tree: ast.AST, importer: str = "", is_package: bool = False) -> set[str]:
+    """Every module name the code imports, absolute; `from m import a` yields `m` and `m.a`
+    (`a` may be a submodule: `from consumer import settings`)."""
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            roots.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = _resolve(node.module, node.level, importer, is_package)
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func):
             if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                roots.add(node.args[0].value.split(".")[0])
-    return roots
+                names.add(node.args[0].value)
+    names.discard("")
+    return names
+
+
+def _is_dynamic_import(func: ast.expr) -> bool:
+    if isinstance(func, ast.Name):
+        return func.id in ("__import__", "import_module")
+    return isinstance(func, ast.Attribute) and func.attr == "import_module"
+
+
+def _violations(names: set[str]) -> set[str]:
+    """The imports a core module may not make."""
+    bad = {n for n in names if n.split(".")[0] in FORBIDDEN}
+    bad |= {
+        n
+        for n in names
+        if n.startswith("consumer.") and not (n == CORE_PACKAGE or n.startswith(CORE_PACKAGE + "."))
+    }
+    return bad
 
 
 MODULES = sorted(CORE.rglob("*.py"))
@@ -37,12 +98,38 @@ def test_core_modules_found() -> None:
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
 def test_core_module_is_pure(path: Path) -> None:
-    roots = _imported_roots(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
-    assert not roots & FORBIDDEN, f"{path.name} imports {sorted(roots & FORBIDDEN)}"
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names = _imported_names(tree, _module_of(path), is_package=path.name == "__init__.py")
+    bad = _violations(names)
+    assert not bad, f"{path.name} imports {sorted(bad)}"
     if path.name not in PYDANTIC_ALLOWED:
-        assert "pydantic" not in roots, f"{path.name}: pydantic belongs in jobs.py only"
+        assert not any(n.split(".")[0] == "pydantic" for n in names), (
+            f"{path.name}: pydantic belongs in jobs.py only"
+        )
 
 
 def test_checker_catches_forbidden_imports() -> None:
-    src = "import asyncio\nfrom httpx import AsyncClient\nimport os.path\n__import__('socket')\n"
-    assert _imported_roots(ast.parse(src)) == {"asyncio", "httpx", "os", "socket"}
+    src = (
+        "import asyncio\nfrom httpx import AsyncClient\nimport os.path\n__import__('socket')\n"
+        "import importlib\nimportlib.import_module('uvicorn')\nfrom yarl import URL\n"
+        "def f():\n    import aiohttp.web\n"
+    )
+    bad = _violations(_imported_names(ast.parse(src), "consumer.core.x"))
+    assert {n.split(".")[0] for n in bad} == {"asyncio", "httpx", "socket", "uvicorn", "yarl", "aiohttp"}
+
+
+@pytest.mark.parametrize(
+    ("src", "outside"),
+    [
+        ("from consumer.settings import TierConfig", True),
+        ("from consumer import settings", True),
+        ("import consumer.runtime.limiter", True),
+        ("from .. import app", True),
+        ("from ..providers.base import BatchJob", True),
+        ("from consumer.core.errors import ConfigError", False),
+        ("from . import errors\nfrom .retry import RetryPolicy", False),
+        ("from consumer import core", False),
+    ],
+)
+def test_checker_catches_outer_consumer_imports(src: str, outside: bool) -> None:
+    assert bool(_violations(_imported_names(ast.parse(src), "consumer.core.x"))) is outside

@@ -34,6 +34,8 @@ def _model_json(
         usage=UsageInfo(
             input_tokens=completion.usage.input_tokens // share,
             output_tokens=completion.usage.output_tokens // share,
+            cached_input_tokens=completion.usage.cached_input_tokens // share,
+            cache_write_tokens=completion.usage.cache_write_tokens // share,
         ),
         batch=BatchInfo(request_id=completion.request_id, size=size) if size > 1 else None,
         attempts=attempts,
@@ -53,7 +55,7 @@ def _model_json(
     size=st.integers(1, 50),
     attempts=st.integers(0, 9),
     latency_ms=st.floats(0, 1e6, allow_nan=False),
-    tokens=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)),
+    tokens=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**5), st.integers(0, 10**5)),
     request_id=st.none() | _text,
     finish=st.sampled_from(["stop", "length", "tool_use"]),
     offset=st.integers(0, 2**40),
@@ -65,7 +67,7 @@ def test_result_record_is_the_result_models_json(
     size: int,
     attempts: int,
     latency_ms: float,
-    tokens: tuple[int, int],
+    tokens: tuple[int, int, int, int],
     request_id: str | None,
     finish: str,
     offset: int,
@@ -121,7 +123,12 @@ def test_jobs_of_one_answer_share_its_fields_but_keep_their_own() -> None:
         assert got.pop("completed_at") == "2026-01-02T03:04:05.678000Z"
         want.pop("completed_at")
         assert got == want
-        assert got["usage"] == {"input_tokens": 20, "output_tokens": 10}  # each job its share
+        assert got["usage"] == {  # each job its share
+            "input_tokens": 20,
+            "output_tokens": 10,
+            "cached_input_tokens": 0,
+            "cache_write_tokens": 0,
+        }
         assert dict(record.headers) == {SOURCE_HEADER: f"jobs/{i}/{10 + i}".encode()}
 
 

@@ -18,6 +18,7 @@ from consumer.core.packing import (
     make_aliases,
     pack,
     parse_answer,
+    strip_code_fence,
 )
 
 ALIAS_RE = re.compile(r"[a-z][a-z0-9]{3,5}")
@@ -247,3 +248,18 @@ def test_parse_never_raises(text: str) -> None:
         verdict = parse_answer(text, ALIASES, reason)
         assert set(verdict.answers) <= set(ALIASES)
         assert set(verdict.answers).isdisjoint(verdict.missing)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('  ```json\n{"a": 1}\n```  ', '{"a": 1}'),
+        ("```\npositive\n```", "positive"),
+        ("``` \r\n x ```", "x"),
+        ("  positive  ", "positive"),
+        ("say ```x``` here", "say ```x``` here"),  # a fence inside prose is not the whole answer
+        ("```\n1\n``` and ```\n2\n```", "1\n``` and ```\n2"),  # the first backticks to the last
+    ],
+)
+def test_strip_code_fence(text: str, expected: str) -> None:
+    assert strip_code_fence(text) == expected

@@ -111,7 +111,9 @@ def test_malformed_or_unexpected_splits_in_halves(text: str, finish: str) -> Non
     (req,) = plan.start()
     step = plan.on_answer(req, text, finish)
     assert step.answered == [] and step.failed == []
-    assert [[m.ref for m in r.members] for r in step.requests] == [["job0", "job1", "job2"], ["job3", "job4"]]
+    halves = [[str(m.ref) for m in r.members] for r in step.requests]
+    assert [len(h) for h in halves] == [3, 2]
+    assert sorted(halves[0] + halves[1]) == [f"job{i}" for i in range(5)]  # each member once
     assert all(r.batched and r.attempt == 1 and r.delay_s == 0 for r in step.requests)
     # the halves carry their own aliases, one per member
     assert [len(r.packed.aliases) for r in step.requests if r.packed is not None] == [3, 2]
@@ -134,7 +136,40 @@ def test_truncated_keeps_complete_entries_and_splits_the_rest() -> None:
     step = plan.on_answer(req, cut, "length")
     assert step.verdict is not None and step.verdict.kind is AnswerKind.TRUNCATED
     assert _answered(step) == {"job0": "ans:input 0", "job1": "ans:input 1"}
-    assert [[m.ref for m in r.members] for r in step.requests] == [["job2", "job3"], ["job4", "job5"]]
+    halves = [[str(m.ref) for m in r.members] for r in step.requests]
+    assert [len(h) for h in halves] == [2, 2]
+    assert sorted(halves[0] + halves[1]) == ["job2", "job3", "job4", "job5"]  # the rest, each once
+
+
+def _reask_orders(text: str, finish: str, seeds: range) -> set[tuple[object, ...]]:
+    """The member order of the re-asks after one failed answer to a batch of 8, per seed."""
+    orders = set()
+    for seed in seeds:
+        plan = _plan(8, seed=seed)
+        (req,) = plan.start()
+        answer = text if text else _perfect(req)[:40]  # "" : cut inside the first entries
+        step = plan.on_answer(req, answer, finish)
+        orders.add(tuple(m.ref for r in step.requests for m in r.members))
+    return orders
+
+
+@pytest.mark.parametrize(
+    ("text", "finish"), [("garbage", "stop"), ('{"zzzz": "x"}', "stop"), ("", "length")]
+)
+def test_reasks_after_a_failed_answer_shuffle_the_remaining_items(text: str, finish: str) -> None:
+    """Position in the list affects a batched answer: a re-ask must not repeat the order that
+    failed. Over seeds the halves come in many orders (not only the input order), and a
+    given seed always gives the same order (the plan's rng decides)."""
+    orders = _reask_orders(text, finish, range(20))
+    assert len(orders) > 10
+    assert _reask_orders(text, finish, range(3, 4)) == _reask_orders(text, finish, range(3, 4))
+
+
+def test_missing_items_are_asked_alone_without_reordering_the_answered_ones() -> None:
+    plan = _plan(4, seed=5)
+    (req,) = plan.start()
+    step = plan.on_answer(req, _perfect(req, skip=2), "stop")
+    assert [r.members[0].ref for r in step.requests] == ["job0", "job1"]
 
 
 def test_truncated_down_to_single() -> None:
@@ -312,7 +347,7 @@ def test_outcome_of_a_request_whose_members_were_all_cancelled_is_a_noop() -> No
     plan.cancel(ErrorKind.DEADLINE_EXCEEDED, "late", first.members)
     assert plan.on_error(first, ServerError("503")) == Step()
     step = plan.on_answer(second, _perfect(second), "stop")
-    assert set(_answered(step)) == {"job2", "job3"} and plan.done
+    assert set(_answered(step)) == {m.ref for m in second.members} and plan.done
 
 
 # --- the job's own output format (output_invalid) -------------------------------------

@@ -104,3 +104,12 @@ def test_policy_from_config() -> None:
     policy = RetryPolicy.from_config(RetryConfig(max_attempts=2, backoff_initial_s=1, quota_cooldown_s=5))
     assert policy == RetryPolicy(max_attempts=2, backoff_initial_s=1, backoff_max_s=30, quota_cooldown_s=5,
                                  quota_max_wait_s=600)
+
+
+def test_policy_fields_are_retry_settings() -> None:
+    """`from_config` is the one builder and reads every policy field from the settings."""
+    from dataclasses import fields
+
+    from consumer.settings import RetryConfig
+
+    assert {f.name for f in fields(RetryPolicy)} <= set(RetryConfig.model_fields)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from consumer.core import schema_gen
+from consumer import schemas
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def test_schemas_match_models() -> None:
-    expected = schema_gen.generate()
+    expected = schemas.generate()
     assert set(expected) == {
         "job.schema.json",
         "result.schema.json",
@@ -20,9 +20,9 @@ def test_schemas_match_models() -> None:
     }
     for name, text in expected.items():
         path = SCHEMAS / name
-        assert path.exists(), f"missing {path}; run: python -m consumer.core.schema_gen"
+        assert path.exists(), f"missing {path}; run: python -m consumer.schemas"
         assert path.read_text(encoding="utf-8") == text, (
-            f"{name} drifted from the models; run: python -m consumer.core.schema_gen"
+            f"{name} drifted from the models; run: python -m consumer.schemas"
         )
 
 
@@ -35,8 +35,8 @@ def test_job_schema_content() -> None:
 
 
 def test_check_mode_detects_drift_and_write_mode_fixes_it(tmp_path: Path) -> None:
-    assert schema_gen.main(["--out", str(tmp_path), "--check"]) == 1
-    assert schema_gen.main(["--out", str(tmp_path)]) == 0
-    assert schema_gen.main(["--out", str(tmp_path), "--check"]) == 0
+    assert schemas.main(["--out", str(tmp_path), "--check"]) == 1
+    assert schemas.main(["--out", str(tmp_path)]) == 0
+    assert schemas.main(["--out", str(tmp_path), "--check"]) == 0
     (tmp_path / "job.schema.json").write_text("{}", encoding="utf-8")
-    assert schema_gen.main(["--out", str(tmp_path), "--check"]) == 1
+    assert schemas.main(["--out", str(tmp_path), "--check"]) == 1

@@ -109,3 +109,94 @@ def test_stats_topic_records_are_read_or_refused_with_the_reason() -> None:
         with pytest.raises(ValueError) as info:
             read_snapshot(value)
         assert str(info.value).startswith(reason), (value, str(info.value))
+
+
+def test_the_stats_text_says_why_each_tier_batches_as_it_does() -> None:
+    """The reason comes from the tier's adaptive size and goes with the batch size shown: from
+    the live instance with the largest size, never from a departed one."""
+    merged = merge_snapshots(
+        [
+            snapshot(
+                "a", 100.0, batch_size=1, batch_size_reason="size 1: at size 2, batching agreed 71% < 80%"
+            ),
+            snapshot(
+                "b",
+                100.0,
+                batch_size=8,
+                batch_size_reason="size 8: agreement 99% of 120, 7.0 requests saved per 8 jobs (max_items)",
+            ),
+            snapshot("gone", 10.0, batch_size=16, batch_size_reason="size 16: stale"),
+        ],
+        now_s=101.0,
+        live_within_s=10.0,
+    )
+    tier = merged["tiers"]["small"]
+    assert tier["batch_size"] == 8
+    assert tier["batch_size_reason"].startswith("size 8: agreement 99%")
+    lines = format_stats(merged).splitlines()
+    assert "tier small batch size 8: agreement 99% of 120, 7.0 requests saved per 8 jobs (max_items)" in lines
+    only_gone = merge_snapshots([snapshot("gone", 10.0, batch_size=16, batch_size_reason="x")],
+                                now_s=101.0, live_within_s=10.0)
+    assert only_gone["tiers"]["small"]["batch_size_reason"] == ""
+    assert not any(line.startswith("tier small batch ") for line in format_stats(only_gone).splitlines())
+
+
+def test_the_reason_flows_from_the_tier_runtime_into_a_readable_snapshot() -> None:
+    from consumer.core.completion import Completion, CompletionRequest
+    from consumer.core.window import BatchKey
+    from consumer.providers.fake import FakeProvider
+    from consumer.runtime.tiers import TierRuntime
+    from consumer.settings import TierConfig
+
+    config = TierConfig.model_validate(
+        {
+            "provider": "openai_compat",
+            "base_url": "http://127.0.0.1:9/v1",
+            "model": "m",
+            "batching": {"enabled": True, "max_items": 8, "verify_fraction": 0.25},
+        }
+    )
+    stats = ServiceStats(instance="i-1")
+    def unused(_request: CompletionRequest) -> Completion:
+        raise AssertionError("nothing is sent here")
+
+    tier = TierRuntime.build("small", config, FakeProvider(unused), stats.tier("small"))
+    assert tier.current_batch_size() == 1, "measuring agreement: nothing is trusted beyond 1"
+    key = BatchKey("small", "Classify:\n", "text", "{}", "online")
+    assert tier.limits_for(key, 0.0).max_items == 1
+    for _ in range(4):
+        tier.sizes.record(key, "complete", 2, 1.0)
+        tier.sizes.record_agreement(key, 2, 2, 2, 1.0)
+    assert tier.current_batch_size() == 2
+    published = read_snapshot(orjson.dumps(stats.snapshot()))
+    reason = published["tiers"]["small"]["batch_size_reason"]
+    assert reason.startswith("size 2: agreement 100% of 8, valid 100%")
+    merged = merge_snapshots([published], now_s=published["updated_at"], live_within_s=10.0)
+    assert f"tier small batch {reason}" in format_stats(merged).splitlines()
+
+
+def test_the_circuit_per_tier_in_stats_text_and_metrics() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+    from starlette.testclient import TestClient
+
+    from consumer.runtime.metrics import build_app
+
+    stats = ServiceStats(instance="a")
+    down = stats.tier("down")
+    down.circuit_open, down.outage_s, down.circuit_opened, down.held_requests = 1, 12.5, 1, 40
+    stats.tier("up")
+    text = format_stats(merge_snapshots([read_snapshot(orjson.dumps(stats.snapshot()))],
+                                        now_s=stats.snapshot()["updated_at"], live_within_s=10.0))
+    expected = (
+        "tier down circuit: OPEN for 12.5 s: provider unreachable, jobs held (opened 1x, 40 requests held)"
+    )
+    assert expected in text
+    assert "tier up circuit: closed" in text
+    body = TestClient(build_app(stats, lambda: True)).get("/metrics").text
+    samples = {
+        (s.name, s.labels.get("tier")): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+    assert samples[("promptbus_tier_circuit_open", "down")] == 1
+    assert samples[("promptbus_tier_circuit_open", "up")] == 0

@@ -1,10 +1,11 @@
 """Generate `schemas/*.json` from the message and tier-file models.
 
-    python -m consumer.core.schema_gen            # write schemas/ (relative to the repo root)
-    python -m consumer.core.schema_gen --check    # exit 1 when schemas/ differs (drift)
+    python -m consumer.schemas            # write schemas/ (relative to the repo root)
+    python -m consumer.schemas --check    # exit 1 when schemas/ differs (drift)
 
 Job and the tier file are described as they are read (validation); Result and DeadLetter
-as they are written (serialization). `tests/unit/test_schemas.py` fails on drift.
+as they are written (serialization). `tests/unit/test_schemas.py` fails on drift. A tool of the
+repository, outside `consumer.core`: it parses arguments and writes files.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from consumer.settings import TierFile
 
 __all__ = ["DEFAULT_DIR", "generate", "main"]
 
-#: schemas/ at the repository root (consumer/core/schema_gen.py -> ../../schemas).
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "schemas"
+#: schemas/ at the repository root (consumer/schemas.py -> ../schemas).
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "schemas"
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 _MODELS: dict[str, tuple[type[BaseModel], str, str]] = {
@@ -47,7 +48,7 @@ def generate() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the schemas (or, with --check, compare them); returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m consumer.core.schema_gen", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m consumer.schemas", description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_DIR, help="directory (default: schemas/)")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 on drift")
     args = parser.parse_args(argv)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
     if args.check and stale:
-        fix = "python -m consumer.core.schema_gen"
+        fix = "python -m consumer.schemas"
         print(f"schemas out of date: {', '.join(stale)}; run: {fix}", file=sys.stderr)
         return 1
     for name in stale:

@@ -1,0 +1,118 @@
+"""Admission: an input record becomes a JobContext, or a Rejection that says why not.
+
+Nothing here performs I/O: the caller delivers a rejection to the dead-letter topic (with the
+record's original bytes) and routes an admitted job. The checks, in order:
+
+    1. the record is at most `max_job_bytes`;
+    2. it decodes as a Job (UTF-8 JSON of the job schema: `invalid_job`);
+    3. its tier is configured (`unknown_tier`);
+    4. `mode: offline` only where the tier enables it and offline processing runs (`invalid_job`);
+    5. its template renders and its options are valid (`template_error` / `invalid_job`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from consumer.core.completion import ChatMessage
+from consumer.core.errors import ErrorKind, JobError
+from consumer.core.jobs import Job, decode_job
+from consumer.core.output import output_format
+from consumer.core.templates import render_and_split
+from consumer.kafka.intake import InRecord
+from consumer.kafka.sink import Ticket
+from consumer.runtime.context import JobContext
+from consumer.runtime.outcomes import job_id_hint
+from consumer.runtime.tiers import TierRuntime
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a record cannot become a job: dead-lettered with `raw`, the record's own bytes."""
+
+    kind: ErrorKind
+    message: str
+    raw: bytes
+    job: Job | None = None
+    job_id: str | None = None
+
+
+class Admission:
+    """Turns records into job contexts for the configured tiers.
+
+    start_trace: starts a job's tracing span from the job and its record headers.
+    offline_runs: offline processing is wired (some tier enables it).
+    """
+
+    def __init__(
+        self,
+        tiers: Mapping[str, TierRuntime],
+        *,
+        max_job_bytes: int,
+        offline_runs: bool,
+        start_trace: Callable[[Job, Any], Any],
+    ) -> None:
+        self._tiers = tiers
+        self._max_job_bytes = max_job_bytes
+        self._offline_runs = offline_runs
+        self._start_trace = start_trace
+        self._known = ", ".join(sorted(tiers))
+
+    def admit(self, record: InRecord, ticket: Ticket, now_s: float) -> JobContext | Rejection:
+        """The job context of `record`, or the reason it is rejected."""
+        raw = record.value if record.value is not None else b""
+        if len(raw) > self._max_job_bytes:
+            message = f"job is {len(raw)} bytes, over max_job_bytes ({self._max_job_bytes})"
+            return Rejection(ErrorKind.INVALID_JOB, message, raw, job_id=key_text(record.key))
+        try:
+            job = decode_job(raw)
+        except JobError as exc:
+            return Rejection(exc.kind, str(exc), raw, job_id=job_id_hint(raw))
+        tier = self._tiers.get(job.tier)
+        if tier is None:
+            message = f"tier '{job.tier}' is not configured (known: {self._known})"
+            return Rejection(ErrorKind.UNKNOWN_TIER, message, raw, job=job)
+        if job.mode == "offline" and not (self._offline_runs and tier.config.offline.enabled):
+            message = f"tier '{tier.name}' does not allow mode 'offline' (offline.enabled is false)"
+            return Rejection(ErrorKind.INVALID_JOB, message, raw, job=job)
+        try:
+            return self._context(job, ticket, tier, record, now_s)
+        except JobError as exc:
+            return Rejection(exc.kind, str(exc), raw, job=job)
+
+    def _context(
+        self, job: Job, ticket: Ticket, tier: TierRuntime, record: InRecord, now_s: float
+    ) -> JobContext:
+        options = {**tier.config.options, **job.options}
+        batchable = None
+        if job.messages is not None:
+            messages = tuple(ChatMessage(m.role, m.content) for m in job.messages)
+            text = job.messages[-1].content
+        else:
+            assert job.prompt is not None
+            variables = job.variables or {}
+            rendered, batchable = render_and_split(job.prompt, variables)
+            messages = (ChatMessage("user", rendered),)
+            text = variables.get(batchable.variable, rendered) if batchable else rendered
+        deadline_s = None
+        if job.deadline is not None:
+            deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
+        wanted = output_format(options) if "response_format" in options else None
+        trace = self._start_trace(job, record.headers)
+        return JobContext(
+            job, ticket, tier, now_s, text, messages, options, deadline_s, batchable, trace, wanted
+        )
+
+
+def key_text(key: bytes | None) -> str | None:
+    """The record key as a job id hint (producers key jobs by id)."""
+    if not key:
+        return None
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if len(text) <= 256 else None

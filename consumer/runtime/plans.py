@@ -1,0 +1,420 @@
+"""Plan runner: one tier's request plans, from members to outcomes.
+
+A plan (`consumer.core.plan.RequestPlan`, pure) says which requests to send and what each
+answer or error means; the runner performs it:
+
+    1. each planned request waits out its backoff, drops members whose deadline passed,
+       and is built (an ordinary request, or a packed prompt with its answer schema);
+    2. it waits while the tier's circuit is open (`core/circuit.py`: the provider is down;
+       one probe at a time goes out), then goes through `call`, the one provider call path
+       of ordinary, batched and verification requests: a limiter slot that always ends, the
+       provider call, the error taxonomy, the provider's rate-limit budget fed back to the
+       limiter, the answer or outage fed to the circuit. A request that meets the outage
+       while the circuit is open is held and sent again later: it costs its members no
+       attempt, and only their deadlines or `retry.max_outage_s` end them meanwhile;
+    3. the plan's step is applied: answered members become results, failed ones dead
+       letters, follow-up requests (splits, re-asks, retries) run as tasks of the same plan;
+    4. batched answers feed the tier's adaptive batch size, and a share of them is asked
+       again alone (`batching.verify_fraction`) to measure agreement.
+
+Every counter of a tier's requests is counted here, in `_count_*`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, cast
+
+from consumer.core.adaptive import answers_agree, choose_verified
+from consumer.core.circuit import Admit, is_outage
+from consumer.core.completion import ChatMessage, Completion, CompletionRequest
+from consumer.core.errors import ErrorKind, ProviderError, RateLimited, ServerError
+from consumer.core.output import response_format_schema
+from consumer.core.packing import answer_schema
+from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
+from consumer.core.window import BatchKey
+from consumer.runtime.context import JobContext
+from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.limiter import Token
+from consumer.runtime.outcomes import AnswerResults, too_large_result
+from consumer.runtime.stats import ServiceStats
+from consumer.runtime.tiers import TierRuntime
+from consumer.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+class PlanRunner:
+    """Runs the request plans of one tier.
+
+    spawn: starts a task the service waits for when it drains (verification requests).
+    """
+
+    def __init__(
+        self,
+        tier: TierRuntime,
+        outcomes: OutcomeWriter,
+        stats: ServiceStats,
+        telemetry: Telemetry,
+        *,
+        rng: random.Random,
+        clock: Callable[[], float],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self.tier = tier
+        self._outcomes = outcomes
+        self._stats = stats
+        self._telemetry = telemetry
+        self._rng = rng
+        self._clock = clock
+        self._spawn = spawn
+        #: set (and replaced) whenever the tier's circuit changes: held requests look again
+        self._circuit_changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ a plan
+    async def run(self, ctxs: list[JobContext], key: BatchKey | None) -> None:
+        """Send the plan's requests until every member has an outcome.
+
+        Cancelled (shutdown) or a bug: members without an outcome stay uncommitted and are
+        read again after a restart; a guess is never published.
+        """
+        tier = self.tier
+        plan = RequestPlan(
+            [Member(c, c.input, _max_tokens(c.options), c.output_check()) for c in ctxs],
+            prefix=key.prefix if key else "",
+            variable=key.variable if key else "",
+            retry=tier.retry_policy,
+            rng=self._rng,
+            tier_max_tokens=tier.config.batching.max_output_tokens,
+        )
+        batched = len(ctxs) > 1
+        if batched:
+            tier.stats.items_in_batched_plans += len(ctxs)
+        try:
+            async with asyncio.TaskGroup() as group:
+                first, *others = plan.start()
+                for req in others:
+                    group.create_task(self._send(plan, req, group, key, batched))
+                # the first request runs in this task: most plans are one request, and a
+                # task per request was a large share of an unbatched job's cost
+                await self._send(plan, first, group, key, batched)
+        except BaseException as exc:
+            unfinished = [c for c in ctxs if not c.done]
+            for c in unfinished:
+                self._outcomes.abandon(c)
+            if not isinstance(exc, asyncio.CancelledError):
+                # a stalled commit watermark must not be silent: say why and what it holds
+                log.error(
+                    "a request plan of tier %s failed (a bug); its %d unfinished jobs stay "
+                    "uncommitted, holding back their partitions' commits until a restart reads them again",
+                    tier.name,
+                    len(unfinished),
+                    exc_info=exc,
+                )
+            raise
+
+    async def _send(
+        self,
+        plan: RequestPlan,
+        req: PlannedRequest,
+        group: asyncio.TaskGroup,
+        key: BatchKey | None,
+        batched_plan: bool,
+    ) -> None:
+        if req.delay_s > 0:
+            await asyncio.sleep(req.delay_s)
+        request: CompletionRequest | None = None
+        traces = [_ctx(m).trace for m in req.members]
+        while True:
+            if self._expire(plan, req):
+                return
+            probe = await self._through_circuit(plan, req)
+            if probe is None:
+                return
+            if request is None:
+                request = self.build_request(req)
+            # while waiting for a slot the deadline may pass or the circuit open
+            wanted = functools.partial(self._still_wanted, plan, req, probe)
+            answer = await self.call(request, traces, still_wanted=wanted, probe=probe)
+            if answer is None:
+                if probe:
+                    self.tier.circuit.probe_abandoned()
+                if self._expire(plan, req):
+                    return
+            elif not (isinstance(answer, ProviderError) and self.tier.circuit.holds(answer)):
+                break
+            self.tier.stats.held_requests += 1  # held: sent again once the circuit admits it
+        self._count_sent(req, batched_plan)
+        if isinstance(answer, ProviderError):
+            completion = None
+            step = plan.on_error(req, answer)
+        else:
+            completion = answer
+            step = plan.on_answer(req, answer.text, answer.finish_reason)
+        self._apply(plan, step, completion)
+        if step.verdict is not None and key is not None:
+            self._learn(key, step, len(req.members))
+        for nxt in step.requests:
+            self._count_follow_up(req, nxt)
+            group.create_task(self._send(plan, nxt, group, key, batched_plan))
+
+    # ------------------------------------------------------------------ the one provider call path
+    async def call(
+        self,
+        request: CompletionRequest,
+        traces: Sequence[Any],
+        *,
+        still_wanted: Callable[[], bool] | None = None,
+        probe: bool = False,
+    ) -> Completion | ProviderError | None:
+        """One provider call under the tier's limiter: the completion or the ProviderError.
+
+        An unexpected exception from an adapter is a bug there; it must not lose jobs, so it
+        becomes a retryable ServerError (which says nothing to the circuit). None:
+        `still_wanted` said no once the slot was granted. The limiter token ends exactly once
+        whatever happens (`AsyncLimiter.slot`). probe: this call is the open circuit's probe.
+        """
+        tier = self.tier
+        async with tier.limiter.slot(request.estimated_tokens()) as token:
+            if still_wanted is not None and not still_wanted():
+                return None
+            with self._telemetry.provider_call(tier.name, traces) as span:
+                try:
+                    completion = await tier.provider.complete(request)
+                except ProviderError as exc:
+                    token.dropped() if exc.overload else token.ignore()
+                    self._count_error(exc)
+                    if isinstance(exc, RateLimited):
+                        _note_rate_limited(tier, token, exc)
+                    self._telemetry.record_error(span, exc)
+                    self._circuit_saw(exc, probe=probe)
+                    return exc
+                except Exception as exc:
+                    log.exception("provider %s raised unexpectedly", tier.name)
+                    if probe:
+                        tier.circuit.probe_abandoned()
+                    return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
+            token.success()
+            _note_answer(tier, token, completion)
+            self._circuit_saw(None, probe=probe)
+            return completion
+
+    # ------------------------------------------------------------------ the circuit
+    def _still_wanted(self, plan: RequestPlan, req: PlannedRequest, probe: bool) -> bool:
+        """Once a slot is granted: send unless the members' deadlines passed or the circuit
+        opened meanwhile (then only the probe goes)."""
+        return not self._expire(plan, req) and (probe or not self.tier.circuit.open)
+
+    def _circuit_saw(self, error: ProviderError | None, *, probe: bool) -> None:
+        """Feed one call's outcome to the circuit; log and wake the held requests on a change."""
+        tier, now_s = self.tier, self._clock()
+        if error is not None and is_outage(error):
+            change = tier.circuit.on_outage(error, now_s, probe=probe)
+        else:
+            change = tier.circuit.on_answer(now_s)
+        if change is not None:
+            url = tier.config.resolved_base_url
+            if change.opened:
+                log.warning(
+                    "tier %s: provider at %s unreachable (%s); circuit open: its jobs are held, "
+                    "one probe request at a time", tier.name, url, error.message if error else "?",
+                )
+            else:
+                log.info(
+                    "tier %s: provider at %s answers again after %.1f s; circuit closed",
+                    tier.name, url, change.outage_s,
+                )
+        if change is not None or probe:
+            self._circuit_changed.set()
+            self._circuit_changed = asyncio.Event()
+
+    async def _through_circuit(self, plan: RequestPlan, req: PlannedRequest) -> bool | None:
+        """Wait until the circuit lets `req` go: False (closed), True (it goes as the probe),
+        None (nothing left to send: its members' deadlines passed, or the outage lasted
+        longer than `retry.max_outage_s`, which dead-letters them `retries_exhausted`)."""
+        circuit = self.tier.circuit
+        max_outage_s = self.tier.config.retry.max_outage_s
+        while True:
+            now_s = self._clock()
+            admit, wait_s = circuit.admit(now_s)
+            if admit is Admit.SEND:
+                return False
+            if admit is Admit.PROBE:
+                return True
+            outage_s = circuit.outage_s(now_s)
+            if max_outage_s is not None:
+                if outage_s >= max_outage_s:
+                    last = circuit.last_error.message if circuit.last_error else "no answer"
+                    step = plan.cancel(
+                        ErrorKind.RETRIES_EXHAUSTED,
+                        f"provider unreachable for {outage_s:.0f} s: {last}",
+                        [m for m in req.members if not _ctx(m).done],
+                    )
+                    self._apply(plan, step, None)
+                    return None
+                wait_s = min(wait_s, max_outage_s - outage_s)
+            deadlines = [d for m in req.members if (d := _ctx(m).deadline_s) is not None]
+            if deadlines:
+                wait_s = min(wait_s, max(0.0, min(deadlines) - now_s))
+            changed = self._circuit_changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), max(wait_s, 0.001))
+            if self._expire(plan, req):
+                return None
+
+    def build_request(self, req: PlannedRequest) -> CompletionRequest:
+        """The provider request of a planned one: the job's own, or a packed prompt with its schema."""
+        tier = self.tier
+        first = _ctx(req.members[0])
+        if req.packed is None:
+            return CompletionRequest(first.messages, tier.config.model, first.options)
+        options = dict(first.options)
+        if req.max_tokens is not None:
+            options["max_tokens"] = req.max_tokens
+        # the job's own answer schema (if any) becomes the schema of each alias's value
+        item_schema = response_format_schema(options.pop("response_format", None))
+        schema = None
+        if tier.config.batching.structured != "off":
+            schema = answer_schema(req.packed.aliases, item_schema)
+        return CompletionRequest((ChatMessage("user", req.packed.text),), tier.config.model, options, schema)
+
+    # ------------------------------------------------------------------ steps
+    def _expire(self, plan: RequestPlan, req: PlannedRequest) -> bool:
+        """Dead-letter members whose deadline passed before `req` goes out; True: nothing left to send."""
+        now_s = self._clock()
+        expired = [m for m in req.members if _ctx(m).past_deadline(now_s)]
+        if not expired:
+            return False
+        step = plan.cancel(
+            ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the request was sent", expired
+        )
+        self._apply(plan, step, None)
+        return plan.done or len(expired) == len(req.members)
+
+    def _apply(self, plan: RequestPlan, step: Step, completion: Completion | None) -> None:
+        tier = self.tier
+        if step.pause_tier_s:
+            tier.limiter.pause(step.pause_tier_s)
+            log.warning("tier %s: quota exhausted, paused %.1fs", tier.name, step.pause_tier_s)
+        now_s = self._clock()
+        # what the jobs answered by one request share is built once
+        results: AnswerResults | None = None
+        results_of: PlannedRequest | None = None
+        for member, answer, answered_by in step.answered:
+            ctx = _ctx(member)
+            attempts = plan.attempts(member)
+            if ctx.past_deadline(now_s):
+                self._outcomes.fail(
+                    ctx, ErrorKind.DEADLINE_EXCEEDED, "answered after the job's deadline", attempts=attempts
+                )
+                continue
+            assert completion is not None
+            if results is None or results_of is not answered_by:
+                results_of = answered_by
+                results = AnswerResults(self._outcomes.results_topic, completion, len(answered_by.members))
+            record = results.record(
+                job=ctx.job,
+                source=ctx.source,
+                output=answer,
+                attempts=attempts,
+                latency_ms=(now_s - ctx.received_s) * 1000.0,
+                traceparent=self._telemetry.traceparent(ctx.trace),
+            )
+            problem = too_large_result(record, self._outcomes.limits.results)
+            if problem is not None:
+                self._outcomes.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts)
+                continue
+            self._outcomes.succeed(ctx, record)
+        for member, kind, message in step.failed:
+            self._outcomes.fail(
+                _ctx(member), kind, message, attempts=plan.attempts(member), error=plan.last_error(member)
+            )
+
+    # ------------------------------------------------------------------ adaptive size and verification
+    def _learn(self, key: BatchKey, step: Step, size: int) -> None:
+        tier = self.tier
+        assert step.verdict is not None
+        new_size = tier.sizes.record(key, step.verdict.kind.value, size, self._clock())
+        tier.stats.batch_size = tier.current_batch_size()
+        kind = step.verdict.kind.value
+        log.debug("tier %s: %s answer of %d -> batch size %d", tier.name, kind, size, new_size)
+        if step.answered and tier.config.batching.verify_fraction > 0:
+            answered = [(m, answer, by) for m, answer, by in step.answered if len(by.members) > 1]
+            chosen = choose_verified(answered, tier.config.batching.verify_fraction, self._rng)
+            for member, answer, by in chosen:
+                self._spawn(self._verify(key, _ctx(member), answer, len(by.members)))
+
+    async def _verify(self, key: BatchKey, ctx: JobContext, batched: str, size: int) -> None:
+        """Ask a batched job alone too; the two answers' agreement feeds the adaptive size."""
+        tier = self.tier
+        if tier.circuit.open:
+            return  # while the provider is down only the probe goes out
+        request = CompletionRequest(ctx.messages, tier.config.model, ctx.options)
+        answer = await self.call(request, [ctx.trace])
+        self._count_verification()
+        if not isinstance(answer, Completion):
+            return  # a failed verification says nothing about agreement
+        agreed = int(answers_agree(batched, answer.text))
+        self._stats.agreement.record(tier.name, size, agreed, 1)
+        tier.stats.verify_compared += 1
+        tier.stats.verify_agreed += agreed
+        tier.sizes.record_agreement(key, agreed, 1, size, self._clock())
+        tier.stats.batch_size = tier.current_batch_size()
+
+    # ------------------------------------------------------------------ counters
+    def _count_sent(self, req: PlannedRequest, batched_plan: bool) -> None:
+        stats = self.tier.stats
+        stats.provider_requests += 1
+        if batched_plan:
+            stats.requests_for_batched_plans += 1
+        if len(req.members) > 1:
+            stats.batched_requests += 1
+        if req.attempt > 1:
+            stats.retries += 1
+
+    def _count_verification(self) -> None:
+        self.tier.stats.provider_requests += 1
+        self.tier.stats.verify_requests += 1
+
+    def _count_error(self, exc: ProviderError) -> None:
+        self.tier.stats.provider_errors += 1
+        if exc.status_code == 429:
+            self.tier.stats.rate_limited += 1
+
+    def _count_follow_up(self, req: PlannedRequest, nxt: PlannedRequest) -> None:
+        if len(nxt.members) < len(req.members) and len(req.members) > 1:
+            if nxt.packed is None:
+                self.tier.stats.reasks += 1
+            else:
+                self.tier.stats.splits += 1
+
+
+def _ctx(member: Member) -> JobContext:
+    return cast(JobContext, member.ref)  # every Member a runner makes refers to its JobContext
+
+
+def _note_answer(tier: TierRuntime, token: Token, completion: Completion) -> None:
+    """The answer's budgets and token usage pace the tier's next requests."""
+    usage = completion.usage
+    tier.limiter.note_budget(
+        completion.rate_limit, token, used_tokens=usage.input_tokens + usage.output_tokens
+    )
+
+
+def _note_rate_limited(tier: TierRuntime, token: Token, exc: RateLimited) -> None:
+    """A 429: the provider's budget is empty, so the limiter's mirrors restart from there; with
+    a Retry-After nobody on this tier should try before then (the limit alone bounds
+    concurrency, not rate)."""
+    tier.limiter.note_budget(exc.hint, token, rejected=True)
+    if exc.hint.retry_after_s:
+        tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
+
+
+def _max_tokens(options: dict[str, Any]) -> int | None:
+    value = options.get("max_tokens")
+    return value if isinstance(value, int) and value > 0 else None

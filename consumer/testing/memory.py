@@ -1,0 +1,256 @@
+"""In-memory Kafka edges: the service's intake and producers over a broker held in a dict.
+
+`MemoryBroker` holds topics (partitions of records) and each group's committed offsets.
+`MemoryIntake` is a `JobIntake` over it (every partition of the jobs topic assigned at start,
+pause/resume, commits into the broker); `MemoryProducer` has the part of aiokafka's producer
+the sinks and the stats publisher use (record batches, `send_and_wait`), so the real
+`AtLeastOnceSink` runs on it unchanged: its watermark, acks and commits are the code under
+test, only the sockets are gone. `memory_edges(broker)` hands both to `run_service`.
+
+Faults are injected through these objects, never by patching modules: `MemoryProducer.fail`
+makes the next batches fail with an error, `MemoryBroker.hold_commits` stops commits.
+Offline processing (a Batch API tracker reading its own topic) and exactly_once need a real
+broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumer.kafka.intake import InRecord, RebalanceHandler
+from consumer.kafka.partitioning import partition_for
+from consumer.kafka.records import SourceOffset, TopicPartition
+from consumer.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """One record as the memory broker keeps it."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_ms: int
+
+
+@dataclass
+class MemoryBroker:
+    """Topics and committed offsets; `partitions` for topics created on first use."""
+
+    partitions: int = 4
+    topics: dict[str, list[list[StoredRecord]]] = field(default_factory=dict)
+    committed: dict[str, dict[TopicPartition, int]] = field(default_factory=dict)
+    #: while set, commits raise (a coordinator that cannot be reached)
+    hold_commits: bool = False
+    _appended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def topic(self, name: str) -> list[list[StoredRecord]]:
+        """The partitions of `name`, created when missing."""
+        if name not in self.topics:
+            self.topics[name] = [[] for _ in range(self.partitions)]
+        return self.topics[name]
+
+    def append(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Iterable[tuple[str, bytes | None]] = (),
+        partition: int | None = None,
+    ) -> int:
+        """Append one record (partitioned by key as the real producer does); its offset."""
+        parts = self.topic(topic)
+        if partition is None:
+            partition = partition_for(key, list(range(len(parts))))
+        parts[partition].append(StoredRecord(key, value, tuple(headers), int(time.time() * 1000)))
+        self._appended.set()
+        return len(parts[partition]) - 1
+
+    def records(self, topic: str) -> list[StoredRecord]:
+        """Every record of `topic`, partition by partition."""
+        return [r for part in self.topic(topic) for r in part]
+
+    async def wait_for_records(self, timeout_s: float) -> None:
+        """Return when a record is appended, or after `timeout_s`."""
+        self._appended.clear()
+        try:
+            await asyncio.wait_for(self._appended.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+
+class MemoryIntake:
+    """A `JobIntake` on the memory broker: one member that owns every partition."""
+
+    def __init__(self, broker: MemoryBroker, settings: Settings) -> None:
+        self._broker = broker
+        self._topic = settings.jobs_topic
+        self.group_id = settings.group_id
+        self._positions: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self._handler: RebalanceHandler | None = None
+        #: a single member never meets records an earlier owner finished
+        self.skipped_done = 0
+
+    async def start(self, handler: RebalanceHandler) -> None:
+        self._handler = handler
+        committed = self._broker.committed.setdefault(self.group_id, {})
+        parts = self._broker.topic(self._topic)
+        self._positions = {
+            TopicPartition(self._topic, p): committed.get(TopicPartition(self._topic, p), 0)
+            for p in range(len(parts))
+        }
+        await handler.on_assigned(set(self._positions))
+
+    async def stop(self) -> None:
+        if self._handler is not None and self._positions:
+            await self._handler.on_revoked(set(self._positions))
+        self._positions = {}
+        self._handler = None
+
+    def rejoin(self) -> None:
+        """A single member keeps its assignment."""
+
+    async def poll(self, timeout_s: float, max_records: int) -> list[InRecord]:
+        taken = self._take(max_records)
+        if not taken:
+            await self._broker.wait_for_records(timeout_s)
+            taken = self._take(max_records)
+        return taken
+
+    def _take(self, max_records: int) -> list[InRecord]:
+        out: list[InRecord] = []
+        for tp, position in self._positions.items():
+            if tp in self._paused:
+                continue
+            part = self._broker.topic(tp.topic)[tp.partition]
+            for offset in range(position, min(len(part), position + max_records - len(out))):
+                r = part[offset]
+                out.append(InRecord(SourceOffset(tp, offset), r.key, r.value, r.headers, r.timestamp_ms))
+            self._positions[tp] = position + sum(1 for rec in out if rec.source.tp == tp)
+            if len(out) >= max_records:
+                break
+        return out
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._positions)
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        self._paused.update(partitions)
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        self._paused.difference_update(partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    async def commit(self, offsets: dict[TopicPartition, Any]) -> None:
+        if self._broker.hold_commits:
+            raise ConnectionError("memory broker: commits are held")
+        committed = self._broker.committed.setdefault(self.group_id, {})
+        for tp, point in offsets.items():
+            committed[tp] = int(getattr(point, "offset", point))
+
+    def has_unfetched(self) -> bool:
+        return any(
+            tp not in self._paused and self._positions[tp] < len(self._broker.topic(tp.topic)[tp.partition])
+            for tp in self._positions
+        )
+
+
+class _Batch:
+    """aiokafka's BatchBuilder surface: `append` returns None when the batch is full."""
+
+    def __init__(self, max_records: int) -> None:
+        self.records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+        self._max = max_records
+
+    def append(
+        self, *, key: bytes | None, value: bytes | None, timestamp: Any, headers: list[tuple[str, bytes]]
+    ) -> Any:
+        if len(self.records) >= self._max:
+            return None
+        self.records.append((key, value, headers))
+        return True
+
+
+class MemoryProducer:
+    """The producer surface the sinks and the stats publisher use, writing to the memory broker."""
+
+    BATCH_RECORDS = 500
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self._broker = broker
+        self._failures: list[BaseException] = []
+        self.started = False
+        self.sent = 0
+
+    def fail(self, error: BaseException, times: int = 1) -> None:
+        """The next `times` batches fail with `error` (their records are not written)."""
+        self._failures.extend(itertools.repeat(error, times))
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+
+    async def flush(self) -> None:
+        return None
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return set(range(len(self._broker.topic(topic))))
+
+    def create_batch(self) -> _Batch:
+        return _Batch(self.BATCH_RECORDS)
+
+    async def send_batch(self, batch: _Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        delivered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self._failures:
+            delivered.set_exception(self._failures.pop(0))
+            return delivered
+        for key, value, headers in batch.records:
+            self._broker.append(topic, key, value, headers, partition=partition)
+        self.sent += len(batch.records)
+        delivered.set_result(None)
+        return delivered
+
+    async def send_and_wait(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                            headers: Sequence[tuple[str, bytes]] = ()) -> None:
+        self._broker.append(topic, key, value, headers)
+        self.sent += 1
+
+
+@dataclass(frozen=True)
+class MemoryEdges:
+    """The service's Kafka edges on a `MemoryBroker` (see `consumer.app.KafkaEdges`)."""
+
+    broker: MemoryBroker
+
+    async def ensure_topics(self, settings: Settings) -> dict[str, str]:
+        names = [settings.jobs_topic, settings.results_topic, settings.dlq_topic, settings.stats_topic]
+        report = {n: "exists" if n in self.broker.topics else "created" for n in names}
+        for name in names:
+            self.broker.topic(name)
+        return report
+
+    async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]:
+        from consumer.kafka.connection import MAX_MESSAGE_BYTES
+
+        return dict.fromkeys(topics, MAX_MESSAGE_BYTES)
+
+    def intake(self, settings: Settings, client_id: str) -> MemoryIntake:
+        return MemoryIntake(self.broker, settings)
+
+    def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> MemoryProducer:
+        return MemoryProducer(self.broker)
+
+
+def memory_edges(broker: MemoryBroker | None = None) -> MemoryEdges:
+    """Edges on `broker` (a new one with 4 partitions per topic when None)."""
+    return MemoryEdges(broker if broker is not None else MemoryBroker())

@@ -1,0 +1,60 @@
+"""The adaptive batch size end to end: real broker, simulator over real HTTP, real pipeline.
+
+The simulator is a faithful model: a job's batched answer is the answer it gets alone. A tier
+that verifies (`verify_fraction` > 0) trusts nothing beyond ordinary requests at first; its
+probes and their verification must prove each size in turn, until it batches at max_items
+and saves requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
+from tests.service.harness import (
+    InProcessService,
+    job,
+    produce,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+    wait_for_outcomes,
+)
+
+pytestmark = pytest.mark.integration
+
+WAVES = 12
+PER_WAVE = 50
+
+
+async def test_a_faithful_model_proves_its_way_to_max_items(kafka_bootstrap: str) -> None:
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=1))
+    async with SimulatorServer(SimulatorConfig(latency_ms=2, seed=3)) as base_url:
+        tiers = tier_file_dict(base_url + "/v1", max_items=8)
+        tiers["tiers"]["small"]["batching"].update({"verify_fraction": 0.5, "probe_fraction": 0.2})
+        service = InProcessService(settings, tiers)
+        sizes_seen: list[int] = []
+        async with service:
+            jobs = [job(i, batch=True) for i in range(WAVES * PER_WAVE)]
+            for wave in range(WAVES):  # waves: later jobs are routed after earlier evidence
+                await produce(settings, jobs[wave * PER_WAVE : (wave + 1) * PER_WAVE])
+                ids = {j["id"] for j in jobs[: (wave + 1) * PER_WAVE]}
+                outcomes = await wait_for_outcomes(settings, ids, timeout_s=60)
+                await asyncio.sleep(0.3)  # verification requests end after the results
+                sizes_seen.append(service.stats_snapshot()["tiers"]["small"]["batch_size"])
+            stats = service.stats_snapshot()
+
+    assert set(outcomes.results) == {j["id"] for j in jobs} and outcomes.duplicates() == {}
+    for j in jobs:
+        assert outcomes.results[j["id"]][0]["output"] == answer_for(j["variables"]["text"])
+    assert sizes_seen[0] < 8, "nothing is trusted before it is measured"
+    assert sizes_seen == sorted(sizes_seen), f"a faithful model never loses a size: {sizes_seen}"
+    tier = stats["tiers"]["small"]
+    assert tier["batch_size"] == 8, tier["batch_size_reason"]
+    assert tier["batch_size_reason"].startswith("size 8: agreement 100% of ")
+    assert tier["batch_size_reason"].endswith("(max_items)")
+    assert tier["verify_compared"] == tier["verify_agreed"] > 0
+    assert tier["requests_saved"] > 0
+    assert tier["provider_requests"] - tier["verify_requests"] < len(jobs) * 0.75

@@ -1,0 +1,253 @@
+"""`promptbus replay --dlq`: dead letters' jobs go back to the jobs topic, once.
+
+The broker test runs the real service in-process with the simulator: jobs naming a tier that
+is not configured yet (`unknown_tier`), jobs whose template misses a variable
+(`template_error`) and one record that is not JSON (`invalid_job`, only its raw bytes kept)
+are dead-lettered. A dry run (the CLI, as a process) lists all of them and produces nothing.
+With the tier configured, replaying `unknown_tier` republishes exactly those jobs (key: the
+job id; header `promptbus-replay-of`: the dead letter's topic/partition/offset; value: the
+dead letter's job), the service answers them, and a second run replays nothing: neither the
+replayed ones nor the ones the first run's filter left out.
+
+`plan_replay` (no I/O) is checked on its own for the raw-bytes path and the filters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import os
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from consumer.cli import main
+from consumer.core.jobs import decode_job
+from consumer.kafka.clients import topic_partitions
+from consumer.kafka.connection import client_kwargs
+from consumer.kafka.records import SourceOffset, TopicPartition
+from consumer.kafka.replay import REPLAY_HEADER, Replay, ReplayFilter, Skip, plan_replay, replay_dead_letters
+from consumer.settings import Settings
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
+from tests.service.harness import (
+    ROOT,
+    InProcessService,
+    job,
+    produce,
+    read_outcomes,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+    wait_for_outcomes,
+)
+
+DLQ_TP = TopicPartition("dlq", 0)
+NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+
+
+def dead_letter(kind: str, *, job_value: dict[str, Any] | None = None, raw: bytes | None = None) -> bytes:
+    return orjson.dumps(
+        {
+            "id": job_value["id"] if job_value else None,
+            "status": "failed",
+            "error": {"kind": kind, "message": "m", "retryable": False},
+            "attempts": 0,
+            "job": job_value,
+            "raw": base64.b64encode(raw).decode() if raw is not None else None,
+            "source": {"topic": "jobs", "partition": 0, "offset": 1},
+            "failed_at": NOW.isoformat().replace("+00:00", "Z"),
+        }
+    )
+
+
+def plan(value: bytes, flt: ReplayFilter | None = None, *, timestamp_ms: int = 0) -> Replay | Skip:
+    return plan_replay(value, SourceOffset(DLQ_TP, 7), timestamp_ms, flt or ReplayFilter(), "jobs")
+
+
+def test_a_never_parsed_job_is_replayed_as_its_original_bytes() -> None:
+    original = b'{"id": "j-1", "tier": "small", "promt": "typo"}'
+    decision = plan(dead_letter("invalid_job", raw=original))
+    assert isinstance(decision, Replay)
+    assert decision.record.value == original and decision.record.topic == "jobs"
+    assert decision.record.key == b"j-1", "the id read from the bytes keys the record"
+    assert decision.record.headers == ((REPLAY_HEADER, b"dlq/0/7"),)
+    not_json = plan(dead_letter("invalid_job", raw=b"\xff\xfe"))
+    assert (
+        isinstance(not_json, Replay) and not_json.record.value == b"\xff\xfe" and not_json.record.key is None
+    )
+
+
+def test_filters_pick_kind_tier_and_time() -> None:
+    value = dead_letter("unknown_tier", job_value=job(1, batch=False, tier="large"))
+    assert isinstance(plan(value, ReplayFilter(kinds=frozenset({"unknown_tier"}))), Replay)
+    assert plan(value, ReplayFilter(kinds=frozenset({"template_error"}))) == Skip("kind", "dlq/0/7")
+    assert isinstance(plan(value, ReplayFilter(tier="large")), Replay)
+    assert plan(value, ReplayFilter(tier="small")) == Skip("tier", "dlq/0/7")
+    assert isinstance(plan(value, ReplayFilter(since=NOW)), Replay), "failed_at equal to since is kept"
+    assert plan(value, ReplayFilter(since=NOW + timedelta(seconds=1))) == Skip("older", "dlq/0/7")
+    # no usable failed_at: the record timestamp decides
+    undated = orjson.loads(value)
+    undated["failed_at"] = "yesterday"
+    newer_ms = int((NOW + timedelta(hours=1)).timestamp() * 1000)
+    decision = plan(orjson.dumps(undated), ReplayFilter(since=NOW), timestamp_ms=newer_ms)
+    assert isinstance(decision, Replay)
+    assert plan(orjson.dumps(undated), ReplayFilter(since=NOW), timestamp_ms=0).reason == "older"  # type: ignore[union-attr]
+
+
+def test_what_cannot_be_replayed_says_why() -> None:
+    left_out = plan(dead_letter("retries_exhausted"))  # job and raw both left out for size
+    assert isinstance(left_out, Skip) and left_out.reason == "no_input" and left_out.problem
+    foreign = plan(b"written by another tool")
+    assert isinstance(foreign, Skip) and foreign.reason == "not_a_dead_letter"
+    bad_raw = orjson.loads(dead_letter("invalid_job", raw=b"x"))
+    bad_raw["raw"] = "!!not base64!!"
+    assert plan(orjson.dumps(bad_raw)).reason == "no_input"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["replay"], "replay: give --dlq"),
+        (["replay", "--dlq", "--kind", "nope"], "--kind: unknown error kind 'nope'"),
+        (["replay", "--dlq", "--since", "yesterday"], "--since: not an RFC 3339 time"),
+        (["replay", "--dlq", "--since", "2026-12-01T10:00:00"], "--since: give a UTC offset"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_option(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    assert says in capsys.readouterr().err
+
+
+async def _end_offsets(settings: Settings, topic: str) -> dict[TopicPartition, int]:
+    tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
+    consumer = AIOKafkaConsumer(**client_kwargs(settings))
+    await consumer.start()
+    try:
+        end: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+        return end
+    finally:
+        await consumer.stop()
+
+
+async def _records_between(
+    settings: Settings, start: dict[TopicPartition, int], end: dict[TopicPartition, int]
+) -> list[Any]:
+    """The records of each partition from `start` up to `end` (bounded: end is known)."""
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, **client_kwargs(settings))
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        tps = [tp for tp in end if end[tp] > start.get(tp, 0)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, start.get(tp, 0))
+        for _ in range(100):
+            positions = {tp: await consumer.position(tp) for tp in tps}
+            if all(positions[tp] >= end[tp] for tp in tps):
+                break
+            for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                out += [r for r in records if r.offset < end[tp]]
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def _cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """Run `promptbus ARGS` as a process (bounded): exit code, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "consumer.cli",
+        *args,
+        env={**os.environ, **env},
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def _dead_letters_by_id(records: list[Any]) -> dict[Any, tuple[dict[str, Any], str]]:
+    return {
+        orjson.loads(r.value)["id"]: (orjson.loads(r.value), f"{r.topic}/{r.partition}/{r.offset}")
+        for r in records
+    }
+
+
+@pytest.mark.integration
+async def test_replay_republishes_one_kind_once_and_the_service_answers_it(kafka_bootstrap: str) -> None:
+    env = service_env(kafka_bootstrap, partitions=2)
+    settings = settings_from_env(env)
+    unknown = [job(i, batch=False, tier="large") for i in range(5)]
+    broken = [job(100 + i, batch=False, prompt="Say ${missing} about:\n${text}") for i in range(3)]
+    fine = [job(200 + i, batch=True) for i in range(4)]
+    poison = b"\xffnot json"
+    async with SimulatorServer(SimulatorConfig(seed=3)) as base_url:
+        small = tier_file_dict(base_url + "/v1")
+        both = copy.deepcopy(small)
+        both["tiers"]["large"] = copy.deepcopy(small["tiers"]["small"])
+
+        async with InProcessService(settings, small):
+            await produce(settings, [*unknown, *broken, *fine, poison])
+            first = await wait_for_outcomes(
+                settings, {j["id"] for j in unknown + broken + fine}, timeout_s=60, dead_expected=9
+            )
+        kinds = sorted(d["error"]["kind"] for ds in first.dead.values() for d in ds)
+        assert kinds == ["invalid_job"] + ["template_error"] * 3 + ["unknown_tier"] * 5, kinds
+        jobs_end = await _end_offsets(settings, settings.jobs_topic)
+        dlq_end = await _end_offsets(settings, settings.dlq_topic)
+        dead = _dead_letters_by_id(await _records_between(settings, {}, dlq_end))
+
+        # Dry run, as the operator runs it: lists all nine, produces and commits nothing
+        code, out, err = await _cli(env, "replay", "--dlq", "--dry-run")
+        assert code == 0, err
+        assert "would replay 9 dead letters: invalid_job=1, template_error=3, unknown_tier=5" in out
+        for j in unknown:
+            assert f"would replay {j['id']} (unknown_tier) from {dead[j['id']][1]}" in out
+        assert await _end_offsets(settings, settings.jobs_topic) == jobs_end, "a dry run produced"
+
+        # The tier exists now: replay the unknown_tier dead letters, the service answers them
+        async with InProcessService(settings, both):
+            report = await replay_dead_letters(settings, ReplayFilter(kinds=frozenset({"unknown_tier"})))
+            assert dict(report.replayed) == {"unknown_tier": 5}, report.summary()
+            assert dict(report.skipped) == {"kind": 4}, report.summary()
+            replayed_end = await _end_offsets(settings, settings.jobs_topic)
+            replayed = await _records_between(settings, jobs_end, replayed_end)
+            assert len(replayed) == 5
+            for r in replayed:
+                jid = r.key.decode()
+                letter, where = dead[jid]
+                assert dict(r.headers)[REPLAY_HEADER] == where.encode()
+                assert orjson.loads(r.value) == letter["job"]
+                assert decode_job(r.value).tier == "large"
+            answered = await wait_for_outcomes(settings, {j["id"] for j in unknown}, timeout_s=60)
+            for j in unknown:
+                (result,) = answered.results[j["id"]]
+                assert result["output"] == answer_for(j["variables"]["text"])
+                assert (
+                    result["source"]["offset"]
+                    >= jobs_end[TopicPartition(settings.jobs_topic, result["source"]["partition"])]
+                )
+
+        # Again: nothing new, and what the first run's filter left out stays behind
+        again = await replay_dead_letters(settings, ReplayFilter(kinds=frozenset({"unknown_tier"})))
+        everything = await replay_dead_letters(settings, ReplayFilter())
+        assert sum(again.replayed.values()) == 0 and sum(again.skipped.values()) == 0
+        assert sum(everything.replayed.values()) == 0, everything.summary()
+        assert await _end_offsets(settings, settings.jobs_topic) == replayed_end
+    outcomes = await read_outcomes(settings)
+    assert all(len(rs) == 1 for rs in outcomes.results.values()), "a job was answered twice"
+    assert sorted(outcomes.results) == sorted(j["id"] for j in unknown + fine)
+    assert sum(len(ds) for ds in outcomes.dead.values()) == 9, "a replayed job failed again"
