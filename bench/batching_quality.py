@@ -597,7 +597,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--min-agreement", type=float, default=0.8, help="adaptive runs only")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--no-docs-copy", dest="docs_copy", action="store_false")
+    parser.add_argument(
+        "--plot-only", type=Path, nargs="+", metavar="FILE.json",
+        help="run nothing: draw the plot from the summaries of these reports (e.g. one per --modes)",
+    )
     args = parser.parse_args(argv)
+    if args.plot_only:
+        reports = [json.loads(path.read_text()) for path in args.plot_only]
+        summary = [entry for report in reports for entry in report["summary"]]
+        modes = [m for m in MODES if any(e["structured"] == m for e in summary)]
+        draw(summary, modes, reports[0]["texts"], reports[0]["concurrency"], args.docs_copy)
+        return 0
     args.sizes = sorted({int(x) for x in args.sizes.split(",")})
     args.modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(args.modes) - set(MODES))
@@ -642,18 +652,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+    draw(report["summary"], args.modes, len(rows), args.concurrency, args.docs_copy)
+    return 0
+
+
+def draw(
+    summary: list[dict[str, Any]], modes: Sequence[str], texts: int, concurrency: int, docs_copy: bool
+) -> None:
+    """`plot` into bench/out, and a copy into docs/ unless told not to."""
     png = OUT_DIR / "batching_quality.png"
     title = (
-        f"SmolLM2-135M-Instruct (llama.cpp server), {len(rows)} labelled texts, "
-        f"concurrency {args.concurrency}, {os.cpu_count()} cores"
+        f"SmolLM2-135M-Instruct (llama.cpp server), {texts} labelled texts, "
+        f"concurrency {concurrency}, {os.cpu_count()} cores (means over runs)"
     )
-    plot(report["summary"], args.modes, png, title)
+    plot(summary, modes, png, title)
     progress(f"plot: {png}")
-    if args.docs_copy:
+    if docs_copy:
         DOCS_PNG.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(png, DOCS_PNG)
         progress(f"plot copied to {DOCS_PNG}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from consumer.core.errors import ConfigError
 from consumer.kafka.admin import ensure_topics, max_record_bytes
+from consumer.kafka.assignment import Assignment
 from consumer.kafka.intake import JobIntake, KafkaIntake
 from consumer.kafka.publisher import StatsPublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
@@ -58,7 +59,7 @@ class ServiceEdges(Protocol):
 
     async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]: ...
 
-    def intake(self, settings: Settings, client_id: str) -> ServiceIntake: ...
+    def intake(self, settings: Settings, client_id: str, owned: Assignment) -> ServiceIntake: ...
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any: ...
 
@@ -72,8 +73,8 @@ class KafkaEdges:
     async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]:
         return await max_record_bytes(settings, topics)
 
-    def intake(self, settings: Settings, client_id: str) -> KafkaIntake:
-        return KafkaIntake(settings, client_id=client_id)
+    def intake(self, settings: Settings, client_id: str, owned: Assignment) -> KafkaIntake:
+        return KafkaIntake(settings, client_id=client_id, assignment=owned)
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any:
         return kafka_producer_factory(settings, client_id)(transactional_id=transactional_id)
@@ -168,6 +169,8 @@ def build_offline(
         limits=limits,
         transactional=exactly_once,
         client_id=f"promptbus-{instance}-tracker",
+        stats=outcomes.stats,
+        pricing_by_tier={n: t.pricing.pricing() for n, t in offline_tiers.items() if t.pricing is not None},
     )
     parts: list[Any] = [collector, tracker]
     if exactly_once:
@@ -262,16 +265,18 @@ async def run_service(
             parts.push_async_callback(tier.provider.aclose)
 
         client_id = f"promptbus-{instance}"
-        intake = edges.intake(settings, client_id)
+        # the owned partitions' state, one object for the intake and the sink
+        owned = Assignment()
+        intake = edges.intake(settings, client_id, owned)
 
         def make_producer(*, transactional_id: str | None) -> Any:
             return edges.producer(settings, client_id, transactional_id)
 
         sink: OutcomeSink
         if settings.processing_guarantee == "exactly_once":
-            sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit, intake.rejoin)
+            sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit, intake.rejoin, owned)
         else:
-            sink = AtLeastOnceSink(make_producer(transactional_id=None), intake.commit)
+            sink = AtLeastOnceSink(make_producer(transactional_id=None), intake.commit, owned)
         side_producer = make_producer(transactional_id=None)
         outcomes = OutcomeWriter(settings, sink, stats, telemetry, limits)
         collector, offline_parts = build_offline(

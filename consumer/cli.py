@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from consumer.core.cost import BatchSaving
 from consumer.core.errors import ConfigError
 
 
@@ -223,6 +224,29 @@ def _circuit_text(tier: dict[str, Any]) -> str:
     return "closed" + history
 
 
+def _cost_text(t: dict[str, Any]) -> str:
+    """A tier's tokens, cost, dedupe and what batching saved (measured, or an estimate)."""
+    text = (
+        f"in={int(t.get('input_tokens', 0))} out={int(t.get('output_tokens', 0))} "
+        f"cached_in={int(t.get('cached_input_tokens', 0))} cache_write={int(t.get('cache_write_tokens', 0))} "
+        f"cost=${float(t.get('cost_usd', 0.0)):.4f} deduped={int(t.get('deduped', 0))}"
+    )
+    saving = BatchSaving.from_counts(
+        verify_batched_tokens=int(t.get("verify_batched_tokens", 0)),
+        verify_alone_tokens=int(t.get("verify_alone_tokens", 0)),
+        batched_tokens=int(t.get("batched_tokens", 0)),
+        alone_tokens_estimate=int(t.get("alone_tokens_estimate", 0)),
+    )
+    fraction = saving.saved_fraction
+    if fraction is not None:
+        how = "measured on verified jobs" if saving.measured else "estimate from prompt lengths"
+        text += (
+            f"; batching saved {fraction:.0%} of tokens ({saving.batched} batched vs "
+            f"{saving.alone} alone, {how})"
+        )
+    return text
+
+
 def format_stats(merged: dict[str, Any]) -> str:
     lines = [
         f"instances: {merged['instances_live']} live, {merged['instances_seen']} seen",
@@ -241,6 +265,7 @@ def format_stats(merged: dict[str, Any]) -> str:
             # the adaptive rule's own words: the size in use and the evidence for it
             lines.append(f"tier {name} batch {t['batch_size_reason']}")
         lines.append(f"tier {name} circuit: " + _circuit_text(t))
+        lines.append(f"tier {name} tokens: " + _cost_text(t))
     for name, per_size in sorted(merged.get("agreement", {}).items()):
         parts = [
             f"size {size}: {c['agreed']}/{c['compared']}"

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import secrets
@@ -60,7 +61,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any, Concatenate, ParamSpec, TextIO, TypeVar
 
 import orjson
 from pydantic import ValidationError
@@ -814,6 +815,23 @@ class AsyncClient:
         return outcomes
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _blocking(
+    method: Callable[Concatenate[AsyncClient, _P], Awaitable[_R]],
+) -> Callable[Concatenate[Client, _P], _R]:
+    """The blocking twin of an `AsyncClient` method: the same parameters and result."""
+
+    @functools.wraps(method)
+    def run(self: Client, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        result: _R = self._call(method(self._client, *args, **kwargs))
+        return result
+
+    return run
+
+
 class Client:
     """The blocking client: `AsyncClient`'s methods, each run to completion in this thread.
 
@@ -857,107 +875,10 @@ class Client:
             self._runner.close()
             self._runner = None
 
-    def map(
-        self,
-        tier: str,
-        inputs: Sequence[str | Mapping[str, str]],
-        *,
-        prompt: str | None = None,
-        batch: bool = False,
-        options: Mapping[str, Any] | None = None,
-        mode: str = "online",
-        run_id: str | None = None,
-        on_progress: ProgressCallback | None = None,
-        raise_on_error: bool = False,
-        timeout_s: float | None = None,
-    ) -> list[Outcome]:
-        """See `AsyncClient.map`."""
-        result: list[Outcome] = self._call(
-            self._client.map(
-                tier,
-                inputs,
-                prompt=prompt,
-                batch=batch,
-                options=options,
-                mode=mode,
-                run_id=run_id,
-                on_progress=on_progress,
-                raise_on_error=raise_on_error,
-                timeout_s=timeout_s,
-            )
-        )
-        return result
-
-    def map_chat(
-        self,
-        tier: str,
-        conversations: Sequence[Sequence[Mapping[str, Any]]],
-        *,
-        options: Mapping[str, Any] | None = None,
-        mode: str = "online",
-        run_id: str | None = None,
-        on_progress: ProgressCallback | None = None,
-        raise_on_error: bool = False,
-        timeout_s: float | None = None,
-    ) -> list[Outcome]:
-        """See `AsyncClient.map_chat`."""
-        result: list[Outcome] = self._call(
-            self._client.map_chat(
-                tier,
-                conversations,
-                options=options,
-                mode=mode,
-                run_id=run_id,
-                on_progress=on_progress,
-                raise_on_error=raise_on_error,
-                timeout_s=timeout_s,
-            )
-        )
-        return result
-
-    def map_jobs(
-        self,
-        jobs: Sequence[Mapping[str, Any]],
-        *,
-        run_id: str | None = None,
-        on_progress: ProgressCallback | None = None,
-        raise_on_error: bool = False,
-        timeout_s: float | None = None,
-    ) -> list[Outcome]:
-        """See `AsyncClient.map_jobs`."""
-        result: list[Outcome] = self._call(
-            self._client.map_jobs(
-                jobs,
-                run_id=run_id,
-                on_progress=on_progress,
-                raise_on_error=raise_on_error,
-                timeout_s=timeout_s,
-            )
-        )
-        return result
-
-    def collect(
-        self,
-        run_id: str,
-        total: int,
-        *,
-        since: float | None = None,
-        timeout_s: float | None = None,
-        on_progress: ProgressCallback | None = None,
-        raise_on_error: bool = False,
-    ) -> list[Outcome]:
-        """See `AsyncClient.collect`."""
-        result: list[Outcome] = self._call(
-            self._client.collect(
-                run_id,
-                total,
-                since=since,
-                timeout_s=timeout_s,
-                on_progress=on_progress,
-                raise_on_error=raise_on_error,
-            )
-        )
-        return result
+    map = _blocking(AsyncClient.map)
+    map_chat = _blocking(AsyncClient.map_chat)
+    map_jobs = _blocking(AsyncClient.map_jobs)
+    collect = _blocking(AsyncClient.collect)
 
 
 # ---------------------------------------------------------------------------- the shell's side

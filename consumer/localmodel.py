@@ -787,8 +787,14 @@ def run_from_args(args: argparse.Namespace) -> int:
         if command == "serve":
             return _serve_command(args)
         if command == "stop":
+            before = status(args.port)
             stopped = stop(args.port)
-            print(f"stopped the local model server on port {args.port}" if stopped else "not running")
+            if stopped:
+                print(f"stopped the local model server on port {args.port}")
+            elif before.crashed and before.exit is not None:
+                print(f"not running: the server on port {args.port} had crashed ({before.exit.how})")
+            else:
+                print("not running")
             return 0
         if command == "status":
             st = status(args.port)

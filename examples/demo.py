@@ -15,6 +15,7 @@ says so in one line and stops waiting.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -61,6 +62,8 @@ def main() -> int:
             "PROMPTBUS_BATCHES_TOPIC": f"demo-{run_id}.batches",
             "PROMPTBUS_STATS_TOPIC": f"demo-{run_id}.stats",
             "PROMPTBUS_STATS_INTERVAL_S": "1",
+            # the demo's jobs take a second or two; held ones (a dead provider) need no long drain
+            "PROMPTBUS_SHUTDOWN_TIMEOUT_S": os.environ.get("PROMPTBUS_SHUTDOWN_TIMEOUT_S", "10"),
         }
     )
     started = time.monotonic()
@@ -193,11 +196,15 @@ async def _map_through_client(
 
     started = time.monotonic()
     shown = [-1]
+    # aiokafka retries what a just-created topic's metadata lacks and logs each retry
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
     def progress(p: Progress) -> None:
+        # each wait is a new call with its own clock: the demo's counts from its first
         if p.done != shown[0]:
             shown[0] = p.done
-            print(f"  {p.done}/{p.total} done after {p.elapsed_s:.1f} s ({p.failed} failed)", flush=True)
+            elapsed_s = time.monotonic() - started
+            print(f"  {p.done}/{p.total} done after {elapsed_s:.1f} s ({p.failed} failed)", flush=True)
 
     async with AsyncClient() as client:
         try:

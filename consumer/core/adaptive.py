@@ -40,7 +40,8 @@ answer proves nothing: at p 0.8 and 90 % it takes 7 agreeing answers out of 7):
   charges for. Slower: seconds per answered item at L are at least those of size 1 (judged
   once L has a request and size 1 has `MIN_SINGLE_REQUESTS`). Charges saved: a provider
   that limits requests (the tier has learnt a request budget from rate-limit headers, see
-  `pacing.BudgetPacer`) is paid in requests, and L items in one request save L - 1 of them;
+  `pacing.BudgetPacer`) is paid in requests, and batching saves while its measured requests
+  per answered item are below those of single requests (L items in one valid answer: 1/L);
   a provider that charges per token (openai, anthropic; `batching.charges`) is paid in
   tokens, and batching saves while its measured tokens per answered item are below those
   of single requests (the prompt prefix is sent once, the batch instruction and JSON
@@ -233,6 +234,12 @@ class _Evidence:
         if spi is None:
             return None
         return 0.0 if math.isinf(spi) else (1.0 / spi if spi > 0 else math.inf)
+
+    def requests_per_item(self) -> float | None:
+        """Requests per answered item; inf when requests answered nothing; None before any."""
+        if self.requests == 0:
+            return None
+        return self.requests / self.answered if self.answered > 0 else math.inf
 
     def tokens_per_item(self) -> float | None:
         return self.tokens / self.token_items if self.token_items > 0 else None
@@ -428,7 +435,9 @@ class AdaptiveBatchSize:
 
     def _saves_charges(self, level: int) -> bool:
         if self.request_limited:
-            return True
+            batched = self._evidence[level].requests_per_item()
+            single = self._evidence[1].requests_per_item()
+            return batched is None or batched < (single if single is not None else 1.0)
         if not self.per_token:
             return False
         batched = self._evidence[level].tokens_per_item()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -64,6 +65,13 @@ class CompletionRequest:
         """The prompt's tokens, roughly (4 characters each): what a token budget is paced by
         before the answer says what the request really cost."""
         return sum(len(m.content) for m in self.messages) // CHARS_PER_TOKEN + 1
+
+
+def prompt_cache_key(*parts: str) -> str:
+    """A short, stable name for one shared prefix (e.g. a batch key's tier, prefix, variable):
+    equal parts, equal key; it says nothing of the text itself."""
+    digest = hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
+    return "promptbus-" + digest[:24]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from consumer.core.completion import CHARS_PER_TOKEN, Usage
+from consumer.core.packing import DEFAULT_PER_ITEM_OVERHEAD_TOKENS
 
-__all__ = ["BatchSaving", "Pricing", "alone_input_estimate", "cost_usd"]
+__all__ = ["BatchSaving", "Pricing", "alone_input_estimate", "alone_output_estimate", "cost_usd"]
 
 PER_MTOK = 1_000_000
 
@@ -40,8 +41,12 @@ def cost_usd(usage: Usage, pricing: Pricing, *, offline: bool = False) -> float:
     cached = max(usage.cached_input_tokens, 0)
     written = max(usage.cache_write_tokens, 0)
     uncached = max(usage.input_tokens - cached - written, 0)
-    cached_price = pricing.input_per_mtok if pricing.cached_input_per_mtok is None else pricing.cached_input_per_mtok
-    write_price = pricing.input_per_mtok if pricing.cache_write_per_mtok is None else pricing.cache_write_per_mtok
+    cached_price = (
+        pricing.input_per_mtok if pricing.cached_input_per_mtok is None else pricing.cached_input_per_mtok
+    )
+    write_price = (
+        pricing.input_per_mtok if pricing.cache_write_per_mtok is None else pricing.cache_write_per_mtok
+    )
     total = (
         uncached * pricing.input_per_mtok
         + cached * cached_price
@@ -53,7 +58,9 @@ def cost_usd(usage: Usage, pricing: Pricing, *, offline: bool = False) -> float:
     return total
 
 
-def alone_input_estimate(batched_input_tokens: int, batched_prompt_chars: int, alone_prompt_chars: int) -> int:
+def alone_input_estimate(
+    batched_input_tokens: int, batched_prompt_chars: int, alone_prompt_chars: int
+) -> int:
     """The input tokens the members of a batched request would have used asked alone, estimated.
 
     Character counts of the ordinary prompts are turned into tokens at the rate the batched
@@ -64,6 +71,12 @@ def alone_input_estimate(batched_input_tokens: int, batched_prompt_chars: int, a
     if batched_input_tokens > 0 and batched_prompt_chars > 0:
         return round(alone_prompt_chars * batched_input_tokens / batched_prompt_chars)
     return alone_prompt_chars // CHARS_PER_TOKEN
+
+
+def alone_output_estimate(batched_output_tokens: int, size: int) -> int:
+    """The output tokens `size` jobs would have used asked alone, estimated from a batched
+    answer: its tokens less the JSON around each answer (at least one token per job)."""
+    return max(batched_output_tokens - DEFAULT_PER_ITEM_OVERHEAD_TOKENS * size, size)
 
 
 @dataclass(frozen=True, slots=True)

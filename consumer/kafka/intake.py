@@ -31,6 +31,7 @@ from consumer.core.offsets import (
     decode_done,
     encode_done,
 )
+from consumer.kafka.assignment import Assignment
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.settings import Settings
@@ -118,7 +119,7 @@ class _Listener(ConsumerRebalanceListener):
 class KafkaIntake:
     """aiokafka consumer in a group on the jobs topic, manual commits, read_committed."""
 
-    def __init__(self, settings: Settings, *, client_id: str) -> None:
+    def __init__(self, settings: Settings, *, client_id: str, assignment: Assignment | None = None) -> None:
         self.group_id = settings.group_id
         self._topic = settings.jobs_topic
         self._consumer = AIOKafkaConsumer(
@@ -135,10 +136,10 @@ class KafkaIntake:
             heartbeat_interval_ms=3_000,
             **client_kwargs(settings),
         )
-        self._next_offset: dict[TopicPartition, int] = {}
+        #: per owned partition: its fetch position and what an earlier owner finished (shared
+        #: with the sink, which keeps the epochs there)
+        self.owned = assignment if assignment is not None else Assignment()
         self._listener: _Listener | None = None
-        #: per assigned partition: offsets at or above its committed one that are finished
-        self._done: dict[TopicPartition, DoneOffsets] = {}
         #: metadata text limit; halved when the broker's offset.metadata.max.bytes is lower
         self._metadata_max_chars = METADATA_MAX_CHARS
         #: records dropped by `poll` because an earlier owner had finished them
@@ -164,9 +165,7 @@ class KafkaIntake:
         await self._consumer.stop()
 
     def _forget_positions(self, partitions: set[TopicPartition]) -> None:
-        for tp in partitions:
-            self._next_offset.pop(tp, None)
-            self._done.pop(tp, None)
+        self.owned.revoke(partitions)
 
     async def _load_done(self, partitions: set[TopicPartition]) -> None:
         """Read the committed offsets' metadata: what earlier owners finished above them.
@@ -174,7 +173,7 @@ class KafkaIntake:
         Never raises (a failure only means those records are done again): it runs inside
         the rebalance.
         """
-        partitions = {tp for tp in partitions if tp not in self._done}
+        partitions = {tp for tp in partitions if not self.owned.assign(tp).done_read}
         if not partitions:
             return
         try:
@@ -188,7 +187,8 @@ class KafkaIntake:
             )
             committed = {}
         for tp in partitions:
-            self._done[tp] = NO_OFFSETS
+            state = self.owned.assign(tp)
+            state.done_read, state.done = True, NO_OFFSETS
             meta = committed.get(tp)
             if meta is None or meta.offset < 0:
                 continue
@@ -201,7 +201,7 @@ class KafkaIntake:
                     decoded.reason,
                 )
             elif decoded.done:
-                self._done[tp] = decoded.done
+                state.done = decoded.done
                 log.info(
                     "%s: %d records above committed offset %d were finished by an earlier owner; "
                     "skipping them",
@@ -228,9 +228,11 @@ class KafkaIntake:
         batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         out: list[InRecord] = []
         for tp, records in batches.items():
-            if tp not in self._done:  # assigned without the listener seeing it (be safe)
+            state = self.owned.get(tp)
+            if state is None or not state.done_read:  # assigned without the listener seeing it
                 await self._load_done({tp})
-            done = self._done.get(tp, NO_OFFSETS)
+                state = self.owned.assign(tp)
+            done = state.done
             if done:
                 kept = [r for r in records if r.offset not in done]
                 self.skipped_done += len(records) - len(kept)
@@ -249,7 +251,9 @@ class KafkaIntake:
             # the consumer's own position: it also steps over transaction markers, which take
             # an offset after a transactional producer's records but are never returned
             # (last record + 1 would leave one "unfetched" offset behind forever)
-            self._next_offset[tp] = await self._consumer.position(tp)
+            state = self.owned.get(tp)
+            if state is not None:
+                state.fetched_to = await self._consumer.position(tp)
         return out
 
     def assignment(self) -> set[TopicPartition]:
@@ -272,11 +276,11 @@ class KafkaIntake:
         points: dict[TopicPartition, tuple[int, DoneOffsets]] = {}
         for tp, value in offsets.items():
             offset, done = (value, NO_OFFSETS) if isinstance(value, int) else (value.offset, value.done)
-            carried = self._done.get(tp)
-            if carried:
+            state = self.owned.get(tp)
+            if state is not None and state.done:
                 # below the new position they are committed anyway: forget them
-                carried = self._done[tp] = carried.from_offset(offset)
-                done = done.union(carried)
+                state.done = state.done.from_offset(offset)
+                done = done.union(state.done)
             points[tp] = (offset, done)
         while True:
             limit = self._metadata_max_chars
@@ -304,6 +308,8 @@ class KafkaIntake:
             high = self._consumer.highwater(tp)
             if high is None:
                 return True  # nothing fetched yet for it: records may be there
-            if high > self._next_offset.get(tp, 0):
+            state = self.owned.get(tp)
+            fetched_to = state.fetched_to if state is not None else None
+            if high > (fetched_to or 0):
                 return True
         return False

@@ -37,6 +37,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ProducerFenced
 
 from consumer.core.offsets import CommitPoint, OffsetTracker
+from consumer.kafka.assignment import Assignment
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
@@ -131,11 +132,11 @@ def kafka_producer_factory(settings: Settings, client_id: str) -> ProducerFactor
 class _SinkBase:
     """Ticket, epoch and watermark bookkeeping shared by both guarantees."""
 
-    def __init__(self, commit: CommitFn) -> None:
+    def __init__(self, commit: CommitFn, assignment: Assignment | None = None) -> None:
         self._commit = commit
         self._tracker: OffsetTracker = OffsetTracker()
-        self._epochs: dict[TopicPartition, int] = {}
-        self._next_epoch = 1
+        #: the owned partitions and their epochs, shared with the intake
+        self.owned = assignment if assignment is not None else Assignment()
         self._commit_task: asyncio.Task[None] | None = None
         self._wakeup = asyncio.Event()
         #: set whenever an in-flight record completes (intake waits on it under backpressure)
@@ -145,9 +146,8 @@ class _SinkBase:
     # -- intake side
     def track(self, source: SourceOffset) -> Ticket:
         tp = source.tp
-        epoch = self._epochs.get(tp)
-        if epoch is None:  # records can only come from assigned partitions; be safe anyway
-            epoch = self._assign(tp)
+        # records only come from assigned partitions; `assign` is a no-op for those
+        epoch = self.owned.assign(tp).epoch
         self._tracker.track(tp, source.offset)
         return Ticket(source, epoch)
 
@@ -172,22 +172,15 @@ class _SinkBase:
         return self._dropped_late
 
     def _current(self, ticket: Ticket) -> bool:
-        if self._epochs.get(ticket.source.tp) != ticket.epoch:
+        if self.owned.epoch(ticket.source.tp) != ticket.epoch:
             self._dropped_late += 1
             log.debug("dropping late completion for %s (partition revoked)", ticket.source)
             return False
         return True
 
-    def _assign(self, tp: TopicPartition) -> int:
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        self._epochs[tp] = epoch
-        return epoch
-
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
-            if tp not in self._epochs:
-                self._assign(tp)
+            self.owned.assign(tp)
 
     async def start(self) -> None:
         self._commit_task = asyncio.create_task(self._commit_loop(), name="promptbus-commit")
@@ -230,7 +223,7 @@ class _SinkBase:
     def _forget(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
             self._tracker.forget(tp)
-            self._epochs.pop(tp, None)
+        self.owned.revoke(partitions)
 
     async def _finish_revoke(self, partitions: set[TopicPartition], timeout_s: float) -> None:
         """Wait (bounded) for the partitions' work and commit it; a failure only loses progress.
@@ -318,8 +311,10 @@ class _Outgoing:
 class AtLeastOnceSink(_SinkBase):
     """Idempotent producer; commit the contiguous watermark of acked outcomes."""
 
-    def __init__(self, producer: AIOKafkaProducer, commit: CommitFn) -> None:
-        super().__init__(commit)
+    def __init__(
+        self, producer: AIOKafkaProducer, commit: CommitFn, assignment: Assignment | None = None
+    ) -> None:
+        super().__init__(commit, assignment)
         self._producer = producer
         # One sender task hands outcomes to the producer in order; acks arrive as future
         # callbacks. (A task per outcome, each awaiting its send, cost most of the CPU per job.)
@@ -350,7 +345,7 @@ class AtLeastOnceSink(_SinkBase):
         self._queued.set()
 
     def _complete(self, ticket: Ticket) -> None:
-        if self._epochs.get(ticket.source.tp) == ticket.epoch:
+        if self.owned.epoch(ticket.source.tp) == ticket.epoch:
             self._completed(ticket.source.tp, ticket.source.offset)
 
     async def _send_loop(self) -> None:
@@ -437,9 +432,14 @@ class ExactlyOnceSink(_SinkBase):
     """Per-input-partition transactional producers; outcomes and offsets in one transaction."""
 
     def __init__(
-        self, make_producer: ProducerFactory, group_id: str, commit: CommitFn, rejoin: Callable[[], None]
+        self,
+        make_producer: ProducerFactory,
+        group_id: str,
+        commit: CommitFn,
+        rejoin: Callable[[], None],
+        assignment: Assignment | None = None,
     ) -> None:
-        super().__init__(commit)
+        super().__init__(commit, assignment)
         self._make_producer = make_producer
         self._group_id = group_id
         self._rejoin = rejoin

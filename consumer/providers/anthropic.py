@@ -53,6 +53,65 @@ _STOP_REASONS = {
 }
 
 
+#: the shortest prompt prefix each model caches (Anthropic's prompt caching docs): a shorter
+#: one is processed uncached, so no breakpoint is sent for it. First matching model id prefix
+#: wins; dated ids (`claude-sonnet-4-20250514`) match their family's entry.
+MIN_CACHEABLE_TOKENS: tuple[tuple[str, int], ...] = (
+    ("claude-opus-4-6", 4096),
+    ("claude-opus-4-5", 4096),
+    ("claude-haiku-4-5", 4096),
+    ("claude-sonnet-4-6", 2048),
+    ("claude-opus-4-1", 1024),
+    ("claude-sonnet-4-5", 1024),
+    ("claude-opus-4-0", 1024),
+    ("claude-opus-4-2", 1024),
+    ("claude-sonnet-4-0", 1024),
+    ("claude-sonnet-4-2", 1024),
+    ("claude-3-7-sonnet", 1024),
+    ("claude-3-5-sonnet", 1024),
+    ("claude-3-opus", 1024),
+    ("claude-3-5-haiku", 2048),
+    ("claude-3-haiku", 2048),
+)
+#: a model the table does not know: the largest minimum of any model, so a breakpoint is only
+#: sent where every current model would cache
+DEFAULT_MIN_CACHEABLE_TOKENS = 4096
+CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}
+
+
+def min_cacheable_tokens(model: str) -> int:
+    """The shortest prefix (tokens) `model` caches; conservative for models it does not know."""
+    for prefix, tokens in MIN_CACHEABLE_TOKENS:
+        if model.startswith(prefix):
+            return tokens
+    return DEFAULT_MIN_CACHEABLE_TOKENS
+
+
+def _mark_cache_breakpoint(request: CompletionRequest, body: dict[str, Any]) -> None:
+    """A `cache_control` breakpoint at the end of the request's shared prefix, when it is long
+    enough for the model to cache: the last message split into the prefix block (marked) and
+    the rest; a prefix ending with an earlier message marks that message (or the system)."""
+    split = request.cache_split()
+    if split is None or request.shared_prefix_tokens() < min_cacheable_tokens(request.model):
+        return
+    prefix, rest = split
+    messages = body["messages"]
+    if prefix and messages:
+        blocks = [_marked(prefix)]
+        if rest:
+            blocks.append({"type": "text", "text": rest})
+        messages[-1]["content"] = blocks
+    elif len(messages) > 1:
+        messages[-2]["content"] = [_marked(messages[-2]["content"])]
+    elif body.get("system"):
+        body["system"] = [_marked(body["system"])]
+
+
+def _marked(text: str) -> dict[str, Any]:
+    """A text block that ends a cached prefix."""
+    return {"type": "text", "text": text, "cache_control": dict(CACHE_CONTROL)}
+
+
 def anthropic_auth(secret: str) -> dict[str, str]:
     """Anthropic's auth header for a key."""
     return {"x-api-key": secret}
@@ -103,6 +162,7 @@ def build_messages_body(
         root, _ = root_schema(schema)
         body["tools"] = [{"name": SCHEMA_NAME, "description": TOOL_DESCRIPTION, "input_schema": root}]
         body["tool_choice"] = {"type": "tool", "name": SCHEMA_NAME}
+    _mark_cache_breakpoint(request, body)
     return body
 
 

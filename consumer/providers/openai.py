@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import orjson
@@ -50,17 +50,24 @@ def openai_http(
     return ProviderHttp(client, base_url=base_url, provider=name, api_key=api_key, auth_headers=bearer_auth)
 
 
-def build_chat_body(request: CompletionRequest, *, structured_mode: StructuredMode) -> dict[str, Any]:
+def build_chat_body(
+    request: CompletionRequest, *, structured_mode: StructuredMode, cache_key: bool = True
+) -> dict[str, Any]:
     """The JSON body of one chat completion (also the `body` of a Batch API line).
 
     Options pass through verbatim (None values dropped). With an `answer_schema` and a mode
     other than `off`, the schema is enforced as the mode says (it overrides any
-    `response_format` option).
+    `response_format` option). OpenAI caches prompt prefixes by itself; the request's
+    `cache_key` goes as `prompt_cache_key`, so requests of one shared prefix reach one cache
+    (unless `cache_key` is False, for servers that do not know the field, or the job's
+    options set one).
     """
     body: dict[str, Any] = {
         "model": request.model,
         "messages": [{"role": m.role, "content": m.content} for m in request.messages],
     }
+    if cache_key and request.cache_key is not None:
+        body["prompt_cache_key"] = request.cache_key
     body.update({k: v for k, v in request.options.items() if v is not None})
     schema = request.answer_schema
     if schema is None or structured_mode == "off":
@@ -174,7 +181,9 @@ class OpenAIProvider(HttpCompletionProvider):
 
     api = OPENAI_API
     path = "/chat/completions"
+    #: OpenAI's API takes `prompt_cache_key`; OpenAI-compatible servers may refuse it
+    sends_cache_key: ClassVar[bool] = True
 
     def build_body(self, request: CompletionRequest) -> dict[str, Any]:
         """The JSON body this adapter sends for `request`."""
-        return build_chat_body(request, structured_mode=self.structured_mode)
+        return build_chat_body(request, structured_mode=self.structured_mode, cache_key=self.sends_cache_key)

@@ -17,6 +17,9 @@ from consumer.providers.structured import StructuredMode
 class OpenAICompatProvider(OpenAIProvider):
     """Chat completions on any OpenAI-compatible base URL (up to and including `/v1`)."""
 
+    #: local servers cache prefixes on their own (vLLM, llama.cpp) and may refuse unknown fields
+    sends_cache_key = False
+
     def __init__(
         self,
         client: aiohttp.ClientSession,

@@ -52,14 +52,18 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _bare_seconds(value: str) -> tuple[str, float | None]:
+    """The stripped header value, and its seconds when it is a bare number (both forms allow it)."""
+    text = value.strip()
+    number = _number(text) if text else None
+    return text, (_seconds(number) if number is not None else None)
+
+
 def parse_duration_s(value: str) -> float | None:
     """A Go-style duration ("6m0s", "20ms", "1.5s") or bare seconds ("2") -> seconds; None if unparseable."""
-    text = value.strip()
-    if not text:
-        return None
-    number = _number(text)
-    if number is not None:
-        return _seconds(number)
+    text, bare = _bare_seconds(value)
+    if bare is not None or not text:
+        return bare
     pos = 0
     total_s = 0.0
     for match in _DURATION_PART.finditer(text):
@@ -74,12 +78,9 @@ def parse_duration_s(value: str) -> float | None:
 
 def parse_retry_after_s(value: str, *, now_s: float) -> float | None:
     """Retry-After: delta seconds or an HTTP-date (RFC 9110) -> seconds from `now_s` (>= 0)."""
-    text = value.strip()
-    if not text:
-        return None
-    number = _number(text)
-    if number is not None:
-        return _seconds(number)
+    text, bare = _bare_seconds(value)
+    if bare is not None or not text:
+        return bare
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):

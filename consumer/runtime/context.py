@@ -24,6 +24,8 @@ class JobContext:
     deadline_s: the job's deadline on the runtime's clock; batchable: the prompt split for
     batching (prefix + its one trailing variable), when it can be; trace: its tracing span;
     output_format: what its response_format asks of the output (None: nothing to check);
+    dedupe_key: set while the job leads the tier's dedupe table under this key (identical
+    jobs wait for its outcome, `delivery.OutcomeWriter` ends them with it);
     done: an outcome was handed to the sink (or the job was abandoned): nothing more happens.
     """
 
@@ -38,6 +40,7 @@ class JobContext:
     batchable: BatchablePrompt | None = None
     trace: Any = None
     output_format: OutputFormat | None = None
+    dedupe_key: str | None = None
     done: bool = field(default=False)
 
     @property

@@ -3,19 +3,48 @@
 Every part that ends a job (admission's rejections, plan runners, the offline collector) ends
 it here, so each job ends exactly once (`JobContext.done`), its trace ends with it, and the
 service counters for results and dead letters are counted in one place.
+
+Dedupe (`consumer.core.dedupe`): a job that leads its tier's dedupe table ends here, and so do
+the identical jobs that waited for it. Each follower gets a record of its own, built from the
+leader's answer (`SharedAnswer`) with its own id, metadata, source and `dedupe_of` naming the
+leader (and no usage: its request was never sent), or its own dead letter when the leader's
+request failed. Its input offset commits only once that record is delivered, like any other.
+A leader abandoned (shutdown, revoke, a failed plan) abandons its followers: no outcome, not
+committed, read again by the partition's next owner.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from consumer.core.errors import ErrorKind, ProviderError
 from consumer.kafka.records import OutRecord
 from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.admission import Rejection
 from consumer.runtime.context import JobContext
-from consumer.runtime.outcomes import RecordLimits, dead_letter_record
+from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
 from consumer.runtime.stats import ServiceStats
 from consumer.settings import Settings
 from consumer.telemetry import Telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class SharedAnswer:
+    """What identical jobs' results are built from: the answer's shared part and its output."""
+
+    results: AnswerResults
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class SharedFailure:
+    """How a dedupe leader's request failed: each job deduped to it gets this dead letter."""
+
+    kind: ErrorKind
+    message: str
+    error: ProviderError | None
 
 
 class OutcomeWriter:
@@ -28,12 +57,23 @@ class OutcomeWriter:
         stats: ServiceStats,
         telemetry: Telemetry,
         limits: RecordLimits,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._sink = sink
         self._stats = stats
         self._telemetry = telemetry
         self.limits = limits
+        self._clock = clock
+        #: routes a job afresh (the pipeline's): jobs deduped to a leader whose own deadline
+        #: passed before it was answered are routed again, under their own deadlines
+        self.reroute: Callable[[JobContext], None] | None = None
+
+    @property
+    def stats(self) -> ServiceStats:
+        """The service counters outcomes are counted in."""
+        return self._stats
 
     @property
     def results_topic(self) -> str:
@@ -62,8 +102,11 @@ class OutcomeWriter:
         *,
         attempts: int,
         error: ProviderError | None = None,
+        answer: SharedAnswer | None = None,
     ) -> None:
-        """The job's dead letter (its parsed job, the provider error's details)."""
+        """The job's dead letter (its parsed job, the provider error's details). `answer`: the
+        provider did answer, but not in time or too large for this job's own record; jobs
+        deduped to it get results from it (a failed request gives them dead letters)."""
         if ctx.done:
             return
         record = dead_letter_record(
@@ -81,13 +124,61 @@ class OutcomeWriter:
         )
         self._stats.dead_letters[kind.value] += 1
         self._end(ctx, record, ok=False)
+        self._settle(ctx, answer, SharedFailure(kind, message, error))
 
-    def succeed(self, ctx: JobContext, record: OutRecord) -> None:
-        """The job's result record."""
+    def succeed(self, ctx: JobContext, record: OutRecord, answer: SharedAnswer | None = None) -> None:
+        """The job's result record; `answer`, what it was built from, answers the jobs deduped
+        to this one."""
         if ctx.done:
             return
         self._stats.results += 1
         self._end(ctx, record, ok=True)
+        self._settle(ctx, answer, None)
+
+    def share(
+        self, ctx: JobContext, leader_id: str, answer: SharedAnswer | None, failure: SharedFailure | None
+    ) -> None:
+        """End a job deduped to `leader_id` with that job's answer (or its failure)."""
+        if ctx.done:
+            return
+        ctx.tier.stats.deduped += 1
+        now_s = self._clock()
+        if ctx.past_deadline(now_s):
+            self.fail(ctx, ErrorKind.DEADLINE_EXCEEDED, "answered after the job's deadline", attempts=0)
+            return
+        if answer is None:
+            assert failure is not None
+            note = f" [shared: the identical request of job {leader_id} failed]"
+            self.fail(ctx, failure.kind, failure.message + note, attempts=0, error=failure.error)
+            return
+        record = answer.results.record(
+            job=ctx.job,
+            source=ctx.source,
+            output=answer.output,
+            attempts=0,
+            latency_ms=(now_s - ctx.received_s) * 1000.0,
+            traceparent=self._telemetry.traceparent(ctx.trace),
+            dedupe_of=leader_id,
+        )
+        problem = too_large_result(record, self.limits.results)
+        if problem is not None:
+            self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=0)
+            return
+        self.succeed(ctx, record)
+
+    def _settle(self, ctx: JobContext, answer: SharedAnswer | None, failure: SharedFailure | None) -> None:
+        """A dedupe leader ended: so do the jobs that waited for it."""
+        key, table = ctx.dedupe_key, ctx.tier.dedupe
+        if key is None or table is None:
+            return
+        ctx.dedupe_key = None
+        leader_id, followers = table.settle(key, answer, self._clock())
+        expired = answer is None and failure is not None and failure.kind is ErrorKind.DEADLINE_EXCEEDED
+        for follower in followers:
+            if expired and self.reroute is not None:
+                self.reroute(follower)  # the leader's deadline is not theirs
+            else:
+                self.share(follower, leader_id, answer, failure)
 
     def offline_recorded(self, ctx: JobContext) -> None:
         """An offline job's batch is recorded durably: its input offset may commit (no outcome yet)."""
@@ -102,9 +193,15 @@ class OutcomeWriter:
         self.fail(ctx, kind, message, attempts=1, error=error)
 
     def abandon(self, ctx: JobContext) -> None:
-        """No outcome: the job stays uncommitted and is read again by the partition's next owner."""
+        """No outcome: the job stays uncommitted and is read again by the partition's next
+        owner; so do the jobs deduped to it."""
         ctx.done = True
         self._telemetry.end_job(ctx.trace, ok=False)
+        key, table = ctx.dedupe_key, ctx.tier.dedupe
+        if key is not None and table is not None:
+            ctx.dedupe_key = None
+            for follower in table.abandon(key):
+                self.abandon(follower)
 
     def _end(self, ctx: JobContext, record: OutRecord, *, ok: bool) -> None:
         ctx.done = True

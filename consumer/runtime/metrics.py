@@ -42,6 +42,16 @@ _TIER_COUNTERS = {
     "verify_requests": "Extra single requests sent to verify batched answers",
     "circuit_opened": "Times the tier's circuit opened (its provider unreachable)",
     "held_requests": "Requests held through a provider outage instead of failing",
+    "input_tokens": "Prompt tokens of answered requests, as the provider counted them (cached ones included)",
+    "output_tokens": "Output tokens of answered requests",
+    "cached_input_tokens": "Prompt tokens read from the provider's prompt cache",
+    "cache_write_tokens": "Prompt tokens written to the provider's prompt cache",
+    "cost_usd": "Cost of answered requests at the tier's pricing (0 without pricing)",
+    "batched_tokens": "Tokens of answered batched requests",
+    "alone_tokens_estimate": "Tokens the members of batched requests would have used asked alone (estimate)",
+    "verify_batched_tokens": "Verified jobs' shares of their batched requests' tokens",
+    "verify_alone_tokens": "Tokens of the same verified jobs asked alone",
+    "deduped": "Jobs answered by another job's identical request (dedupe)",
 }
 _TIER_GAUGES = {
     "limit": "Current concurrency limit",

@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from pydantic import BaseModel
 
 from consumer.core.completion import CompletionRequest
+from consumer.core.cost import Pricing, cost_usd
 from consumer.core.errors import ErrorKind, JobError, ProviderError
 from consumer.core.jobs import Job, checked_json_object
 from consumer.core.output import output_format
@@ -40,6 +41,7 @@ from consumer.providers.base import BatchItemResult, BatchJob, BatchProvider, Ba
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.outcomes import RecordLimits, dead_letter_record, result_record, too_large_result
+from consumer.runtime.stats import ServiceStats, TierStats
 from consumer.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -225,9 +227,13 @@ class BatchTracker:
         limits: RecordLimits | None = None,
         transactional: bool,
         client_id: str,
+        stats: ServiceStats | None = None,
+        pricing_by_tier: dict[str, Pricing] | None = None,
     ) -> None:
         self._settings = settings
         self._limits = limits
+        self._stats = stats
+        self._pricing_by_tier = pricing_by_tier or {}
         self._providers = batch_providers
         self._producer = producer
         self._transactional = transactional
@@ -325,6 +331,9 @@ class BatchTracker:
         tier_options = self._options_by_tier.get(record["tier"])
         records = outcome_records(self._settings, record, job.status, items, tier_options, self._limits)
         await self._publish(key, records)
+        if self._stats is not None:
+            tier = record["tier"]
+            count_offline_usage(self._stats.tier(tier), items, self._pricing_by_tier.get(tier))
         self._open.pop(key, None)
         self._next_poll_s.pop(key, None)
         log.info("batch %s %s: %d outcomes published", record["batch_id"], job.status.value, len(records))
@@ -343,6 +352,21 @@ class BatchTracker:
             await asyncio.gather(*futures)
             # the tombstone only after every outcome is acked: a crash in between re-publishes (at least once)
             await self._producer.send_and_wait(tombstone.topic, None, key=key)
+
+
+def count_offline_usage(stats: TierStats, items: Sequence[BatchItemResult], pricing: Pricing | None) -> None:
+    """A finished provider batch's answered items: their tokens, and their cost at the batch
+    price (`pricing.batch_discount`), in the tier's counters."""
+    for item in items:
+        if item.completion is None:
+            continue
+        usage = item.completion.usage
+        stats.input_tokens += usage.input_tokens
+        stats.output_tokens += usage.output_tokens
+        stats.cached_input_tokens += usage.cached_input_tokens
+        stats.cache_write_tokens += usage.cache_write_tokens
+        if pricing is not None:
+            stats.cost_usd += cost_usd(usage, pricing, offline=True)
 
 
 def outcome_records(

@@ -71,6 +71,10 @@ def job_id_hint(raw: bytes | None) -> str | None:
     return None
 
 
+#: the usage of a job answered by another job's identical request
+_NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "cached_input_tokens": 0, "cache_write_tokens": 0}
+
+
 class AnswerResults:
     """The Result records of the jobs one provider answer completed.
 
@@ -116,7 +120,8 @@ class AnswerResults:
         traceparent: str | None = None,
         dedupe_of: str | None = None,
     ) -> OutRecord:
-        """One job's Result record; `dedupe_of`: the job whose request answered it (dedupe)."""
+        """One job's Result record; `dedupe_of`: the job whose request answered it (dedupe):
+        such a job's usage is zero, since no request of its own was sent."""
         tp = source.tp
         value = {
             "id": job.id,
@@ -126,7 +131,7 @@ class AnswerResults:
             "provider": self._provider,
             "model": self._model,
             "finish_reason": self._finish_reason,
-            "usage": self._usage,
+            "usage": self._usage if dedupe_of is None else _NO_USAGE,
             "batch": self._batch,
             "attempts": attempts,
             "latency_ms": round(latency_ms, 3) if latency_ms > 0 else 0.0,

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
+from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.errors import ErrorKind
 from consumer.core.window import BatchKey, CollectionWindows, Flush, batch_key_for
 from consumer.kafka.intake import InRecord, JobIntake
@@ -100,6 +101,7 @@ class Pipeline:
             for name, tier in tiers.items()
         }
         self._windows: CollectionWindows[JobContext] = CollectionWindows()
+        outcomes.reroute = lambda ctx: self._route(ctx, self._clock(), counted=True)
         self._plans: set[asyncio.Task[None]] = set()
         self._paused = False
         # resume well below the pause point, so the pause does not flap with every ack and a
@@ -204,9 +206,12 @@ class Pipeline:
                 exc_info=True,
             )
 
-    def _route(self, ctx: JobContext, now_s: float) -> None:
+    def _route(self, ctx: JobContext, now_s: float, *, counted: bool = False) -> None:
+        """Send an admitted job on its way; `counted`: it was routed before (a dedupe follower
+        routed again)."""
         tier = ctx.tier
-        tier.stats.items += 1
+        if not counted:
+            tier.stats.items += 1
         if ctx.past_deadline(now_s):
             self._outcomes.fail(
                 ctx, ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the job was read", attempts=0
@@ -215,6 +220,8 @@ class Pipeline:
         if ctx.job.mode == "offline":
             assert self._offline is not None  # admission refuses offline jobs when none runs
             self._offline.add(ctx)
+            return
+        if tier.dedupe is not None and not self._lead_or_share(ctx, tier.dedupe, now_s):
             return
         batchable = ctx.batchable if ctx.job.batch and tier.config.batching.enabled else None
         if batchable is None:
@@ -230,6 +237,29 @@ class Pipeline:
             now_s=now_s,
         )
         self._dispatch(flushes)
+
+    def _lead_or_share(self, ctx: JobContext, table: DedupeTable[Any, Any], now_s: float) -> bool:
+        """Dedupe: True when the job's own request is to go out (it leads, or it cannot be
+        shared); False when an identical request answers it: it waits for the one in flight
+        (ended with it by `OutcomeWriter`), or ends now with one answered within the window.
+
+        Batched jobs are deduped the same way, before their window: the key is of the request
+        the job would send alone, so a batched leader's answer is one its followers would
+        have got in the same batch.
+        """
+        options = ctx.options
+        key = dedupe_key(
+            ctx.tier.name, ctx.tier.config.model, options, ((m.role, m.content) for m in ctx.messages)
+        )
+        if key is None:
+            return True
+        claim = table.claim(key, ctx.job.id, ctx, now_s)
+        if isinstance(claim, Lead):
+            ctx.dedupe_key = key
+            return True
+        if isinstance(claim, Reuse):
+            self._outcomes.share(ctx, claim.leader, claim.answer, None)
+        return False
 
     # ------------------------------------------------------------------ plans
     def _dispatch(self, flushes: list[Flush[JobContext]]) -> None:

@@ -27,19 +27,21 @@ import contextlib
 import functools
 import logging
 import random
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.circuit import Admit, is_outage
-from consumer.core.completion import ChatMessage, Completion, CompletionRequest
+from consumer.core.completion import ChatMessage, Completion, CompletionRequest, Usage, prompt_cache_key
+from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost_usd
 from consumer.core.errors import ErrorKind, ProviderError, RateLimited, ServerError
 from consumer.core.output import response_format_schema
 from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.window import BatchKey
 from consumer.runtime.context import JobContext
-from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.delivery import OutcomeWriter, SharedAnswer
 from consumer.runtime.limiter import Token
 from consumer.runtime.outcomes import AnswerResults, too_large_result
 from consumer.runtime.stats import ServiceStats
@@ -67,6 +69,8 @@ class PlanRunner:
         spawn: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
         self.tier = tier
+        pricing = tier.config.pricing
+        self._pricing = pricing.pricing() if pricing is not None else None
         self._outcomes = outcomes
         self._stats = stats
         self._telemetry = telemetry
@@ -137,7 +141,7 @@ class PlanRunner:
             if probe is None:
                 return
             if request is None:
-                request = self.build_request(req)
+                request = self.build_request(req, key)
             # while waiting for a slot the deadline may pass or the circuit open
             wanted = functools.partial(self._still_wanted, plan, req, probe)
             answer = await self.call(request, traces, still_wanted=wanted, probe=probe)
@@ -157,8 +161,11 @@ class PlanRunner:
             completion = answer
             step = plan.on_answer(req, answer.text, answer.finish_reason)
         self._apply(plan, step, completion)
+        if completion is not None and len(req.members) > 1:
+            self._count_batch_saving(req, request, completion)
         if step.verdict is not None and key is not None:
-            self._learn(key, step, len(req.members))
+            share = completion.usage.share(len(req.members)) if completion is not None else None
+            self._learn(key, step, len(req.members), share)
         for nxt in step.requests:
             self._count_follow_up(req, nxt)
             group.create_task(self._send(plan, nxt, group, key, batched_plan))
@@ -201,6 +208,7 @@ class PlanRunner:
                     return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
             token.success()
             _note_answer(tier, token, completion)
+            self._count_usage(completion)
             self._circuit_saw(None, probe=probe)
             return completion
 
@@ -267,21 +275,54 @@ class PlanRunner:
             if self._expire(plan, req):
                 return None
 
-    def build_request(self, req: PlannedRequest) -> CompletionRequest:
-        """The provider request of a planned one: the job's own, or a packed prompt with its schema."""
+    def ordinary_request(self, ctx: JobContext) -> CompletionRequest:
+        """A job's own request (unbatched), its shared prefix marked for prompt caching: the
+        template's text before its trailing variable, or every message before the last."""
+        tier = self.tier
+        request = CompletionRequest(ctx.messages, tier.config.model, ctx.options)
+        if tier.config.prompt_cache == "off" or not ctx.messages:
+            return request
+        last = ctx.messages[-1].content
+        if ctx.batchable is not None and ctx.batchable.prefix and last.startswith(ctx.batchable.prefix):
+            prefix_chars, shared = len(ctx.batchable.prefix), ctx.batchable.prefix
+        elif len(ctx.messages) > 1:
+            prefix_chars, shared = 0, "\0".join(m.content for m in ctx.messages[:-1])
+        else:
+            return request  # one message with no known shared part: nothing to cache
+        key = prompt_cache_key(tier.name, tier.config.model, "ordinary", shared)
+        return replace(request, cache_prefix_chars=prefix_chars, cache_key=key)
+
+    def build_request(self, req: PlannedRequest, batch_key: BatchKey | None = None) -> CompletionRequest:
+        """The provider request of a planned one: the job's own, or a packed prompt with its
+        schema; `batch_key` names the prompt cache of a packed prompt's shared head."""
         tier = self.tier
         first = _ctx(req.members[0])
         if req.packed is None:
-            return CompletionRequest(first.messages, tier.config.model, first.options)
+            return self.ordinary_request(first)
         options = dict(first.options)
         if req.max_tokens is not None:
             options["max_tokens"] = req.max_tokens
         # the job's own answer schema (if any) becomes the schema of each alias's value
         item_schema = response_format_schema(options.pop("response_format", None))
+        caching = tier.config.prompt_cache == "auto"
         schema = None
         if tier.config.batching.structured != "off":
-            schema = answer_schema(req.packed.aliases, item_schema)
-        return CompletionRequest((ChatMessage("user", req.packed.text),), tier.config.model, options, schema)
+            if caching and tier.config.provider == "anthropic":
+                # tools come before the prompt in Anthropic's cached prefix: a forced tool that
+                # named this request's aliases would make every batched prefix different
+                schema = _alias_free_answer_schema(item_schema)
+            else:
+                schema = answer_schema(req.packed.aliases, item_schema)
+        messages = (ChatMessage("user", req.packed.text),)
+        request = CompletionRequest(messages, tier.config.model, options, schema)
+        if not caching:
+            return request
+        # the packed prompt is the shared head (template text and batch instruction, the same
+        # bytes for every request of one batch key) and then the items, one JSON line
+        text = req.packed.text
+        head_chars = text.rfind("\n") + 1
+        key = prompt_cache_key(tier.name, tier.config.model, "batched", *(batch_key or ()))
+        return replace(request, cache_prefix_chars=head_chars, cache_key=key)
 
     # ------------------------------------------------------------------ steps
     def _expire(self, plan: RequestPlan, req: PlannedRequest) -> bool:
@@ -308,15 +349,21 @@ class PlanRunner:
         for member, answer, answered_by in step.answered:
             ctx = _ctx(member)
             attempts = plan.attempts(member)
-            if ctx.past_deadline(now_s):
-                self._outcomes.fail(
-                    ctx, ErrorKind.DEADLINE_EXCEEDED, "answered after the job's deadline", attempts=attempts
-                )
-                continue
             assert completion is not None
             if results is None or results_of is not answered_by:
                 results_of = answered_by
                 results = AnswerResults(self._outcomes.results_topic, completion, len(answered_by.members))
+            # jobs deduped to this one are answered from it, whatever becomes of its own record
+            shared = SharedAnswer(results, answer) if ctx.dedupe_key is not None else None
+            if ctx.past_deadline(now_s):
+                self._outcomes.fail(
+                    ctx,
+                    ErrorKind.DEADLINE_EXCEEDED,
+                    "answered after the job's deadline",
+                    attempts=attempts,
+                    answer=shared,
+                )
+                continue
             record = results.record(
                 job=ctx.job,
                 source=ctx.source,
@@ -327,16 +374,16 @@ class PlanRunner:
             )
             problem = too_large_result(record, self._outcomes.limits.results)
             if problem is not None:
-                self._outcomes.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts)
+                self._outcomes.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts, answer=shared)
                 continue
-            self._outcomes.succeed(ctx, record)
+            self._outcomes.succeed(ctx, record, shared)
         for member, kind, message in step.failed:
             self._outcomes.fail(
                 _ctx(member), kind, message, attempts=plan.attempts(member), error=plan.last_error(member)
             )
 
     # ------------------------------------------------------------------ adaptive size and verification
-    def _learn(self, key: BatchKey, step: Step, size: int) -> None:
+    def _learn(self, key: BatchKey, step: Step, size: int, share: Usage | None) -> None:
         tier = self.tier
         assert step.verdict is not None
         new_size = tier.sizes.record(key, step.verdict.kind.value, size, self._clock())
@@ -347,18 +394,25 @@ class PlanRunner:
             answered = [(m, answer, by) for m, answer, by in step.answered if len(by.members) > 1]
             chosen = choose_verified(answered, tier.config.batching.verify_fraction, self._rng)
             for member, answer, by in chosen:
-                self._spawn(self._verify(key, _ctx(member), answer, len(by.members)))
+                self._spawn(self._verify(key, _ctx(member), answer, len(by.members), share))
 
-    async def _verify(self, key: BatchKey, ctx: JobContext, batched: str, size: int) -> None:
-        """Ask a batched job alone too; the two answers' agreement feeds the adaptive size."""
+    async def _verify(
+        self, key: BatchKey, ctx: JobContext, batched: str, size: int, share: Usage | None = None
+    ) -> None:
+        """Ask a batched job alone too; the two answers' agreement feeds the adaptive size, and
+        the two usages (`share`: the job's share of its batched request) measure what batching
+        saved."""
         tier = self.tier
         if tier.circuit.open:
             return  # while the provider is down only the probe goes out
-        request = CompletionRequest(ctx.messages, tier.config.model, ctx.options)
+        request = self.ordinary_request(ctx)
         answer = await self.call(request, [ctx.trace])
         self._count_verification()
         if not isinstance(answer, Completion):
             return  # a failed verification says nothing about agreement
+        if share is not None:
+            tier.stats.verify_batched_tokens += share.input_tokens + share.output_tokens
+            tier.stats.verify_alone_tokens += answer.usage.input_tokens + answer.usage.output_tokens
         agreed = int(answers_agree(batched, answer.text))
         self._stats.agreement.record(tier.name, size, agreed, 1)
         tier.stats.verify_compared += 1
@@ -376,6 +430,30 @@ class PlanRunner:
             stats.batched_requests += 1
         if req.attempt > 1:
             stats.retries += 1
+
+    def _count_usage(self, completion: Completion) -> None:
+        """An answered request's tokens, and their cost at the tier's pricing."""
+        stats, usage = self.tier.stats, completion.usage
+        stats.input_tokens += usage.input_tokens
+        stats.output_tokens += usage.output_tokens
+        stats.cached_input_tokens += usage.cached_input_tokens
+        stats.cache_write_tokens += usage.cache_write_tokens
+        if self._pricing is not None:
+            stats.cost_usd += cost_usd(usage, self._pricing)
+
+    def _count_batch_saving(
+        self, req: PlannedRequest, request: CompletionRequest | None, completion: Completion
+    ) -> None:
+        """An answered batched request's tokens against its members asked alone, estimated
+        from the ordinary prompts' lengths at the batched prompt's own tokens per character."""
+        usage, size = completion.usage, len(req.members)
+        batched_chars = sum(len(m.content) for m in request.messages) if request is not None else 0
+        alone_chars = sum(len(m.content) for member in req.members for m in _ctx(member).messages)
+        stats = self.tier.stats
+        stats.batched_tokens += usage.input_tokens + usage.output_tokens
+        stats.alone_tokens_estimate += alone_input_estimate(
+            usage.input_tokens, batched_chars, alone_chars
+        ) + alone_output_estimate(usage.output_tokens, size)
 
     def _count_verification(self) -> None:
         self.tier.stats.provider_requests += 1
@@ -413,6 +491,14 @@ def _note_rate_limited(tier: TierRuntime, token: Token, exc: RateLimited) -> Non
     tier.limiter.note_budget(exc.hint, token, rejected=True)
     if exc.hint.retry_after_s:
         tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
+
+
+def _alias_free_answer_schema(item_schema: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A batched answer's schema that names no alias (an object of answers, each following the
+    job's own schema), so it is the same for every request of one batch key; the answer's
+    aliases are still checked when it is read (`packing.parse_answer`)."""
+    item = dict(item_schema) if item_schema is not None else {"type": "string"}
+    return {"type": "object", "additionalProperties": item}
 
 
 def _max_tokens(options: dict[str, Any]) -> int | None:

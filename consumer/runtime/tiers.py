@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from consumer.core.adaptive import AdaptiveBatchSize, AdaptiveSizes
 from consumer.core.circuit import CircuitBreaker
+from consumer.core.dedupe import DedupeTable
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
 from consumer.core.window import BatchKey, WindowLimits
@@ -31,6 +33,8 @@ class TierRuntime:
     sizes: AdaptiveSizes[BatchKey]
     #: holds the tier's requests while its provider is down
     circuit: CircuitBreaker = field(default_factory=CircuitBreaker)
+    #: identical deterministic requests in flight and answered recently (`dedupe: true`)
+    dedupe: DedupeTable[Any, Any] | None = None
 
     def limits_for(self, key: BatchKey, now_s: float) -> WindowLimits:
         """The window limits for a job routed to `key`'s window: max_items follows the key's
@@ -75,6 +79,7 @@ class TierRuntime:
             window_limits=WindowLimits.from_config(b),
             stats=stats,
             sizes=AdaptiveSizes(lambda _key: adaptive_size_for(config)),
+            dedupe=DedupeTable(config.dedupe_window_s) if config.dedupe else None,
             circuit=CircuitBreaker(
                 failures=r.circuit_failures, probe_s=r.circuit_probe_s, probe_max_s=r.circuit_probe_max_s
             ),

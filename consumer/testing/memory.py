@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumer.kafka.assignment import Assignment
 from consumer.kafka.intake import InRecord, RebalanceHandler
 from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import SourceOffset, TopicPartition
@@ -87,11 +88,12 @@ class MemoryBroker:
 class MemoryIntake:
     """A `JobIntake` on the memory broker: one member that owns every partition."""
 
-    def __init__(self, broker: MemoryBroker, settings: Settings) -> None:
+    def __init__(self, broker: MemoryBroker, settings: Settings, owned: Assignment | None = None) -> None:
         self._broker = broker
         self._topic = settings.jobs_topic
         self.group_id = settings.group_id
-        self._positions: dict[TopicPartition, int] = {}
+        #: the owned partitions' fetch positions (shared with the sink, as the real intake's)
+        self.owned = owned if owned is not None else Assignment()
         self._paused: set[TopicPartition] = set()
         self._handler: RebalanceHandler | None = None
         #: a single member never meets records an earlier owner finished
@@ -100,17 +102,17 @@ class MemoryIntake:
     async def start(self, handler: RebalanceHandler) -> None:
         self._handler = handler
         committed = self._broker.committed.setdefault(self.group_id, {})
-        parts = self._broker.topic(self._topic)
-        self._positions = {
-            TopicPartition(self._topic, p): committed.get(TopicPartition(self._topic, p), 0)
-            for p in range(len(parts))
-        }
-        await handler.on_assigned(set(self._positions))
+        partitions = {TopicPartition(self._topic, p) for p in range(len(self._broker.topic(self._topic)))}
+        for tp in partitions:
+            state = self.owned.assign(tp)
+            state.fetched_to, state.done_read = committed.get(tp, 0), True
+        await handler.on_assigned(partitions)
 
     async def stop(self) -> None:
-        if self._handler is not None and self._positions:
-            await self._handler.on_revoked(set(self._positions))
-        self._positions = {}
+        partitions = set(self.owned)
+        if self._handler is not None and partitions:
+            await self._handler.on_revoked(partitions)
+        self.owned.revoke(partitions)
         self._handler = None
 
     def rejoin(self) -> None:
@@ -125,20 +127,23 @@ class MemoryIntake:
 
     def _take(self, max_records: int) -> list[InRecord]:
         out: list[InRecord] = []
-        for tp, position in self._positions.items():
-            if tp in self._paused:
+        for tp in self.owned:
+            state = self.owned.get(tp)
+            if tp in self._paused or state is None:
                 continue
+            position = state.fetched_to or 0
             part = self._broker.topic(tp.topic)[tp.partition]
-            for offset in range(position, min(len(part), position + max_records - len(out))):
+            end = min(len(part), position + max_records - len(out))
+            for offset in range(position, end):
                 r = part[offset]
                 out.append(InRecord(SourceOffset(tp, offset), r.key, r.value, r.headers, r.timestamp_ms))
-            self._positions[tp] = position + sum(1 for rec in out if rec.source.tp == tp)
+            state.fetched_to = max(position, end)
             if len(out) >= max_records:
                 break
         return out
 
     def assignment(self) -> set[TopicPartition]:
-        return set(self._positions)
+        return set(self.owned)
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         self._paused.update(partitions)
@@ -157,10 +162,13 @@ class MemoryIntake:
             committed[tp] = int(getattr(point, "offset", point))
 
     def has_unfetched(self) -> bool:
-        return any(
-            tp not in self._paused and self._positions[tp] < len(self._broker.topic(tp.topic)[tp.partition])
-            for tp in self._positions
-        )
+        for tp in self.owned:
+            state = self.owned.get(tp)
+            if tp in self._paused or state is None:
+                continue
+            if (state.fetched_to or 0) < len(self._broker.topic(tp.topic)[tp.partition]):
+                return True
+        return False
 
 
 class _Batch:
@@ -244,8 +252,8 @@ class MemoryEdges:
 
         return dict.fromkeys(topics, MAX_MESSAGE_BYTES)
 
-    def intake(self, settings: Settings, client_id: str) -> MemoryIntake:
-        return MemoryIntake(self.broker, settings)
+    def intake(self, settings: Settings, client_id: str, owned: Assignment) -> MemoryIntake:
+        return MemoryIntake(self.broker, settings, owned)
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> MemoryProducer:
         return MemoryProducer(self.broker)

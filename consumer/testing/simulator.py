@@ -28,6 +28,14 @@ The prompt is the text of the LAST user message.
   tool call / `tool_use` block; the others as JSON text. `ignore_structured` answers as if no
   schema had been sent.
 * Usage: input tokens = ceil(characters of all messages / 4); output tokens = ceil(len(answer) / 4).
+* Prompt caching (`PromptCache`), as each API reports it. Anthropic: a `cache_control`
+  breakpoint caches everything up to it (tools, system, message blocks) when that prefix has
+  at least the model's minimum (`anthropic.min_cacheable_tokens`); the first request writes it
+  (`cache_creation_input_tokens`), one with the same prefix within `CACHE_TTL_S` reads it
+  (`cache_read_input_tokens`), and `input_tokens` counts the rest. OpenAI: automatic, per
+  `prompt_cache_key`: the longest prefix a recent request of that key shared with this one
+  (tools and response_format first, then the messages), from 1,024 tokens on in steps of 128,
+  is `usage.prompt_tokens_details.cached_tokens` (included in `prompt_tokens`).
   An answer longer than `max_tokens` tokens (max_tokens * 4 characters) is cut and ends with
   finish_reason "length" / stop_reason "max_tokens".
 
@@ -77,6 +85,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from consumer.providers.anthropic import min_cacheable_tokens
 from consumer.providers.ratelimit import format_duration
 
 log = logging.getLogger(__name__)
@@ -330,12 +339,111 @@ def batched_answer(
 ) -> dict[str, Any]:
     """The correct answer to a batched prompt: {alias: value}; string values are answer_for(input)."""
     props = (schema or {}).get("properties") or {}
-    return {alias: value_for_schema(props.get(alias, {"type": "string"}), text) for alias, text in items}
+    # an alias-free schema (a map whose values follow additionalProperties) fits every alias
+    extra = (schema or {}).get("additionalProperties")
+    default = extra if isinstance(extra, Mapping) else {"type": "string"}
+    return {alias: value_for_schema(props.get(alias, default), text) for alias, text in items}
 
 
 def estimate_tokens(text: str) -> int:
     """Usage tokens ~ len(text) / 4 (at least 1 for non-empty text)."""
     return math.ceil(len(text) / 4)
+
+
+#: how long a cached prefix lives after its last use (Anthropic's default, ephemeral 5 minutes)
+CACHE_TTL_S = 300.0
+#: OpenAI caches prompts of at least this many tokens, in steps of OPENAI_CACHE_STEP_TOKENS
+OPENAI_CACHE_MIN_TOKENS = 1024
+OPENAI_CACHE_STEP_TOKENS = 128
+#: recent prompts remembered per OpenAI prompt_cache_key
+OPENAI_CACHE_PROMPTS = 64
+
+
+def _anthropic_blocks(content: Any) -> list[tuple[str, bool]]:
+    """(text, ends a cached prefix) of each text block of a system or message content."""
+    if isinstance(content, str):
+        return [(content, False)]
+    if not isinstance(content, list):
+        return []
+    return [
+        (str(part.get("text", "")), isinstance(part.get("cache_control"), Mapping))
+        for part in content
+        if isinstance(part, Mapping) and part.get("type") == "text"
+    ]
+
+
+def _common_prefix_chars(a: str, b: str) -> int:
+    """How many leading characters `a` and `b` share."""
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    while lo < hi:  # the longest equal prefix, by halving (slices compare in C)
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PromptCache:
+    """The simulator's prompt cache: what a request reads from it and writes to it (tokens)."""
+
+    def __init__(self) -> None:
+        self._anthropic: dict[str, float] = {}
+        self._openai: dict[str | None, list[tuple[str, str]]] = {}
+
+    def anthropic(self, body: Mapping[str, Any], now_s: float) -> tuple[int, int]:
+        """(cache_read_input_tokens, cache_creation_input_tokens) of a Messages body."""
+        texts: list[str] = []
+        cached_chars: int | None = None
+        blocks = _anthropic_blocks(body.get("system")) + [
+            block
+            for m in body.get("messages") or []
+            if isinstance(m, Mapping)
+            for block in _anthropic_blocks(m.get("content"))
+        ]
+        for text, marked in blocks:
+            texts.append(text)
+            if marked:
+                cached_chars = sum(len(t) for t in texts)
+        if cached_chars is None:
+            return 0, 0
+        prefix = "".join(texts)[:cached_chars]
+        tokens = estimate_tokens(prefix)
+        if tokens < min_cacheable_tokens(str(body.get("model") or "")):
+            return 0, 0
+        tools = orjson.dumps(body.get("tools") or [], option=orjson.OPT_SORT_KEYS).decode()
+        digest = hashlib.sha256(f"{body.get('model')}\0{tools}\0{prefix}".encode()).hexdigest()
+        last = self._anthropic.get(digest)
+        self._anthropic[digest] = now_s
+        if last is not None and now_s - last <= CACHE_TTL_S:
+            return tokens, 0
+        return 0, tokens
+
+    def openai(self, body: Mapping[str, Any], prompt_text: str) -> int:
+        """`cached_tokens` of a chat completion body whose messages' text is `prompt_text`."""
+        head = orjson.dumps(
+            [body.get("model"), body.get("tools"), body.get("response_format")], option=orjson.OPT_SORT_KEYS
+        ).decode()
+        key = body.get("prompt_cache_key")
+        recent = self._openai.setdefault(key if isinstance(key, str) else None, [])
+        best = 0
+        for seen_head, seen_text in recent:
+            if seen_head == head:
+                best = max(best, _common_prefix_chars(seen_text, prompt_text))
+        recent.append((head, prompt_text))
+        del recent[:-OPENAI_CACHE_PROMPTS]
+        tokens = best // 4  # whole tokens of the shared characters
+        if tokens < OPENAI_CACHE_MIN_TOKENS:
+            return 0
+        stepped = tokens // OPENAI_CACHE_STEP_TOKENS * OPENAI_CACHE_STEP_TOKENS
+        return min(stepped, estimate_tokens(prompt_text))
+
+    def usage(self, kind: str, body: Mapping[str, Any], all_text: str, now_s: float) -> tuple[int, int]:
+        """(tokens read from the cache, tokens written to it) of one request of either API."""
+        if kind == "anthropic":
+            return self.anthropic(body, now_s)
+        return self.openai(body, all_text), 0
 
 
 @dataclass(slots=True)
@@ -679,6 +787,8 @@ class _Stats:
             "structured_requests",
             "batches_created",
             "batch_items",
+            "cached_tokens",
+            "cache_write_tokens",
         )
         out: dict[str, Any] = {k: self.counters.get(k, 0) for k in keys}
         out["routes"] = dict(self.routes)
@@ -775,6 +885,7 @@ class SimulatorApp:
         self.limited_by = "requests"
         self.files: dict[str, tuple[str, bytes]] = {}
         self.batches: dict[str, _Batch] = {}
+        self.prompt_cache = PromptCache()
         self._ids = 0
         self._sem = asyncio.Semaphore(self.config.capacity) if self.config.capacity > 0 else None
 
@@ -1087,15 +1198,25 @@ class SimulatorApp:
         if answer.fault:
             counters[answer.fault] += 1
         model = str(body.get("model") or "sim")
+        read, written = self._cached(kind, body, all_text)
         if kind == "openai":
             payload = openai_completion_body(
-                answer, model, input_tokens, output_tokens, self._id("chatcmpl-")
+                answer, model, input_tokens, output_tokens, self._id("chatcmpl-"), read
             )
             headers["x-request-id"] = self._id("req_")
         else:
-            payload = anthropic_message_body(answer, model, input_tokens, output_tokens, self._id("msg_"))
+            payload = anthropic_message_body(
+                answer, model, input_tokens, output_tokens, self._id("msg_"), read, written
+            )
             headers["request-id"] = self._id("req_")
         return JSONResponse(payload, headers=headers)
+
+    def _cached(self, kind: str, body: Mapping[str, Any], all_text: str) -> tuple[int, int]:
+        """(tokens read from, written to) the prompt cache by one answered request; counted."""
+        read, written = self.prompt_cache.usage(kind, body, all_text, time.monotonic())
+        self.stats_.counters["cached_tokens"] += read
+        self.stats_.counters["cache_write_tokens"] += written
+        return min(read, estimate_tokens(all_text)), min(written, estimate_tokens(all_text))
 
     @_endpoint("openai", body=True, chat=True)
     async def openai_chat(self, request: Request, call: _Call) -> Response:
@@ -1378,6 +1499,7 @@ class SimulatorApp:
             tin = estimate_tokens(all_text)
             tout = estimate_tokens(answer.text)
             model = str(body.get("model") or "sim")
+            read, written = self._cached(kind, body, all_text)
             if kind == "openai":
                 outputs.append(
                     orjson.dumps(
@@ -1388,7 +1510,7 @@ class SimulatorApp:
                                 "status_code": 200,
                                 "request_id": self._id("req_"),
                                 "body": openai_completion_body(
-                                    answer, model, tin, tout, self._id("chatcmpl-")
+                                    answer, model, tin, tout, self._id("chatcmpl-"), read
                                 ),
                             },
                             "error": None,
@@ -1401,7 +1523,9 @@ class SimulatorApp:
                         "custom_id": cid,
                         "result": {
                             "type": "succeeded",
-                            "message": anthropic_message_body(answer, model, tin, tout, self._id("msg_")),
+                            "message": anthropic_message_body(
+                                answer, model, tin, tout, self._id("msg_"), read, written
+                            ),
                         },
                     }
                 )
@@ -1464,8 +1588,11 @@ def _request_view(
     return prompt, schema, tool, all_text
 
 
-def openai_completion_body(answer: SimAnswer, model: str, tin: int, tout: int, cid: str) -> dict[str, Any]:
-    """A chat.completion object for `answer` (the shape the openai SDK parses)."""
+def openai_completion_body(
+    answer: SimAnswer, model: str, tin: int, tout: int, cid: str, cached: int = 0
+) -> dict[str, Any]:
+    """A chat.completion object for `answer` (the shape the openai SDK parses); `cached` of
+    the `tin` prompt tokens came from the prompt cache."""
     message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
     finish = answer.finish
     if answer.value is not None:
@@ -1483,13 +1610,22 @@ def openai_completion_body(answer: SimAnswer, model: str, tin: int, tout: int, c
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-        "usage": {"prompt_tokens": tin, "completion_tokens": tout, "total_tokens": tin + tout},
+        "usage": {
+            "prompt_tokens": tin,
+            "completion_tokens": tout,
+            "total_tokens": tin + tout,
+            "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        },
         "system_fingerprint": "sim",
     }
 
 
-def anthropic_message_body(answer: SimAnswer, model: str, tin: int, tout: int, mid: str) -> dict[str, Any]:
-    """A Message object for `answer` (the shape the anthropic SDK parses)."""
+def anthropic_message_body(
+    answer: SimAnswer, model: str, tin: int, tout: int, mid: str, cache_read: int = 0, cache_write: int = 0
+) -> dict[str, Any]:
+    """A Message object for `answer` (the shape the anthropic SDK parses). Of the `tin` prompt
+    tokens, `cache_read` came from the prompt cache and `cache_write` went into it; Anthropic's
+    `input_tokens` counts only the others."""
     if answer.value is not None:
         content: list[dict[str, Any]] = [
             {"type": "tool_use", "id": "toolu_" + mid[-12:], "name": "answer", "input": answer.value}
@@ -1506,7 +1642,12 @@ def anthropic_message_body(answer: SimAnswer, model: str, tin: int, tout: int, m
         "content": content,
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {"input_tokens": tin, "output_tokens": tout},
+        "usage": {
+            "input_tokens": max(tin - cache_read - cache_write, 0),
+            "output_tokens": tout,
+            "cache_read_input_tokens": cache_read,
+            "cache_creation_input_tokens": cache_write,
+        },
     }
 
 

@@ -214,3 +214,33 @@ async def test_while_the_circuit_is_open_only_one_probe_at_a_time_goes_out(
     assert 2 <= len(probes) <= 4, probes
     assert all(b - a >= 0.4 for a, b in itertools.pairwise(probes)), probes
     assert not (await bus.outcomes()).dead
+
+
+@pytest.mark.integration
+async def test_sigterm_drains_a_process_holding_jobs_within_its_bound(
+    kafka_bootstrap: str, tmp_path: Any
+) -> None:
+    """`promptbus run` with its provider down for good: SIGTERM ends it within
+    shutdown_timeout_s (it abandons the held requests), exit 0, nothing of them committed."""
+    from tests.reliability.support import stop_gracefully
+    from tests.service.harness import ServiceProcess
+
+    bus = KafkaBus(kafka_bootstrap, partitions=1, PROMPTBUS_SHUTDOWN_TIMEOUT_S="3")
+    tiers = tier_file_dict(f"http://127.0.0.1:{free_port()}/v1", batching=False)
+    service = ServiceProcess(bus.env, tiers, tmp_path)
+    service.start()
+    try:
+        await bus.produce([job(i, batch=False) for i in range(10)])
+        for _ in range(300):  # bounded: until the circuit opened (its WARNING)
+            if "circuit open" in service.log_tail(200):
+                break
+            await asyncio.sleep(0.1)
+        assert "circuit open" in service.log_tail(200), service.log_tail()
+        code, took_s = await stop_gracefully(service, timeout_s=60)
+    finally:
+        service.ensure_stopped()
+    assert code == 0, service.log_tail()
+    assert took_s < 3 + 10, f"drain took {took_s:.1f} s"  # the bound plus the sink's final flush
+    assert "abandoned" in service.log_tail(200)
+    assert await bus.committed(0) in (-1, 0), "no held job was committed"
+    assert not (await bus.outcomes()).ids()

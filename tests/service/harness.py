@@ -309,7 +309,9 @@ class KafkaBus:
     name = "kafka"
 
     def __init__(self, bootstrap: str, *, partitions: int = 4, **env: Any) -> None:
-        self.settings = settings_from_env(service_env(bootstrap, partitions=partitions, **env))
+        #: the PROMPTBUS_* variables of this bus (a `ServiceProcess` started with them shares it)
+        self.env = service_env(bootstrap, partitions=partitions, **env)
+        self.settings = settings_from_env(self.env)
 
     def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
         return InProcessService(self.settings, tier_file, **kwargs)

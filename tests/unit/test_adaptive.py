@@ -308,6 +308,15 @@ def test_slower_batching_is_kept_where_requests_are_limited() -> None:
     assert s.size == 1
 
 
+def test_under_a_request_limit_batches_that_answer_nothing_save_nothing() -> None:
+    s = AdaptiveBatchSize(8, trusted=8, measure_agreement=False)
+    _timed(s, 1, 0.2)
+    assert s.size_at(0, request_limited=True) == 8
+    for _ in range(3):
+        s.record_speed(8, 0, 2.0, 0)  # discarded answers: requests spent, nothing answered
+    assert s.size == 4, "size 8 is slower and saves no requests; size 4 is not timed yet"
+
+
 def test_per_token_providers_keep_slower_batching_only_while_it_saves_tokens() -> None:
     saving = AdaptiveBatchSize(8, per_token=True)
     _proven(saving, 2)

@@ -158,8 +158,11 @@ def test_result_encoding() -> None:
     data = orjson.loads(encode(result))
     assert data["status"] == "ok"
     assert data["completed_at"] == "2026-03-01T11:00:00Z"
-    assert data["usage"] == {"input_tokens": 10, "output_tokens": 3}
+    assert data["usage"] == {
+        "input_tokens": 10, "output_tokens": 3, "cached_input_tokens": 0, "cache_write_tokens": 0
+    }
     assert data["batch"] == {"request_id": "req-1", "size": 4}
+    assert data["dedupe_of"] is None
     assert data["source"] == {"topic": "promptbus.jobs", "partition": 3, "offset": 42}
     assert b" " not in encode(result).replace(b'"2026', b"")  # compact
 

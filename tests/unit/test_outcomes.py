@@ -55,7 +55,9 @@ def _model_json(
     size=st.integers(1, 50),
     attempts=st.integers(0, 9),
     latency_ms=st.floats(0, 1e6, allow_nan=False),
-    tokens=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**5), st.integers(0, 10**5)),
+    tokens=st.tuples(
+        st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**5), st.integers(0, 10**5)
+    ),
     request_id=st.none() | _text,
     finish=st.sampled_from(["stop", "length", "tool_use"]),
     offset=st.integers(0, 2**40),

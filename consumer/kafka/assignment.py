@@ -1,0 +1,71 @@
+"""The partitions this instance owns, and what it knows about each, in one object.
+
+Every part that keeps state per assigned partition keeps it here, so a partition's state
+begins and ends in one place: `assign` when the group hands it over, `revoke` when it is
+taken away (or its transactional producer was fenced). Per partition:
+
+    epoch       which assignment a job was taken in under (its `Ticket`): a completion from
+                an older epoch arrives after a revoke and is dropped (the sink);
+    fetched_to  the next offset the intake will fetch: offsets below it were fetched;
+    done        offsets at or above the committed one that an earlier owner finished, read
+                from the committed offset's metadata: the intake skips them and its commits
+                carry them on until the watermark passes them;
+    done_read   whether that metadata was read (it is, once, on assignment).
+
+The intake and the sink share one (`owned` on both; `app.run_service` makes it). What is the
+sink's own per partition (its watermark `OffsetTracker`, exactly_once's producers) is
+forgotten in the same revoke; jobs still waiting in collection windows or for an offline batch are the
+pipeline's to abandon (`Pipeline.on_revoked`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from consumer.core.offsets import NO_OFFSETS, DoneOffsets
+from consumer.kafka.records import TopicPartition
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """What this instance knows about one partition it owns (see the module docstring)."""
+
+    epoch: int
+    fetched_to: int | None = None
+    done: DoneOffsets = NO_OFFSETS
+    done_read: bool = False
+
+
+class Assignment:
+    """The owned partitions' states; epochs grow for the life of the process."""
+
+    def __init__(self) -> None:
+        self._states: dict[TopicPartition, PartitionState] = {}
+        self._next_epoch = 1
+
+    def assign(self, tp: TopicPartition) -> PartitionState:
+        """The partition's state, begun with a new epoch when it is not owned yet."""
+        state = self._states.get(tp)
+        if state is None:
+            state = self._states[tp] = PartitionState(self._next_epoch)
+            self._next_epoch += 1
+        return state
+
+    def revoke(self, partitions: Iterable[TopicPartition]) -> None:
+        """Forget these partitions: completions of their current epoch become late."""
+        for tp in partitions:
+            self._states.pop(tp, None)
+
+    def get(self, tp: TopicPartition) -> PartitionState | None:
+        return self._states.get(tp)
+
+    def epoch(self, tp: TopicPartition) -> int | None:
+        state = self._states.get(tp)
+        return state.epoch if state is not None else None
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self._states
+
+    def __iter__(self) -> Iterator[TopicPartition]:
+        return iter(self._states)
