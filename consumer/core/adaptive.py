@@ -106,6 +106,8 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from consumer.core.packing import strip_code_fence
+
 __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_MIN_AGREEMENT",
@@ -431,7 +433,7 @@ class AdaptiveBatchSize:
         if batched is None or single.requests < MIN_SINGLE_REQUESTS:
             return False
         reference = single.seconds_per_item()
-        return reference is not None and batched >= reference
+        return reference is not None and batched > reference
 
     def _saves_charges(self, level: int) -> bool:
         if self.request_limited:
@@ -680,7 +682,6 @@ class AgreementStats:
 
 # --- comparing answers -----------------------------------------------------------------------
 
-_FENCED = re.compile(r"\A```[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)```\Z", re.DOTALL)
 _SPACES = re.compile(r"\s+")
 
 
@@ -707,10 +708,7 @@ def _canonical(value: Any) -> Any:
 
 
 def _comparable(text: str) -> Any:
-    stripped = text.strip()
-    fenced = _FENCED.match(stripped)
-    if fenced:
-        stripped = fenced.group(1).strip()
+    stripped = strip_code_fence(text)
     try:
         return _canonical(orjson.loads(stripped))
     except orjson.JSONDecodeError:

@@ -220,6 +220,11 @@ class _SinkBase:
             await self._commit_ready(partitions)
             await asyncio.sleep(0.05)
 
+    async def flush(self, timeout_s: float) -> None:
+        """Wait (bounded) for every outcome taken in, then commit what is ready (shutdown)."""
+        await self._wait_done(None, timeout_s)
+        await self._commit_ready(None)
+
     def _forget(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
             self._tracker.forget(tp)
@@ -423,10 +428,6 @@ class AtLeastOnceSink(_SinkBase):
         finally:
             self._forget(partitions)
 
-    async def flush(self, timeout_s: float) -> None:
-        await self._wait_done(None, timeout_s)
-        await self._commit_ready(None)
-
 
 class ExactlyOnceSink(_SinkBase):
     """Per-input-partition transactional producers; outcomes and offsets in one transaction."""
@@ -589,10 +590,6 @@ class ExactlyOnceSink(_SinkBase):
         finally:
             for tp in partitions:
                 await self._drop(tp)
-
-    async def flush(self, timeout_s: float) -> None:
-        await self._wait_done(None, timeout_s)
-        await self._commit_ready(None)
 
     async def stop(self) -> None:
         await self._stop_loop()

@@ -5,8 +5,11 @@ One asyncio task runs this loop; it owns no decision of its own. Step by step fo
     1. intake: the record's offset is tracked (a Ticket), so the commit watermark waits for it;
     2. admission (`admission.py`): the record becomes a job context, or a rejection that is
        dead-lettered with the original bytes;
-    3. routing: offline jobs -> the offline collector; batch-eligible jobs -> a collection
-       window (`core/window.py`); everything else -> a one-member plan (an ordinary request);
+    3. routing: offline jobs -> the offline collector; with the tier's `dedupe`, a job whose
+       identical deterministic request is in flight or answered recently waits for it or takes
+       its answer (`core/dedupe.py`, ended by `delivery.py`); batch-eligible jobs -> a
+       collection window (`core/window.py`); everything else -> a one-member plan (an
+       ordinary request);
     4. plans (`plans.py`, one runner per tier): requests through the tier's limiter and
        provider, answers validated and split / re-asked by the pure planner;
     5. outcomes (`delivery.py`): each result or dead letter -> the sink, which makes it durable

@@ -4,7 +4,8 @@ A plan (`consumer.core.plan.RequestPlan`, pure) says which requests to send and 
 answer or error means; the runner performs it:
 
     1. each planned request waits out its backoff, drops members whose deadline passed,
-       and is built (an ordinary request, or a packed prompt with its answer schema);
+       and is built (an ordinary request, or a packed prompt with its answer schema), its
+       shared prefix marked for the provider's prompt cache (`prompt_cache: auto`);
     2. it waits while the tier's circuit is open (`core/circuit.py`: the provider is down;
        one probe at a time goes out), then goes through `call`, the one provider call path
        of ordinary, batched and verification requests: a limiter slot that always ends, the
@@ -17,7 +18,9 @@ answer or error means; the runner performs it:
     4. batched answers feed the tier's adaptive batch size, and a share of them is asked
        again alone (`batching.verify_fraction`) to measure agreement.
 
-Every counter of a tier's requests is counted here, in `_count_*`.
+Every counter of a tier's requests is counted here, in `_count_*`: requests, tokens and their
+cost at the tier's `pricing` (`core/cost.py`), and batching's saving (estimated from every
+batched answer, measured on the verified ones).
 """
 
 from __future__ import annotations
@@ -161,6 +164,8 @@ class PlanRunner:
             completion = answer
             step = plan.on_answer(req, answer.text, answer.finish_reason)
         self._apply(plan, step, completion)
+        if completion is not None and key is not None:
+            self._learn_speed(key, req, step, completion)
         if completion is not None and len(req.members) > 1:
             self._count_batch_saving(req, request, completion)
         if step.verdict is not None and key is not None:
@@ -390,11 +395,25 @@ class PlanRunner:
         tier.stats.batch_size = tier.current_batch_size()
         kind = step.verdict.kind.value
         log.debug("tier %s: %s answer of %d -> batch size %d", tier.name, kind, size, new_size)
-        if step.answered and tier.config.batching.verify_fraction > 0:
+        verifying = tier.config.batching.verify_fraction > 0 and tier.sizes.wants_verification(key, size)
+        if step.answered and verifying:
             answered = [(m, answer, by) for m, answer, by in step.answered if len(by.members) > 1]
             chosen = choose_verified(answered, tier.config.batching.verify_fraction, self._rng)
             for member, answer, by in chosen:
                 self._spawn(self._verify(key, _ctx(member), answer, len(by.members), share))
+
+    def _learn_speed(
+        self, key: BatchKey, req: PlannedRequest | None, step: Step | None, completion: Completion
+    ) -> None:
+        """What one answered request took per item feeds the adaptive size's speed evidence
+        (`req` None: a verification, one job asked alone)."""
+        size = len(req.members) if req is not None else 1
+        answered = sum(1 for _, _, by in step.answered if by is req) if step is not None else 1
+        usage = completion.usage
+        self.tier.sizes.record_speed(
+            key, size, answered, completion.latency_ms / 1000.0, self._clock(),
+            tokens=usage.input_tokens + usage.output_tokens,
+        )
 
     async def _verify(
         self, key: BatchKey, ctx: JobContext, batched: str, size: int, share: Usage | None = None
@@ -410,6 +429,7 @@ class PlanRunner:
         self._count_verification()
         if not isinstance(answer, Completion):
             return  # a failed verification says nothing about agreement
+        self._learn_speed(key, None, None, answer)
         if share is not None:
             tier.stats.verify_batched_tokens += share.input_tokens + share.output_tokens
             tier.stats.verify_alone_tokens += answer.usage.input_tokens + answer.usage.output_tokens

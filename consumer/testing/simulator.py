@@ -24,7 +24,8 @@ The prompt is the text of the LAST user message.
   schema, OpenAI function tool forced by `tool_choice`, Anthropic tool forced by `tool_choice`):
   the answer is `value_for_schema(schema, input)` — strings are `answer_for(input)`, enums pick
   a member by the input's hash, integers are len(input), objects fill every property; a batched
-  request fills each ALIAS property with its own item's input. Forced tools answer with a
+  request fills each ALIAS property with its own item's input (an alias-free schema, whose
+  `additionalProperties` gives every answer's schema, fills every alias of the prompt). Forced tools answer with a
   tool call / `tool_use` block; the others as JSON text. `ignore_structured` answers as if no
   schema had been sent.
 * Usage: input tokens = ceil(characters of all messages / 4); output tokens = ceil(len(answer) / 4).

@@ -8,11 +8,21 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 
 from consumer.cli import format_stats
+from consumer.core.completion import Completion, CompletionRequest
+from consumer.providers.fake import FakeProvider, text_completion
 from consumer.runtime.stats import merge_snapshots
-from consumer.testing.simulator import SimulatorConfig, SimulatorServer
+from consumer.testing.simulator import (
+    SimulatorConfig,
+    SimulatorServer,
+    answer_for,
+    batched_answer,
+    extract_input,
+    parse_batch_items,
+)
 from tests.service.harness import tier_file_dict
 
 #: about 1,500 tokens (4 characters each), ending with the data-marker line
@@ -78,3 +88,44 @@ async def test_verify_fraction_measures_the_saving(make_bus: Callable[..., Any])
     assert 0 < tier["verify_batched_tokens"] < tier["verify_alone_tokens"]
     text = format_stats(merge_snapshots([snapshot], now_s=snapshot["updated_at"], live_within_s=10.0))
     assert "measured on verified jobs" in text
+
+
+def _answers(request: CompletionRequest) -> Completion:
+    text = request.messages[-1].content
+    items = parse_batch_items(text)
+    if items is not None:
+        return text_completion(orjson.dumps(batched_answer(items)).decode())
+    return text_completion(answer_for(extract_input(text)))
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+async def test_requests_of_one_prefix_share_its_bytes_and_cache_key(
+    make_bus: Callable[..., Any], provider: str
+) -> None:
+    bus = make_bus(partitions=1)
+    fake = FakeProvider(_answers, name="small")
+    tiers = _tiers("http://127.0.0.1:9", prompt_cache="auto")
+    tiers["tiers"]["small"]["provider"] = provider
+    tiers["tiers"]["small"]["batching"]["max_items"] = 4
+    tiers["tiers"]["small"]["batching"]["initial_items"] = 4
+    jobs = [*_jobs(12), {**_jobs(1)[0], "id": "alone", "batch": False}]
+    async with bus.service(tiers, providers={"small": fake}):
+        await bus.produce(jobs)
+        outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=60)
+    assert len(outcomes.results) == 13 and not outcomes.dead
+    batched = [r for r in fake.requests if r.answer_schema is not None]
+    ordinary = [r for r in fake.requests if r not in batched]
+    assert len(batched) >= 2 and ordinary
+    heads = {r.cache_split()[0] for r in batched if r.cache_split() is not None}
+    assert len(heads) == 1, "every batched request starts with the same bytes"
+    (head,) = heads
+    assert head.startswith(INSTRUCTION[:100]) and head.endswith("TEXT:\n")
+    assert '[{"id":' not in head, "the items come after the prefix"
+    assert len({r.cache_key for r in batched}) == 1 and batched[0].cache_key is not None
+    for r in ordinary:
+        assert r.cache_split() == (INSTRUCTION, "review number 0: fine")
+    schemas = {repr(r.answer_schema) for r in batched}
+    if provider == "anthropic":
+        assert len(schemas) == 1, "the forced tool names no alias: one tool for every request"
+    else:
+        assert len(schemas) == len(batched), "OpenAI's strict schema names each request's aliases"

@@ -9,10 +9,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.core.errors import Rejected
 from consumer.providers.fake import FakeProvider, text_completion
-from consumer.testing.simulator import answer_for, extract_input
+from consumer.testing.simulator import answer_for, batched_answer, extract_input, parse_batch_items
 from tests.service.harness import job, tier_file_dict
 
 
@@ -155,3 +157,52 @@ async def test_followers_of_an_abandoned_leader_stay_uncommitted(make_bus: Calla
     assert len(provider.requests) == 2  # the three duplicates' one request, and job-9's
     assert not outcomes.results and not outcomes.dead
     assert await bus.committed(0) <= 0, "nothing past the abandoned leader commits"
+
+
+async def test_an_answer_is_reused_within_the_window_only(make_bus: Callable[..., Any]) -> None:
+    bus = make_bus(partitions=1)
+    provider = FakeProvider(_answer, name="small")
+    windowed = _tiers(dedupe=True)
+    async with bus.service(windowed, providers={"small": provider}):
+        await bus.produce([_same(0)])
+        await bus.wait_for_outcomes({"job-0"}, timeout_s=60)
+        await bus.produce([_same(1)])  # answered already: taken from the window at once
+        outcomes = await bus.wait_for_outcomes({"job-0", "job-1"}, timeout_s=60)
+    assert len(provider.requests) == 1
+    assert outcomes.results["job-1"][0]["dedupe_of"] == "job-0"
+
+    bus = make_bus(partitions=1)
+    provider = FakeProvider(_answer, name="small")
+    no_window = _tiers(dedupe=True)
+    no_window["tiers"]["small"]["dedupe_window_s"] = 0
+    async with bus.service(no_window, providers={"small": provider}):
+        await bus.produce([_same(0)])
+        await bus.wait_for_outcomes({"job-0"}, timeout_s=60)
+        await bus.produce([_same(1)])
+        outcomes = await bus.wait_for_outcomes({"job-0", "job-1"}, timeout_s=60)
+    assert len(provider.requests) == 2, "window 0: only requests in flight are shared"
+    assert outcomes.results["job-1"][0]["dedupe_of"] is None
+
+
+async def test_batched_jobs_are_deduped_before_their_window(make_bus: Callable[..., Any]) -> None:
+    def answers(request: CompletionRequest) -> Completion:
+        items = parse_batch_items(request.messages[-1].content)
+        if items is not None:
+            return text_completion(orjson.dumps(batched_answer(items)).decode())
+        return _answer(request)
+
+    bus = make_bus(partitions=1)
+    provider = FakeProvider(answers, name="small")
+    tiers = tier_file_dict("http://127.0.0.1:9/v1", max_items=20, options={"temperature": 0}, dedupe=True)
+    same = [job(i, batch=True, text="the very same text") for i in range(6)]
+    other = [job(10 + i, batch=True) for i in range(4)]
+    async with bus.service(tiers, providers={"small": provider}):
+        await bus.produce(same + other)
+        outcomes = await bus.wait_for_outcomes({j["id"] for j in same + other}, timeout_s=60)
+    assert set(outcomes.results) == {j["id"] for j in same + other} and not outcomes.dead
+    sent_items = sum(len(parse_batch_items(r.messages[-1].content) or [None]) for r in provider.requests)
+    assert sent_items == 5, "the five distinct inputs went out; the five duplicates waited"
+    followers = [j["id"] for j in same if outcomes.results[j["id"]][0]["dedupe_of"] is not None]
+    assert len(followers) == 5
+    for j in same:
+        assert outcomes.results[j["id"]][0]["output"] == answer_for("the very same text")
