@@ -25,9 +25,9 @@ The prompt is the text of the LAST user message.
   the answer is `value_for_schema(schema, input)` — strings are `answer_for(input)`, enums pick
   a member by the input's hash, integers are len(input), objects fill every property; a batched
   request fills each ALIAS property with its own item's input (an alias-free schema, whose
-  `additionalProperties` gives every answer's schema, fills every alias of the prompt). Forced tools answer with a
-  tool call / `tool_use` block; the others as JSON text. `ignore_structured` answers as if no
-  schema had been sent.
+  `additionalProperties` gives every answer's schema, fills every alias of the prompt).
+  Forced tools answer with a tool call / `tool_use` block; the others as JSON text.
+  `ignore_structured` answers as if no schema had been sent.
 * Usage: input tokens = ceil(characters of all messages / 4); output tokens = ceil(len(answer) / 4).
 * Prompt caching (`PromptCache`), as each API reports it. Anthropic: a `cache_control`
   breakpoint caches everything up to it (tools, system, message blocks) when that prefix has
