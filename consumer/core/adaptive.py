@@ -106,7 +106,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from consumer.core.packing import strip_code_fence
+from consumer.core.packing import AnswerKind, strip_code_fence
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -125,10 +125,10 @@ __all__ = [
     "wilson_bounds",
 ]
 
-#: the verdict kind (`packing.AnswerKind` values) of a fully valid batched answer
-VALID_KIND = "complete"
-#: verdict kinds that count against the batch size
-INVALID_KINDS = frozenset({"missing", "malformed", "truncated", "unexpected"})
+#: the verdict kind of a fully valid batched answer
+VALID_KIND = AnswerKind.COMPLETE.value
+#: verdict kinds that count against the batch size: every other one
+INVALID_KINDS = frozenset(kind.value for kind in AnswerKind if kind is not AnswerKind.COMPLETE)
 
 #: success rate (shape and agreement) a size must show (settings default too)
 DEFAULT_MIN_AGREEMENT = 0.8

@@ -7,7 +7,8 @@ record's original bytes) and routes an admitted job. The checks, in order:
     2. it decodes as a Job (UTF-8 JSON of the job schema: `invalid_job`);
     3. its tier is configured (`unknown_tier`);
     4. `mode: offline` only where the tier enables it and offline processing runs (`invalid_job`);
-    5. its template renders and its options are valid (`template_error` / `invalid_job`).
+    5. its template renders and its options are valid (`template_error` / `invalid_job`);
+       an Anthropic tier's chat job has a message besides system ones (`invalid_job`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,14 @@ class Admission:
         if job.messages is not None:
             messages = tuple(ChatMessage(m.role, m.content) for m in job.messages)
             text = job.messages[-1].content
+            if tier.config.provider == "anthropic" and all(m.role == "system" for m in messages):
+                # Anthropic takes system text apart from the messages and refuses a call
+                # without one; in a Message Batches submission it would fail every member
+                raise JobError(
+                    ErrorKind.INVALID_JOB,
+                    f"tier '{tier.name}' (anthropic) needs a user or assistant message; "
+                    "this job has only system messages",
+                )
         else:
             assert job.prompt is not None
             variables = job.variables or {}
