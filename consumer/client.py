@@ -283,13 +283,8 @@ def _not_batchable(prompt: str) -> ValueError:
 
 
 def prompt_jobs(
-    tier: str,
-    inputs: Sequence[str | Mapping[str, str]],
-    *,
-    prompt: str | None = None,
-    batch: bool = False,
-    options: Mapping[str, Any] | None = None,
-    mode: str = "online",
+    tier: str, inputs: Sequence[str | Mapping[str, str]], prompt: str | None, batch: bool,
+    options: Mapping[str, Any] | None, mode: str,
 ) -> list[dict[str, Any]]:
     """One job dict (without id) per input; ValueError naming the index and the reason.
 
@@ -344,11 +339,8 @@ def prompt_jobs(
 
 
 def chat_jobs(
-    tier: str,
-    conversations: Sequence[Sequence[Mapping[str, Any]]],
-    *,
-    options: Mapping[str, Any] | None = None,
-    mode: str = "online",
+    tier: str, conversations: Sequence[Sequence[Mapping[str, Any]]],
+    options: Mapping[str, Any] | None, mode: str,
 ) -> list[dict[str, Any]]:
     """One chat job dict (without id) per conversation; ValueError naming the index and the reason."""
     if isinstance(conversations, str | bytes) or not isinstance(conversations, Sequence):
@@ -680,7 +672,7 @@ class AsyncClient:
         (nothing produced), MapError with `raise_on_error` when any input failed, MapTimeout
         when `timeout_s` passes first.
         """
-        jobs = prompt_jobs(tier, inputs, prompt=prompt, batch=batch, options=options, mode=mode)
+        jobs = prompt_jobs(tier, inputs, prompt, batch, options, mode)
         return await self._run(jobs, run_id, on_progress, raise_on_error, timeout_s)
 
     async def map_chat(
@@ -696,7 +688,7 @@ class AsyncClient:
         timeout_s: float | None = None,
     ) -> list[Outcome]:
         """One chat job per conversation (`[{"role": ..., "content": ...}, ...]`); as `map`."""
-        jobs = chat_jobs(tier, conversations, options=options, mode=mode)
+        jobs = chat_jobs(tier, conversations, options, mode)
         return await self._run(jobs, run_id, on_progress, raise_on_error, timeout_s)
 
     async def map_jobs(

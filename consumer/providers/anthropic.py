@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, Unpack
 
 import aiohttp
 from pydantic import SecretStr
 
 from consumer.core.completion import CompletionRequest, Usage
 from consumer.core.output import response_format_schema
-from consumer.providers.httpapi import HttpCompletionProvider, ProviderApi, ProviderHttp
+from consumer.providers.httpapi import AdapterOptions, HttpCompletionProvider, ProviderApi, ProviderHttp
 from consumer.providers.structured import (
     SCHEMA_NAME,
     TOOL_DESCRIPTION,
@@ -231,39 +231,31 @@ def read_message_usage(usage: Mapping[str, Any]) -> Usage:
 
 #: how both Anthropic adapters (Messages, Message Batches) are set up and read answers
 ANTHROPIC_API = ProviderApi(
-    structured_modes=ANTHROPIC_STRUCTURED_MODES,
-    mode_error=f"anthropic structured_mode must be one of {ANTHROPIC_STRUCTURED_MODES}",
-    http=anthropic_http,
-    answer="message",
-    read=read_message,
-    usage=read_message_usage,
+    ANTHROPIC_STRUCTURED_MODES, anthropic_http, answer="message", read=read_message, usage=read_message_usage
 )
 
 
 class AnthropicProvider(HttpCompletionProvider):
     """Anthropic Messages API.
 
-    base_url: the API root (`https://api.anthropic.com`); `/v1/messages` is appended.
-    structured_mode: `tool` (forced tool) or `off`.
+    `HttpAdapter`'s arguments (base_url: the API root, `https://api.anthropic.com`;
+    `/v1/messages` is appended; structured_mode `tool`, a forced tool, or `off`), and
     default_max_tokens: sent when the request's options carry no max_tokens.
-    owns_client: `aclose()` closes the client.
     """
 
     def __init__(
         self,
         client: aiohttp.ClientSession,
         *,
-        base_url: str,
-        api_key: SecretStr | None,
-        name: str = "anthropic",
-        structured_mode: StructuredMode = "tool",
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
-        owns_client: bool = True,
+        **adapter: Unpack[AdapterOptions],
     ) -> None:
-        super().__init__(client, base_url, api_key, name, structured_mode, owns_client)
+        super().__init__(client, **adapter)
         self.default_max_tokens = default_max_tokens
 
     api = ANTHROPIC_API
+    default_name: ClassVar[str] = "anthropic"
+    default_structured_mode: ClassVar[StructuredMode] = "tool"
     path = "/v1/messages"
     models_path = "/v1/models"
 

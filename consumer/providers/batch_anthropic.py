@@ -18,17 +18,17 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, Unpack
 
 import aiohttp
 import orjson
-from pydantic import SecretStr
 
 from consumer.core.errors import ProviderError
 from consumer.providers.anthropic import ANTHROPIC_API, DEFAULT_MAX_TOKENS, build_messages_body
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
 from consumer.providers.batchapi import HttpBatchProvider
 from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
+from consumer.providers.httpapi import AdapterOptions
 from consumer.providers.structured import StructuredMode
 
 log = logging.getLogger(__name__)
@@ -50,21 +50,19 @@ class AnthropicBatchProvider(HttpBatchProvider):
         self,
         client: aiohttp.ClientSession,
         *,
-        base_url: str,
-        api_key: SecretStr | None,
-        name: str = "anthropic",
-        structured_mode: StructuredMode = "tool",
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         max_requests: int = ANTHROPIC_MAX_REQUESTS,
         max_bytes: int = ANTHROPIC_MAX_BYTES,
-        owns_client: bool = True,
+        **adapter: Unpack[AdapterOptions],
     ) -> None:
-        super().__init__(client, base_url, api_key, name, structured_mode, owns_client)
+        super().__init__(client, **adapter)
         self.default_max_tokens = default_max_tokens
         self.max_requests = max_requests
         self.max_bytes = max_bytes
 
     api = ANTHROPIC_API
+    default_name: ClassVar[str] = "anthropic"
+    default_structured_mode: ClassVar[StructuredMode] = "tool"
     batches_path = "/v1/messages/batches"
 
     def batch_item(self, item: BatchRequest) -> dict[str, Any]:

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, Unpack
 
 import aiohttp
 import orjson
-from pydantic import SecretStr
 
 from consumer.core.errors import ProviderError, Rejected
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
 from consumer.providers.batchapi import HttpBatchProvider
 from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
-from consumer.providers.httpapi import ProviderHttp
+from consumer.providers.httpapi import AdapterOptions, ProviderHttp
 from consumer.providers.openai import OPENAI_API, build_chat_body
 from consumer.providers.structured import StructuredMode
 
@@ -59,21 +58,19 @@ class OpenAIBatchProvider(HttpBatchProvider):
         self,
         client: aiohttp.ClientSession,
         *,
-        base_url: str,
-        api_key: SecretStr | None,
-        name: str = "openai",
-        structured_mode: StructuredMode = "json_schema",
         completion_window: str = "24h",
         max_requests: int = OPENAI_MAX_REQUESTS,
         max_bytes: int = OPENAI_MAX_BYTES,
-        owns_client: bool = True,
+        **adapter: Unpack[AdapterOptions],
     ) -> None:
-        super().__init__(client, base_url, api_key, name, structured_mode, owns_client)
+        super().__init__(client, **adapter)
         self.completion_window = completion_window
         self.max_requests = max_requests
         self.max_bytes = max_bytes
 
     api = OPENAI_API
+    default_name: ClassVar[str] = "openai"
+    default_structured_mode: ClassVar[StructuredMode] = "json_schema"
     batches_path = "/batches"
 
     def jsonl_line(self, item: BatchRequest) -> bytes:

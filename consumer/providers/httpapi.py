@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Required, TypedDict
 
 import aiohttp
 import orjson
@@ -247,8 +247,7 @@ _NOT_AN_ANSWER = (KeyError, IndexError, TypeError, ValueError, AttributeError)
 class ProviderApi:
     """What sets one provider API's adapters apart, online and batch alike.
 
-    structured_modes: the `structured_mode` values its adapters accept.
-    mode_error: the ValueError message for any other mode.
+    structured_modes: the `structured_mode` values its adapters accept (any other is a ValueError).
     http: builds an adapter's HTTP path (base URL rule, auth headers).
     answer: what an answer body is called in errors ("chat completion", "message").
     read: `read(payload, request, structured_mode)` -> (answer text, finish reason) of one answer
@@ -259,23 +258,41 @@ class ProviderApi:
     """
 
     structured_modes: tuple[str, ...]
-    mode_error: str
     http: HttpFactory
     answer: str
     read: Callable[[Any, CompletionRequest, StructuredMode], tuple[str, str]]
     usage: Callable[[Mapping[str, Any]], Usage]
 
 
+class AdapterOptions(TypedDict, total=False):
+    """The keyword arguments every HTTP adapter takes (`HttpAdapter.__init__`); an adapter with
+    more takes these as `**adapter: Unpack[AdapterOptions]` beside its own."""
+
+    base_url: Required[str]
+    api_key: SecretStr | None
+    name: str
+    structured_mode: StructuredMode
+    owns_client: bool
+
+
 class HttpAdapter:
     """What every HTTP adapter, online or batch, sets up and closes the same way.
 
-    Subclasses set `api` (their provider API) and keep their own keyword-only constructors, which
-    pass `(client, base_url, api_key, name, structured_mode, owns_client)` on in that order. The
-    constructor checks `structured_mode` against `api`, builds the HTTP path with it and records
-    the name and whether the client is owned; `read_answer` reads an answer body with it.
+    client: injected (timeouts and pool limits come from the tier).
+    base_url: the provider's API root, as its adapter documents it.
+    api_key: sent as the provider's auth header; None sends none.
+    name: the provider name in errors and stats (default: the class's `default_name`).
+    structured_mode: how an answer schema is enforced, one of `api.structured_modes`
+        (default: the class's `default_structured_mode`).
+    owns_client: `aclose()` closes the client (the factory hands each adapter its own).
+
+    Subclasses set `api` (their provider API) and the two defaults; `read_answer` reads an
+    answer body with the API's reader.
     """
 
     api: ClassVar[ProviderApi]
+    default_name: ClassVar[str]
+    default_structured_mode: ClassVar[StructuredMode]
     name: str
     structured_mode: StructuredMode
     owns_client: bool
@@ -284,18 +301,21 @@ class HttpAdapter:
     def __init__(
         self,
         client: aiohttp.ClientSession,
+        *,
         base_url: str,
-        api_key: SecretStr | None,
-        name: str,
-        structured_mode: StructuredMode,
-        owns_client: bool,
+        api_key: SecretStr | None = None,
+        name: str | None = None,
+        structured_mode: StructuredMode | None = None,
+        owns_client: bool = True,
     ) -> None:
-        if structured_mode not in self.api.structured_modes:
-            raise ValueError(self.api.mode_error)
-        self.name = name
-        self.structured_mode = structured_mode
+        mode = structured_mode if structured_mode is not None else self.default_structured_mode
+        if mode not in self.api.structured_modes:
+            modes = self.api.structured_modes
+            raise ValueError(f"{type(self).__name__}: structured_mode must be one of {modes}")
+        self.name = name if name is not None else self.default_name
+        self.structured_mode = mode
         self.owns_client = owns_client
-        self.http = self.api.http(client, base_url=base_url, api_key=api_key, name=name)
+        self.http = self.api.http(client, base_url=base_url, api_key=api_key, name=self.name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"

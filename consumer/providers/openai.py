@@ -148,38 +148,21 @@ def read_chat_usage(usage: Mapping[str, Any]) -> Usage:
 
 #: how every OpenAI adapter (online, OpenAI-compatible, Batch API) is set up and reads answers
 OPENAI_API = ProviderApi(
-    structured_modes=STRUCTURED_MODES,
-    mode_error=f"structured_mode must be one of {STRUCTURED_MODES}",
-    http=openai_http,
-    answer="chat completion",
-    read=read_chat_completion,
-    usage=read_chat_usage,
+    STRUCTURED_MODES, openai_http, answer="chat completion", read=read_chat_completion, usage=read_chat_usage
 )
 
 
 class OpenAIProvider(HttpCompletionProvider):
     """OpenAI chat completions. Also the code behind `OpenAICompatProvider`.
 
-    client: injected (timeouts and pool limits come from the tier).
-    base_url: up to and including `/v1` (e.g. `https://host/v1`).
-    api_key: sent as `Authorization: Bearer`; None sends no auth header.
-    structured_mode: how `answer_schema` is enforced (see `structured.py`).
-    owns_client: `aclose()` closes the client (the factory hands each provider its own).
+    Takes `HttpAdapter`'s arguments: base_url up to and including `/v1` (e.g.
+    `https://host/v1`); api_key sent as `Authorization: Bearer`; structured_mode how
+    `answer_schema` is enforced (see `structured.py`).
     """
 
-    def __init__(
-        self,
-        client: aiohttp.ClientSession,
-        *,
-        base_url: str,
-        api_key: SecretStr | None,
-        name: str = "openai",
-        structured_mode: StructuredMode = "json_schema",
-        owns_client: bool = True,
-    ) -> None:
-        super().__init__(client, base_url, api_key, name, structured_mode, owns_client)
-
     api = OPENAI_API
+    default_name: ClassVar[str] = "openai"
+    default_structured_mode: ClassVar[StructuredMode] = "json_schema"
     path = "/chat/completions"
     #: OpenAI's API takes `prompt_cache_key`; OpenAI-compatible servers may refuse it
     sends_cache_key: ClassVar[bool] = True

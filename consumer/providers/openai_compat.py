@@ -7,8 +7,7 @@ These servers have no Batch API (see `factory.build_batch_provider`).
 
 from __future__ import annotations
 
-import aiohttp
-from pydantic import SecretStr
+from typing import ClassVar
 
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.structured import StructuredMode
@@ -20,21 +19,5 @@ class OpenAICompatProvider(OpenAIProvider):
     #: local servers cache prefixes on their own (vLLM, llama.cpp) and may refuse unknown fields
     sends_cache_key = False
 
-    def __init__(
-        self,
-        client: aiohttp.ClientSession,
-        *,
-        base_url: str,
-        api_key: SecretStr | None = None,
-        name: str = "openai_compat",
-        structured_mode: StructuredMode = "json_object",
-        owns_client: bool = True,
-    ) -> None:
-        super().__init__(
-            client,
-            base_url=base_url,
-            api_key=api_key,
-            name=name,
-            structured_mode=structured_mode,
-            owns_client=owns_client,
-        )
+    default_name: ClassVar[str] = "openai_compat"
+    default_structured_mode: ClassVar[StructuredMode] = "json_object"

@@ -14,7 +14,7 @@
 #                                cannot execute, so a native build dies with SIGILL on its first
 #                                completion; this build runs on any x86-64-v3 CPU, whatever it lists
 # These skip 51 of 193 compile steps (the multimodal library); libcommon is forced on by
-# llama-cpp-python. Measured: 240 s on 2 cores for `pip wheel` (download + compile).
+# llama-cpp-python. Measured: 309 s on 2 quiet cores for `pip wheel` (download + compile).
 # The built wheel goes to WHEELHOUSE/BUILD_TAG (default WHEELHOUSE ${XDG_CACHE_HOME:-~/.cache}/promptbus/wheels;
 # BUILD_TAG a hash of the version and the build flags, never of the CPU: the same flags make the
 # same wheel on every machine), and later runs install it from there in seconds.
