@@ -40,7 +40,7 @@ from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.providers.base import BatchItemResult, BatchJob, BatchProvider, BatchRequest, BatchStatus
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
-from consumer.runtime.outcomes import RecordLimits, dead_letter_record, result_record, too_large_result
+from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
 from consumer.runtime.stats import ServiceStats, TierStats
 from consumer.settings import Settings
 
@@ -403,15 +403,8 @@ def outcome_records(
             if wanted is not None:
                 output, problem = wanted.accept(output)
             if problem is None:
-                result = result_record(
-                    settings.results_topic,
-                    job=job,
-                    source=source,
-                    completion=item.completion,
-                    output=output,
-                    batch_size=1,
-                    attempts=1,
-                    latency_ms=latency_ms,
+                result = AnswerResults(settings.results_topic, item.completion, 1).record(
+                    job=job, source=source, output=output, attempts=1, latency_ms=latency_ms
                 )
                 problem = too_large_result(result, limits.results)
                 if problem is None:

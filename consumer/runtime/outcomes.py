@@ -143,31 +143,6 @@ class AnswerResults:
         return OutRecord(self._topic, job.id.encode(), orjson.dumps(value), _headers(source, traceparent))
 
 
-def result_record(
-    topic: str,
-    *,
-    job: Job,
-    source: SourceOffset,
-    completion: Completion,
-    output: str,
-    batch_size: int,
-    attempts: int,
-    latency_ms: float,
-    traceparent: str | None = None,
-    completed_at: datetime | None = None,
-) -> OutRecord:
-    """One job's Result (a batched job gets its share of the request's token usage)."""
-    results = AnswerResults(topic, completion, batch_size, completed_at)
-    return results.record(
-        job=job,
-        source=source,
-        output=output,
-        attempts=attempts,
-        latency_ms=latency_ms,
-        traceparent=traceparent,
-    )
-
-
 def too_large_result(record: OutRecord, max_bytes: int) -> str | None:
     """Why a result cannot be published (None: it can): over the results topic's record size,
     the broker would refuse it on every attempt. The job is dead-lettered `output_invalid`."""

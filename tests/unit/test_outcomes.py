@@ -13,7 +13,7 @@ from consumer.core.completion import Completion, Usage
 from consumer.core.errors import ErrorKind
 from consumer.core.jobs import BatchInfo, Job, Result, SourceRef, UsageInfo, encode
 from consumer.kafka.records import SOURCE_HEADER, TRACEPARENT_HEADER, SourceOffset, TopicPartition
-from consumer.runtime.outcomes import AnswerResults, dead_letter_record, result_record, too_large_result
+from consumer.runtime.outcomes import AnswerResults, dead_letter_record, too_large_result
 
 _text = st.text(min_size=1, max_size=12)
 _json_leaf = st.none() | st.booleans() | st.integers(-1000, 1000) | st.text(max_size=8)
@@ -79,13 +79,10 @@ def test_result_record_is_the_result_models_json(
     )
     source = SourceOffset(TopicPartition("jobs", 3), offset)
     completion = Completion(output, finish, Usage(*tokens), "openai", "m-1", request_id=request_id)
-    record = result_record(
-        "results",
+    record = AnswerResults("results", completion, size).record(
         job=job,
         source=source,
-        completion=completion,
         output=output,
-        batch_size=size,
         attempts=attempts,
         latency_ms=latency_ms,
         traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01",
@@ -168,13 +165,11 @@ def test_a_dead_letter_over_its_topics_record_size_leaves_out_its_copies_of_the_
 
 
 def test_a_result_over_its_topics_record_size_is_refused_with_the_reason() -> None:
-    record = result_record(
-        "results",
+    completion = Completion("y" * 3000, "stop", Usage(1, 1), "openai", "m")
+    record = AnswerResults("results", completion, 1).record(
         job=Job.model_validate({"id": "j1", "tier": "t", "prompt": "p"}),
         source=SourceOffset(TopicPartition("jobs", 0), 1),
-        completion=Completion("y" * 3000, "stop", Usage(1, 1), "openai", "m"),
         output="y" * 3000,
-        batch_size=1,
         attempts=1,
         latency_ms=1.0,
     )
