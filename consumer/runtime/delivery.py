@@ -124,7 +124,41 @@ class OutcomeWriter:
         )
         self._stats.dead_letters[kind.value] += 1
         self._end(ctx, record, ok=False)
-        self._settle(ctx, answer, SharedFailure(kind, message, error))
+        if ctx.dedupe_key is not None:
+            self._settle(ctx, answer, SharedFailure(kind, message, error))
+
+    def answered(
+        self,
+        ctx: JobContext,
+        results: AnswerResults,
+        output: str,
+        *,
+        attempts: int,
+        now_s: float,
+        dedupe_of: str | None = None,
+    ) -> None:
+        """The job's answer as its result record, or the dead letter that says why it cannot
+        be one (answered after its deadline, too large for the results topic). Jobs deduped
+        to this one are answered from the same answer, whatever becomes of its own record."""
+        shared = SharedAnswer(results, output) if ctx.dedupe_key is not None else None
+        if ctx.past_deadline(now_s):
+            message = "answered after the job's deadline"
+            self.fail(ctx, ErrorKind.DEADLINE_EXCEEDED, message, attempts=attempts, answer=shared)
+            return
+        record = results.record(
+            job=ctx.job,
+            source=ctx.source,
+            output=output,
+            attempts=attempts,
+            latency_ms=(now_s - ctx.received_s) * 1000.0,
+            traceparent=self._telemetry.traceparent(ctx.trace),
+            dedupe_of=dedupe_of,
+        )
+        problem = too_large_result(record, self.limits.results)
+        if problem is not None:
+            self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts, answer=shared)
+            return
+        self.succeed(ctx, record, shared)
 
     def succeed(self, ctx: JobContext, record: OutRecord, answer: SharedAnswer | None = None) -> None:
         """The job's result record; `answer`, what it was built from, answers the jobs deduped
@@ -143,28 +177,15 @@ class OutcomeWriter:
             return
         ctx.tier.stats.deduped += 1
         now_s = self._clock()
+        if answer is not None:
+            self.answered(ctx, answer.results, answer.output, attempts=0, now_s=now_s, dedupe_of=leader_id)
+            return
         if ctx.past_deadline(now_s):
             self.fail(ctx, ErrorKind.DEADLINE_EXCEEDED, "answered after the job's deadline", attempts=0)
             return
-        if answer is None:
-            assert failure is not None
-            note = f" [shared: the identical request of job {leader_id} failed]"
-            self.fail(ctx, failure.kind, failure.message + note, attempts=0, error=failure.error)
-            return
-        record = answer.results.record(
-            job=ctx.job,
-            source=ctx.source,
-            output=answer.output,
-            attempts=0,
-            latency_ms=(now_s - ctx.received_s) * 1000.0,
-            traceparent=self._telemetry.traceparent(ctx.trace),
-            dedupe_of=leader_id,
-        )
-        problem = too_large_result(record, self.limits.results)
-        if problem is not None:
-            self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=0)
-            return
-        self.succeed(ctx, record)
+        assert failure is not None
+        note = f" [shared: the identical request of job {leader_id} failed]"
+        self.fail(ctx, failure.kind, failure.message + note, attempts=0, error=failure.error)
 
     def _settle(self, ctx: JobContext, answer: SharedAnswer | None, failure: SharedFailure | None) -> None:
         """A dedupe leader ended: so do the jobs that waited for it."""

@@ -44,9 +44,9 @@ from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.window import BatchKey
 from consumer.runtime.context import JobContext
-from consumer.runtime.delivery import OutcomeWriter, SharedAnswer
+from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.limiter import Token
-from consumer.runtime.outcomes import AnswerResults, too_large_result
+from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.telemetry import Telemetry
@@ -352,36 +352,13 @@ class PlanRunner:
         results: AnswerResults | None = None
         results_of: PlannedRequest | None = None
         for member, answer, answered_by in step.answered:
-            ctx = _ctx(member)
-            attempts = plan.attempts(member)
             assert completion is not None
             if results is None or results_of is not answered_by:
                 results_of = answered_by
                 results = AnswerResults(self._outcomes.results_topic, completion, len(answered_by.members))
-            # jobs deduped to this one are answered from it, whatever becomes of its own record
-            shared = SharedAnswer(results, answer) if ctx.dedupe_key is not None else None
-            if ctx.past_deadline(now_s):
-                self._outcomes.fail(
-                    ctx,
-                    ErrorKind.DEADLINE_EXCEEDED,
-                    "answered after the job's deadline",
-                    attempts=attempts,
-                    answer=shared,
-                )
-                continue
-            record = results.record(
-                job=ctx.job,
-                source=ctx.source,
-                output=answer,
-                attempts=attempts,
-                latency_ms=(now_s - ctx.received_s) * 1000.0,
-                traceparent=self._telemetry.traceparent(ctx.trace),
+            self._outcomes.answered(
+                _ctx(member), results, answer, attempts=plan.attempts(member), now_s=now_s
             )
-            problem = too_large_result(record, self._outcomes.limits.results)
-            if problem is not None:
-                self._outcomes.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts, answer=shared)
-                continue
-            self._outcomes.succeed(ctx, record, shared)
         for member, kind, message in step.failed:
             self._outcomes.fail(
                 _ctx(member), kind, message, attempts=plan.attempts(member), error=plan.last_error(member)
