@@ -20,7 +20,10 @@ until every item has its answer), this classifies the labelled texts of
   as the pipeline's jobs do (the first of a chunk fixes its size), every batched verdict,
   every request's time and tokens and every verification are reported to it, and a share
   (`--verify-fraction`, 0.25) of each batched request's items is also asked alone. Those
-  verification requests count in `provider_requests`. Its final `reason()` is recorded.
+  verification requests count in `provider_requests`. Its final `reason()` is recorded;
+- `adaptive, restarted`: the same tier again, as a restarted instance runs it: its tracker
+  starts from what the previous adaptive run measured (`export()` through JSON and
+  `restore()`, as the service keeps it in the batching topic), so it does not learn afresh.
 
 For each: accuracy against the labels (the answer is normalized with
 `adaptive.normalize_answer` and its first label word counts), provider requests (with the
@@ -74,7 +77,7 @@ from consumer.settings import TierConfig
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "sentiment_labelled.jsonl"
 OUT_DIR = ROOT / "bench" / "out"
-DOCS_PNG = ROOT / "docs" / "batching_quality.png"
+DOCS_DIR = ROOT / "docs"
 
 LABELS = ("positive", "negative")
 # SmolLM2-135M is sensitive to wording; this prompt scored best in bench/local_model_probe.py.
@@ -346,13 +349,16 @@ def summarize(
     if singles is not None and batched:
         agreed = sum(1 for i in batched if i in singles and answers_agree(stats.answers[i][0], singles[i]))
         entry["agreement_with_single"] = round(agreed / len(batched), 3)
-    if size == "adaptive":
+    if size in ADAPTIVE:
         entry["chunk_sizes"] = stats.sizes_used
         entry["verify_requests"] = stats.verify_requests
         agreed, compared = stats.agreement
         entry["verified"] = {"compared": compared, "agreed": agreed}
     return entry
 
+
+#: the adaptive configurations: a new tier, and the tier restarted with what it measured
+ADAPTIVE = ("adaptive", "adaptive, restarted")
 
 #: bench mode -> (tier `batching.structured`, the job's own answer schema)
 MODES: dict[str, tuple[str, dict[str, Any] | None]] = {
@@ -396,6 +402,8 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
             **kwargs,
         )
 
+    #: per mode, what the last adaptive run measured (`AdaptiveBatchSize.export`, as JSON)
+    remembered: dict[str, bytes] = {}
     try:
         await runner(args.modes[0]).run(rows[:2], lambda _now: 1, None, 1)  # warm-up, not counted
         configs: list[tuple[str, int | str]] = []
@@ -410,7 +418,7 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
                     configs.append((mode, 1))
         configs += [(mode, size) for size in args.sizes if size > 1 for mode in args.modes]
         if args.adaptive:
-            configs += [(mode, "adaptive") for mode in args.modes]
+            configs += [(mode, kind) for kind in ADAPTIVE for mode in args.modes]
         # round-robin repeats: each configuration meets the machine's load at several times
         configs *= max(1, args.repeat)
         if args.bracket:
@@ -422,7 +430,7 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
             has_schema = MODES[mode][1] is not None
             size_at: Callable[[float], int]
             on_verdict: Callable[[str, int, float], object] | None = None
-            if size == "adaptive":
+            if size in ADAPTIVE:
                 # as `TierRuntime` builds it for an openai_compat tier that verifies
                 adaptive = AdaptiveBatchSize(
                     max(args.sizes),
@@ -432,6 +440,9 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
                     confidence=args.confidence,
                     probe_fraction=args.probe_fraction,
                 )
+                if size == "adaptive, restarted" and mode in remembered:
+                    adaptive.restore(json.loads(remembered[mode]))
+                probes_before = adaptive.probes
                 run = runner(
                     mode,
                     verify_fraction=args.verify_fraction,
@@ -456,16 +467,22 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
                 name = "single (labels schema)" if has_schema else "single"
                 again = has_schema in singles
                 entry = summarize(
-                    name + (", again" if again else ""), mode if has_schema else "n/a", size, rows, stats,
-                    wall_s, None,
+                    name + (", again" if again else ""),
+                    mode if has_schema else "n/a",
+                    size,
+                    rows,
+                    stats,
+                    wall_s,
+                    None,
                 )
                 if not again:
                     singles[has_schema] = {i: a for i, (a, _) in stats.answers.items()}
             else:
                 entry = summarize(f"{mode}/{size}", mode, size, rows, stats, wall_s, singles.get(has_schema))
-            if size == "adaptive":
+            if size in ADAPTIVE:
+                remembered[mode] = json.dumps(adaptive.export()).encode()
                 entry["final_size"] = adaptive.size
-                entry["probes"] = adaptive.probes
+                entry["probes"] = adaptive.probes - probes_before  # started in this run
                 entry["reason"] = adaptive.reason()
             entry["load_avg_1m_at_start"] = load_1m
             results.append(entry)
@@ -535,9 +552,8 @@ def plot(results: list[dict[str, Any]], modes: Sequence[str], path: Path, title:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = sorted({str(r["size"]) for r in results if r["size"] != "adaptive"}, key=int)
-    if any(r["size"] == "adaptive" for r in results):
-        labels.append("adaptive")
+    labels = sorted({str(r["size"]) for r in results if r["size"] not in ADAPTIVE}, key=int)
+    labels += [kind for kind in ADAPTIVE if any(r["size"] == kind for r in results)]
     pos = {label: i for i, label in enumerate(labels)}
 
     def value(r: dict[str, Any], key: str) -> float:
@@ -576,8 +592,16 @@ def plot(results: list[dict[str, Any]], modes: Sequence[str], path: Path, title:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base-url", help="use this running server (default: the local-model server on "
-                        f"port {localmodel.DEFAULT_PORT} if it answers, else start one on a free port)")
+    parser.add_argument(
+        "--base-url",
+        help="use this running server (default: the local-model server on "
+        f"port {localmodel.DEFAULT_PORT} if it answers, else start one on a free port)",
+    )
+    parser.add_argument(
+        "--model-file",
+        type=Path,
+        help="serve this GGUF file instead of SmolLM2-135M-Instruct (a server is started for it)",
+    )
     parser.add_argument("--texts", type=int, default=64)
     parser.add_argument("--sizes", default="1,2,4,8,16")
     parser.add_argument("--modes", default="off,json_object,labels", help=f"of {', '.join(MODES)}")
@@ -598,7 +622,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--no-docs-copy", dest="docs_copy", action="store_false")
     parser.add_argument(
-        "--plot-only", type=Path, nargs="+", metavar="FILE.json",
+        "--plot-only",
+        type=Path,
+        nargs="+",
+        metavar="FILE.json",
         help="run nothing: draw the plot from the summaries of these reports (e.g. one per --modes)",
     )
     args = parser.parse_args(argv)
@@ -606,7 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         reports = [json.loads(path.read_text()) for path in args.plot_only]
         summary = [entry for report in reports for entry in report["summary"]]
         modes = [m for m in MODES if any(e["structured"] == m for e in summary)]
-        draw(summary, modes, reports[0]["texts"], reports[0]["concurrency"], args.docs_copy)
+        model = reports[0].get("model", localmodel.MODEL_FILENAME)
+        draw(summary, modes, reports[0]["texts"], reports[0]["concurrency"], args.docs_copy, model)
         return 0
     args.sizes = sorted({int(x) for x in args.sizes.split(",")})
     args.modes = [m for m in args.modes.split(",") if m]
@@ -616,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = load_rows(args.texts)
 
     report: dict[str, Any] = {
-        "model": localmodel.MODEL_ALIAS,
+        "model": args.model_file.name if args.model_file else localmodel.MODEL_FILENAME,
         "texts": len(rows),
         "labels": dict(Counter(r["label"] for r in rows)),
         "concurrency": args.concurrency,
@@ -625,19 +653,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     handle = None
     base_url = args.base_url
-    if base_url is None:
+    if base_url is None and args.model_file is None:
         current = localmodel.status()
         if current.running and current.answering and current.info is not None:
             base_url = current.info.base_url
             report["server"] = "reused"
-        else:
-            started = time.perf_counter()
-            handle = localmodel.serve(port=free_port(), directory=OUT_DIR / "local-model")
-            base_url = handle.base_url
-            report["server"] = "started"
-            report["server_start_s"] = round(time.perf_counter() - started, 2)
-    else:
+    if args.base_url is not None:
         report["server"] = "given"
+    elif base_url is None:
+        started = time.perf_counter()
+        handle = localmodel.serve(
+            port=free_port(), directory=OUT_DIR / "local-model", model_path=args.model_file
+        )
+        base_url = handle.base_url
+        report["server"] = "started"
+        report["server_start_s"] = round(time.perf_counter() - started, 2)
     started = time.perf_counter()
     try:
         report["results"] = asyncio.run(bench(base_url, args, rows))
@@ -652,25 +682,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
-    draw(report["summary"], args.modes, len(rows), args.concurrency, args.docs_copy)
+    draw(report["summary"], args.modes, len(rows), args.concurrency, args.docs_copy, report["model"])
     return 0
 
 
 def draw(
-    summary: list[dict[str, Any]], modes: Sequence[str], texts: int, concurrency: int, docs_copy: bool
+    summary: list[dict[str, Any]],
+    modes: Sequence[str],
+    texts: int,
+    concurrency: int,
+    docs_copy: bool,
+    model: str = localmodel.MODEL_FILENAME,
 ) -> None:
-    """`plot` into bench/out, and a copy into docs/ unless told not to."""
-    png = OUT_DIR / "batching_quality.png"
+    """`plot` into bench/out, and a copy into docs/ unless told not to. A model other than
+    SmolLM2 gets its own file (`batching_quality_<model file stem>.png`)."""
+    default = model in (localmodel.MODEL_FILENAME, localmodel.MODEL_ALIAS)
+    name = "batching_quality.png" if default else f"batching_quality_{Path(model).stem}.png"
+    png = OUT_DIR / name
     title = (
-        f"SmolLM2-135M-Instruct (llama.cpp server), {texts} labelled texts, "
+        f"{Path(model).stem} (llama.cpp server), {texts} labelled texts, "
         f"concurrency {concurrency}, {os.cpu_count()} cores (means over runs)"
     )
     plot(summary, modes, png, title)
     progress(f"plot: {png}")
     if docs_copy:
-        DOCS_PNG.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(png, DOCS_PNG)
-        progress(f"plot copied to {DOCS_PNG}")
+        DOCS_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(png, DOCS_DIR / name)
+        progress(f"plot copied to {DOCS_DIR / name}")
 
 
 if __name__ == "__main__":

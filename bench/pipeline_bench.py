@@ -252,6 +252,7 @@ def variant_settings(base: Settings, name: str) -> Settings:
             "results_topic": f"bench-{name}-results-{sfx}",
             "dlq_topic": f"bench-{name}-dlq-{sfx}",
             "stats_topic": f"bench-{name}-stats-{sfx}",
+            "batching_topic": f"bench-{name}-batching-{sfx}",
             "batches_topic": f"bench-{name}-batches-{sfx}",
         }
     )

@@ -18,12 +18,14 @@ from typing import Any, Protocol
 from consumer.core.errors import ConfigError
 from consumer.kafka.admin import ensure_topics, max_record_bytes
 from consumer.kafka.assignment import Assignment
+from consumer.kafka.clients import read_latest
 from consumer.kafka.intake import JobIntake, KafkaIntake
-from consumer.kafka.publisher import StatsPublisher
+from consumer.kafka.publisher import SidePublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, make_http_client
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.metrics import MetricsServer, build_app, register_otel_metrics
 from consumer.runtime.offline import BatchTracker, OfflineCollector
 from consumer.runtime.outcomes import RecordLimits
@@ -63,6 +65,10 @@ class ServiceEdges(Protocol):
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any: ...
 
+    async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
+        """The latest value of every key of a compacted topic."""
+        ...
+
 
 class KafkaEdges:
     """The real edges: aiokafka's admin client, consumer and producers."""
@@ -78,6 +84,9 @@ class KafkaEdges:
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any:
         return kafka_producer_factory(settings, client_id)(transactional_id=transactional_id)
+
+    async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
+        return await read_latest(settings, topic)
 
 
 @dataclass
@@ -105,11 +114,15 @@ def validate_keys(tier_file: TierFile, *, strict: bool = True) -> list[str]:
 
 
 async def build_tiers(
-    tier_file: TierFile, stats: ServiceStats, providers: dict[str, CompletionProvider] | None = None
+    tier_file: TierFile,
+    stats: ServiceStats,
+    providers: dict[str, CompletionProvider] | None = None,
+    remembered: RememberedEvidence | None = None,
 ) -> tuple[dict[str, TierRuntime], list[Any]]:
     """One TierRuntime per configured tier; also returns the HTTP clients to close.
 
-    `providers` replaces the HTTP adapters of the tiers it names (tests and benchmarks).
+    `providers` replaces the HTTP adapters of the tiers it names (tests and benchmarks);
+    `remembered`: the batching evidence earlier runs left (see `consumer.runtime.evidence`).
     A tier that cannot be built (ConfigError) closes the clients made so far before it raises.
     """
     tiers: dict[str, TierRuntime] = {}
@@ -117,12 +130,12 @@ async def build_tiers(
     try:
         for name, config in tier_file.tiers.items():
             if providers and name in providers:
-                tiers[name] = TierRuntime.build(name, config, providers[name], stats.tier(name))
+                tiers[name] = TierRuntime.build(name, config, providers[name], stats.tier(name), remembered)
                 continue
             client = make_http_client(config)
             clients.append(client)
             provider = build_provider(name, config, client)
-            tiers[name] = TierRuntime.build(name, config, provider, stats.tier(name))
+            tiers[name] = TierRuntime.build(name, config, provider, stats.tier(name), remembered)
     except BaseException:
         for client in clients:
             await client.close()
@@ -251,15 +264,18 @@ async def run_service(
         for topic, state in report.items():
             log.info("topic %s: %s", topic, state)
         outputs = [settings.results_topic, settings.dlq_topic]
-        limits = RecordLimits.of_topics(
-            await edges.max_record_bytes(settings, outputs),
-            results=settings.results_topic,
-            dead_letters=settings.dlq_topic,
+        record_bytes, latest_evidence = await asyncio.gather(
+            edges.max_record_bytes(settings, outputs), edges.read_latest(settings, settings.batching_topic)
         )
+        limits = RecordLimits.of_topics(
+            record_bytes, results=settings.results_topic, dead_letters=settings.dlq_topic
+        )
+        remembered = RememberedEvidence.read(latest_evidence, instance=instance)
 
         clients: list[Any] = []
         parts.push_async_callback(_close_all, clients)
-        tiers, tier_clients = await build_tiers(tier_file, stats, providers)
+        tiers, tier_clients = await build_tiers(tier_file, stats, providers, remembered)
+        remembered.watch(tiers)
         clients.extend(tier_clients)
         for tier in tiers.values():
             parts.push_async_callback(tier.provider.aclose)
@@ -285,9 +301,23 @@ async def run_service(
         pipeline = Pipeline(
             settings, tiers, intake, sink, outcomes, stats, telemetry, offline=collector, rng=random.Random()
         )
-        stats_publisher = StatsPublisher(
-            side_producer, settings.stats_topic, instance, stats.snapshot, settings.stats_interval_s
-        )
+        stats_key = instance.encode()
+        publishers = [
+            SidePublisher(
+                side_producer,
+                settings.stats_topic,
+                lambda: [(stats_key, stats.snapshot())],
+                settings.stats_interval_s,
+                what="stats",
+            ),
+            SidePublisher(
+                side_producer,
+                settings.batching_topic,
+                remembered.records,
+                settings.stats_interval_s,
+                what="batching evidence",
+            ),
+        ]
 
         if install_signal_handlers:
             loop = asyncio.get_running_loop()
@@ -301,8 +331,9 @@ async def run_service(
         for part in offline_parts:
             await part.start()
             parts.push_async_callback(part.stop)
-        stats_publisher.start()
-        parts.push_async_callback(stats_publisher.stop)
+        for publisher in publishers:
+            publisher.start()
+            parts.push_async_callback(publisher.stop)
         if settings.metrics_port is not None:
             metrics = MetricsServer(
                 build_app(stats, pipeline.ready.is_set), settings.metrics_port, host=settings.metrics_host

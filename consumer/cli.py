@@ -276,13 +276,13 @@ def format_stats(merged: dict[str, Any]) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from consumer.kafka.clients import read_stats_records
+    from consumer.kafka.clients import read_latest
     from consumer.runtime.stats import merge_snapshots, read_snapshot
 
     _configure_logging("WARNING", kafka_level="CRITICAL")
     settings = _kafka_settings(args)
     snapshots = []
-    for key, value in asyncio.run(read_stats_records(settings)).items():
+    for key, value in asyncio.run(read_latest(settings, settings.stats_topic)).items():
         try:
             snapshots.append(read_snapshot(value))
         except ValueError as exc:  # the topic may hold what another tool wrote

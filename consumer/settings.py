@@ -269,6 +269,9 @@ class Settings(BaseSettings):
     dlq_topic: str = "promptbus.dlq"
     batches_topic: str = "promptbus.batches"
     stats_topic: str = "promptbus.stats"
+    #: what each tier's adaptive batch size measured (compacted): a restarted or new instance
+    #: starts from it
+    batching_topic: str = "promptbus.batching"
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
     #: Input records held (windows, requests, unacked outcomes) before partitions pause. Sized
     #: so 64 concurrent requests of 50 items plus open windows fit, and so a fast provider is

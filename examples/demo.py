@@ -61,6 +61,7 @@ def main() -> int:
             "PROMPTBUS_DLQ_TOPIC": f"demo-{run_id}.dlq",
             "PROMPTBUS_BATCHES_TOPIC": f"demo-{run_id}.batches",
             "PROMPTBUS_STATS_TOPIC": f"demo-{run_id}.stats",
+            "PROMPTBUS_BATCHING_TOPIC": f"demo-{run_id}.batching",
             "PROMPTBUS_STATS_INTERVAL_S": "1",
             # the demo's jobs take a second or two; held ones (a dead provider) need no long drain
             "PROMPTBUS_SHUTDOWN_TIMEOUT_S": os.environ.get("PROMPTBUS_SHUTDOWN_TIMEOUT_S", "10"),

@@ -65,6 +65,14 @@ is how agreement at a size not in use is measured.
 
 Ordinary requests (size 1) are never judged by shape or agreement (DESIGN.md rule 5).
 
+Remembered evidence. What a key measured outlives the process: `export()` gives its
+evidence and probe gaps as plain JSON-ready data, `restore()` takes them back into a new
+tracker of the same key, which then starts at the size that evidence supports, with the
+probe backoff it had reached, instead of at size 1 with nothing known. Levels are matched
+by size; one the new tracker does not have (another `max_items`) is left out. `changes`
+counts the reports, so a caller can tell which trackers learnt something since it last
+exported them.
+
 `AdaptiveSizes` holds one `AdaptiveBatchSize` per key, e.g. (tier, batch key).
 `AgreementStats` counts compared/agreed answers per tier and batch size for stats and
 metrics. `answers_agree` compares a batched with a single answer; `choose_verified` picks
@@ -246,6 +254,25 @@ class _Evidence:
     def tokens_per_item(self) -> float | None:
         return self.tokens / self.token_items if self.token_items > 0 else None
 
+    def export(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def restored(cls, state: Mapping[str, Any]) -> _Evidence:
+        """Evidence from `export()`'s data; ValueError naming the field that is not a
+        non-negative number, or a count above its total."""
+        evidence = cls()
+        for name in cls.__slots__:
+            value = state.get(name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            setattr(evidence, name, float(value))
+        for part, whole in (("valid", "judged"), ("agreed", "compared"), ("token_items", "answered")):
+            count, total = getattr(evidence, part), getattr(evidence, whole)
+            if count > total:
+                raise ValueError(f"{part} ({count:g}) exceeds {whole} ({total:g})")
+        return evidence
+
 
 class AdaptiveBatchSize:
     """The batch size of one (tier, batch key), decided from evidence; see the module docstring.
@@ -302,6 +329,8 @@ class AdaptiveBatchSize:
         self.probes = 0
         #: last time anything was reported or asked (for `AdaptiveSizes.expire`)
         self.last_used_s: float | None = None
+        #: reports counted so far, restored evidence included (see "Remembered evidence")
+        self.changes = 0
         self._target: int | None = None
         self._size = self._decide()
 
@@ -379,6 +408,7 @@ class AdaptiveBatchSize:
         if size < 2:
             return self._size
         valid = size if verdict_kind == VALID_KIND else 0
+        self.changes += 1
         self._evidence[self.level_of(size)].add_shape(valid, size)
         self._size = self._decide()
         return self._size
@@ -392,6 +422,7 @@ class AdaptiveBatchSize:
         if compared == 0 or size < 2:
             return self._size
         self._evidence[self.level_of(size)].add_agreement(agreed, compared)
+        self.changes += 1
         self._size = self._decide()
         return self._size
 
@@ -405,6 +436,54 @@ class AdaptiveBatchSize:
             raise ValueError(f"bad speed sample: size {size}, answered {answered}, {elapsed_s} s")
         self.last_used_s = now_s
         self._evidence[self.level_of(size)].add_speed(answered, elapsed_s, tokens)
+        self.changes += 1
+        self._size = self._decide()
+        return self._size
+
+    # --- remembering ----------------------------------------------------------------------
+
+    def export(self) -> dict[str, Any]:
+        """The evidence and probe gaps per level, JSON-ready (see "Remembered evidence")."""
+        return {
+            "levels": {
+                str(level): {**self._evidence[level].export(), "gap": self._gap[level]}
+                for level in self.levels
+            },
+            "probes": self.probes,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> int:
+        """Take back what `export()` gave (of a tracker of the same key); return the size.
+
+        Raises ValueError naming what is wrong when `state` is not such data; nothing is
+        changed then.
+        """
+        levels = state.get("levels")
+        if not isinstance(levels, Mapping):
+            raise ValueError("levels must be an object of level -> evidence")
+        evidence: dict[int, _Evidence] = {}
+        gaps: dict[int, float] = {}
+        for name, data in levels.items():
+            if not (isinstance(name, str) and name.isdigit()) or not isinstance(data, Mapping):
+                raise ValueError(f"level {name!r} must be a size with an object of evidence")
+            level = int(name)
+            if level not in self._evidence:
+                continue  # another max_items: that size is not tried here
+            try:
+                evidence[level] = _Evidence.restored(data)
+            except ValueError as problem:
+                raise ValueError(f"level {level}: {problem}") from None
+            gap = data.get("gap", 1.0)
+            if isinstance(gap, bool) or not isinstance(gap, int | float) or not 1.0 <= gap <= MAX_PROBE_GAP:
+                raise ValueError(f"level {level}: gap must be within 1..{MAX_PROBE_GAP:g}, got {gap!r}")
+            gaps[level] = float(gap)
+        probes = state.get("probes", 0)
+        if isinstance(probes, bool) or not isinstance(probes, int) or probes < 0:
+            raise ValueError(f"probes must be an integer >= 0, got {probes!r}")
+        self._evidence.update(evidence)
+        self._gap.update(gaps)
+        self.probes = max(self.probes, probes)
+        self.changes += 1
         self._size = self._decide()
         return self._size
 
@@ -601,9 +680,7 @@ class AdaptiveSizes(Generic[K]):
         A tracker never asked nor reported to holds nothing but its initial state and goes too.
         """
         gone = [
-            key
-            for key, t in self._sizes.items()
-            if t.last_used_s is None or now_s - t.last_used_s >= idle_s
+            key for key, t in self._sizes.items() if t.last_used_s is None or now_s - t.last_used_s >= idle_s
         ]
         for key in gone:
             del self._sizes[key]

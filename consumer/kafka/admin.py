@@ -33,7 +33,8 @@ class TopicSpec:
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
-    """Every topic promptbus reads or writes. batches and stats are compacted (latest per key)."""
+    """Every topic promptbus reads or writes. batches, stats and batching are compacted
+    (latest per key)."""
     p, r = settings.topic_partitions, settings.topic_replication
     return [
         TopicSpec(settings.jobs_topic, p, r),
@@ -41,6 +42,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(settings.dlq_topic, p, r),
         TopicSpec(settings.batches_topic, 1, r, compacted=True),
         TopicSpec(settings.stats_topic, 1, r, compacted=True),
+        TopicSpec(settings.batching_topic, 1, r, compacted=True),
     ]
 
 

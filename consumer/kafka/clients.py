@@ -93,22 +93,23 @@ async def read_topic(
             await consumer.seek_to_end(*tps)
         end = await consumer.end_offsets(tps)
         while True:
+            if not follow:
+                # checked before waiting: an empty topic returns at once
+                positions = {tp: await consumer.position(tp) for tp in tps}
+                if all(positions[tp] >= end[tp] for tp in tps):
+                    return
             batch = await consumer.getmany(timeout_ms=int(idle_stop_s * 1000))
             for _, records in batch.items():
                 for r in records:
                     yield r.key, r.value
-            if not follow:
-                positions = {tp: await consumer.position(tp) for tp in tps}
-                if all(positions[tp] >= end[tp] for tp in tps):
-                    return
     finally:
         await consumer.stop()
 
 
-async def read_stats_records(settings: Settings) -> dict[bytes, bytes]:
-    """The latest record value of every instance (key) in the compacted stats topic."""
+async def read_latest(settings: Settings, topic: str) -> dict[bytes, bytes]:
+    """The latest record value of every key of a compacted topic (a tombstone removes its key)."""
     latest: dict[bytes, bytes] = {}
-    async for key, value in read_topic(settings, settings.stats_topic, from_beginning=True, follow=False):
+    async for key, value in read_topic(settings, topic, from_beginning=True, follow=False):
         if key is None:
             continue
         if value is None:

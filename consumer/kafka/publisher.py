@@ -1,11 +1,11 @@
-"""Side-topic publishing: stats snapshots and offline batch records (compacted topics)."""
+"""Side-topic publishing: the latest state of something, now and then, to a compacted topic."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -14,26 +14,32 @@ from aiokafka import AIOKafkaProducer
 log = logging.getLogger(__name__)
 
 
-class StatsPublisher:
-    """Every interval, publish `snapshot()` to the stats topic under this instance's key."""
+class SidePublisher:
+    """Every interval, and once more at stop, publish `records()`: (key, JSON value) pairs.
+
+    Best effort: a failed round is logged and the next one publishes the then latest state.
+    `what` names the records in that log line (e.g. "stats").
+    """
 
     def __init__(
         self,
         producer: AIOKafkaProducer,
         topic: str,
-        instance: str,
-        snapshot: Callable[[], dict[str, Any]],
+        records: Callable[[], Iterable[tuple[bytes, dict[str, Any]]]],
         interval_s: float,
+        *,
+        what: str,
     ) -> None:
         self._producer = producer
         self._topic = topic
-        self._key = instance.encode()
-        self._snapshot = snapshot
+        self._records = records
         self._interval_s = interval_s
+        self._what = what
         self._task: asyncio.Task[None] | None = None
 
     async def publish_once(self) -> None:
-        await self._producer.send_and_wait(self._topic, orjson.dumps(self._snapshot()), key=self._key)
+        for key, value in self._records():
+            await self._producer.send_and_wait(self._topic, orjson.dumps(value), key=key)
 
     async def _loop(self) -> None:
         while True:
@@ -42,11 +48,11 @@ class StatsPublisher:
                 await self.publish_once()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # stats are best effort; the next round tries again
-                log.warning("publishing stats failed: %s", exc)
+            except Exception as exc:
+                log.warning("publishing %s failed: %s", self._what, exc)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="promptbus-stats")
+        self._task = asyncio.create_task(self._loop(), name=f"promptbus-{self._what}")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -54,4 +60,4 @@ class StatsPublisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         with contextlib.suppress(Exception):
-            await self.publish_once()  # final numbers
+            await self.publish_once()  # the final state

@@ -12,6 +12,7 @@ from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
 from consumer.core.window import BatchKey, WindowLimits
 from consumer.providers.base import CompletionProvider
+from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.limiter import AsyncLimiter
 from consumer.runtime.stats import TierStats
 from consumer.settings import BatchingConfig, TierConfig
@@ -67,9 +68,22 @@ class TierRuntime:
 
     @classmethod
     def build(
-        cls, name: str, config: TierConfig, provider: CompletionProvider, stats: TierStats
+        cls,
+        name: str,
+        config: TierConfig,
+        provider: CompletionProvider,
+        stats: TierStats,
+        remembered: RememberedEvidence | None = None,
     ) -> TierRuntime:
+        """remembered: what earlier runs measured; each new batch key starts from it."""
         b, r = config.batching, config.retry
+
+        def new_size(key: BatchKey) -> AdaptiveBatchSize:
+            tracker = adaptive_size_for(config)
+            if remembered is not None:
+                remembered.restore(name, config, key, tracker)
+            return tracker
+
         return cls(
             name=name,
             config=config,
@@ -78,7 +92,7 @@ class TierRuntime:
             retry_policy=RetryPolicy.from_config(r),
             window_limits=WindowLimits.from_config(b),
             stats=stats,
-            sizes=AdaptiveSizes(lambda _key: adaptive_size_for(config)),
+            sizes=AdaptiveSizes(new_size),
             dedupe=DedupeTable(config.dedupe_window_s) if config.dedupe else None,
             circuit=CircuitBreaker(
                 failures=r.circuit_failures, probe_s=r.circuit_probe_s, probe_max_s=r.circuit_probe_max_s

@@ -228,8 +228,13 @@ class MemoryProducer:
         delivered.set_result(None)
         return delivered
 
-    async def send_and_wait(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                            headers: Sequence[tuple[str, bytes]] = ()) -> None:
+    async def send_and_wait(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
         self._broker.append(topic, key, value, headers)
         self.sent += 1
 
@@ -241,7 +246,13 @@ class MemoryEdges:
     broker: MemoryBroker
 
     async def ensure_topics(self, settings: Settings) -> dict[str, str]:
-        names = [settings.jobs_topic, settings.results_topic, settings.dlq_topic, settings.stats_topic]
+        names = [
+            settings.jobs_topic,
+            settings.results_topic,
+            settings.dlq_topic,
+            settings.stats_topic,
+            settings.batching_topic,
+        ]
         report = {n: "exists" if n in self.broker.topics else "created" for n in names}
         for name in names:
             self.broker.topic(name)
@@ -257,6 +268,17 @@ class MemoryEdges:
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> MemoryProducer:
         return MemoryProducer(self.broker)
+
+    async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
+        latest: dict[bytes, bytes] = {}
+        for record in self.broker.records(topic):
+            if record.key is None:
+                continue
+            if record.value is None:
+                latest.pop(record.key, None)
+            else:
+                latest[record.key] = record.value
+        return latest
 
 
 def memory_edges(broker: MemoryBroker | None = None) -> MemoryEdges:

@@ -46,6 +46,7 @@ def service_env(
         "PROMPTBUS_DLQ_TOPIC": f"dlq-{sfx}",
         "PROMPTBUS_BATCHES_TOPIC": f"batches-{sfx}",
         "PROMPTBUS_STATS_TOPIC": f"stats-{sfx}",
+        "PROMPTBUS_BATCHING_TOPIC": f"batching-{sfx}",
         "PROMPTBUS_TOPIC_PARTITIONS": str(partitions),
         "PROMPTBUS_PROCESSING_GUARANTEE": guarantee,
         "PROMPTBUS_STATS_INTERVAL_S": "0.5",

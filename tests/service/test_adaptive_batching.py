@@ -46,6 +46,15 @@ async def test_a_faithful_model_proves_its_way_to_max_items(kafka_bootstrap: str
                 sizes_seen.append(service.stats_snapshot()["tiers"]["small"]["batch_size"])
             stats = service.stats_snapshot()
 
+        # a new instance of the group starts from what the first one measured
+        restarted = InProcessService(settings, tiers)
+        async with restarted:
+            more = [job(i, batch=True) for i in range(len(jobs), len(jobs) + PER_WAVE)]
+            await produce(settings, more)
+            again = await wait_for_outcomes(settings, {j["id"] for j in jobs + more}, timeout_s=60)
+            await asyncio.sleep(0.3)
+            after_restart = restarted.stats_snapshot()["tiers"]["small"]
+
     assert set(outcomes.results) == {j["id"] for j in jobs} and outcomes.duplicates() == {}
     for j in jobs:
         assert outcomes.results[j["id"]][0]["output"] == answer_for(j["variables"]["text"])
@@ -58,3 +67,8 @@ async def test_a_faithful_model_proves_its_way_to_max_items(kafka_bootstrap: str
     assert tier["verify_compared"] == tier["verify_agreed"] > 0
     assert tier["requests_saved"] > 0
     assert tier["provider_requests"] - tier["verify_requests"] < len(jobs) * 0.75
+
+    assert set(again.results) == {j["id"] for j in jobs + more} and again.duplicates() == {}
+    assert after_restart["batch_size"] == 8, after_restart["batch_size_reason"]
+    # at size 8 from its first job: ~50 / 8 requests besides verification, not ~50 at size 1
+    assert after_restart["provider_requests"] - after_restart["verify_requests"] <= PER_WAVE / 8 + 3

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -207,8 +209,13 @@ def test_ordinary_requests_are_never_judged() -> None:
 def test_unknown_kind_and_bad_bounds_are_errors() -> None:
     with pytest.raises(ValueError):
         AdaptiveBatchSize(8).record("great", 4, 0)
-    for kwargs in ({"trusted": 0}, {"trusted": 9}, {"min_agreement": 1.5}, {"confidence": 1.0},
-                   {"probe_fraction": -0.1}):
+    for kwargs in (
+        {"trusted": 0},
+        {"trusted": 9},
+        {"min_agreement": 1.5},
+        {"confidence": 1.0},
+        {"probe_fraction": -0.1},
+    ):
         with pytest.raises(ValueError):
             AdaptiveBatchSize(8, **kwargs)
     with pytest.raises(ValueError):
@@ -384,6 +391,20 @@ events = st.lists(
 )
 
 
+def replay(s: AdaptiveBatchSize, kind: str, value: object, size: int, now: float) -> bool:
+    """Report one generated event to `s` (False for "look": the caller asks `size_at`)."""
+    if kind == "record":
+        s.record(str(value), size, now)
+    elif kind == "agree":
+        compared = int(str(value))
+        s.record_agreement(compared // 2, compared, size, now)
+    elif kind == "speed":
+        s.record_speed(min(size, s.max_items), min(size, s.max_items), float(str(value)), now)
+    else:
+        return False
+    return True
+
+
 @settings(max_examples=200)
 @given(st.integers(1, 64), st.integers(1, 64), st.booleans(), st.floats(0, 1), events)
 def test_size_is_always_a_level_within_bounds(
@@ -392,18 +413,9 @@ def test_size_is_always_a_level_within_bounds(
     s = AdaptiveBatchSize(
         max_items, trusted=min(trusted, max_items), measure_agreement=measure, probe_fraction=probe_fraction
     )
-    now = 0.0
-    for kind, value, size in evs:
-        now += 1.0
-        if kind == "record":
-            s.record(str(value), size, now)
-        elif kind == "agree":
-            compared = int(str(value))
-            s.record_agreement(compared // 2, compared, size, now)
-        elif kind == "speed":
-            s.record_speed(min(size, max_items), min(size, max_items), float(str(value)), now)
-        else:
-            asked = s.size_at(now, request_limited=bool(value))
+    for now, (kind, value, size) in enumerate(evs, start=1):
+        if not replay(s, kind, value, size, float(now)):
+            asked = s.size_at(float(now), request_limited=bool(value))
             assert asked in s.levels
         assert s.size in s.levels and 1 <= s.size <= max_items
         assert s.reason().startswith(f"size {s.size}: ")
@@ -472,6 +484,98 @@ def test_slower_batching_on_a_free_server_is_dropped_and_probed_less_and_less(
     later = drive(s, 2000, seconds=slow, rng=random.Random(seed), run=Run())
     assert s.size == 1
     assert later.batched_jobs <= probe_fraction * 2000 / 4 + 2
+
+
+# --- remembered evidence ----------------------------------------------------------------------
+
+
+def through_json(state: dict[str, object]) -> dict[str, object]:
+    """What a record in the batching topic gives back."""
+    return orjson.loads(orjson.dumps(state))  # type: ignore[no-any-return]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 64), st.booleans(), st.floats(0, 1), events, st.lists(st.floats(0, 5), max_size=30))
+def test_a_restored_tracker_decides_as_the_one_it_came_from(
+    max_items: int,
+    measure: bool,
+    probe_fraction: float,
+    evs: list[tuple[str, object, int]],
+    later: list[float],
+) -> None:
+    """Same size and reason at once, and after every further report the same decision."""
+
+    def make() -> AdaptiveBatchSize:
+        return AdaptiveBatchSize(max_items, measure_agreement=measure, probe_fraction=probe_fraction)
+
+    s = make()
+    now = 0.0
+    for kind, value, size in evs:
+        now += 1.0
+        replay(s, kind, value, size, now)
+    restored = make()
+    restored.restore(through_json(s.export()))
+    assert (restored.size, restored.reason()) == (s.size, s.reason())
+    for i, seconds in enumerate(later):
+        now += 1.0
+        for t in (s, restored):
+            t.record_speed(1 if i % 2 else max_items, 1, seconds, now)
+            t.record("complete" if i % 3 else "malformed", 2, now)
+        assert (restored.size, restored.reason()) == (s.size, s.reason()), i
+
+
+def test_a_restarted_key_starts_at_its_proven_size_without_probing_again() -> None:
+    s = AdaptiveBatchSize(8, probe_fraction=0.2)
+    drive(s, 3000, rng=random.Random(1))
+    assert s.size == 8
+    restarted = AdaptiveBatchSize(8, probe_fraction=0.2)
+    assert restarted.restore(through_json(s.export())) == 8
+    run = drive(restarted, 400, rng=random.Random(2))
+    assert run.requests - run.verify_requests <= 400 / 8 + 1, "batched at 8 from its first job"
+    assert restarted.reason().startswith("size 8: agreement 100% of ")
+
+
+def test_a_restarted_key_keeps_its_probe_backoff_where_batching_was_slower() -> None:
+    """Slower batching on a free server: the restarted key neither batches nor probes early."""
+
+    def slow(n: int) -> float:
+        return 0.2 * n * (1.8 if n > 1 else 1.0)
+
+    s = AdaptiveBatchSize(8, probe_fraction=0.1)
+    drive(s, 300, seconds=slow)
+    assert s.size == 1 and s.probes >= 1
+    fresh, restarted = AdaptiveBatchSize(8, probe_fraction=0.1), AdaptiveBatchSize(8, probe_fraction=0.1)
+    restarted.restore(through_json(s.export()))
+    assert "batching slower" in restarted.reason()
+    fresh_run, restarted_run = drive(fresh, 64, seconds=slow), drive(restarted, 64, seconds=slow)
+    assert fresh_run.batched_jobs > 0, "a new key probes within 64 jobs"
+    assert restarted_run.batched_jobs == 0, "the restarted one knows batching is slower"
+
+
+def test_restore_matches_levels_by_size_and_refuses_what_is_not_evidence() -> None:
+    s = AdaptiveBatchSize(4, measure_agreement=False, trusted=1)  # levels 1, 2, 4
+    for _ in range(20):
+        s.record("complete", 2, 1.0)
+        s.record("complete", 4, 1.0)
+    assert s.size == 4
+    state = through_json(s.export())
+    # levels 1, 2, 4, 6: 2 and 4 come back proven, 6 is not measured yet
+    assert AdaptiveBatchSize(6, measure_agreement=False, trusted=1).restore(state) == 4
+    # levels 1, 2, 3: only 2 matches
+    assert AdaptiveBatchSize(3, measure_agreement=False, trusted=1).restore(state) == 2
+    bad: list[tuple[object, str]] = [
+        ({}, "levels must be an object"),
+        ({"levels": {"two": {}}}, "level 'two' must be a size"),
+        ({"levels": {"2": {"valid": -1}}}, "level 2: valid must be a number >= 0, got -1"),
+        ({"levels": {"2": {"valid": 3, "judged": 2}}}, "level 2: valid (3) exceeds judged (2)"),
+        ({"levels": {"2": {"gap": 0.5}}}, "level 2: gap must be within 1..256"),
+        ({"levels": {}, "probes": "3"}, "probes must be an integer >= 0"),
+    ]
+    fresh = AdaptiveBatchSize(4, measure_agreement=False, trusted=1)
+    for state_, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            fresh.restore(state_)  # type: ignore[arg-type]
+    assert fresh.size == 1 and fresh.changes == 0, "a refused state changes nothing"
 
 
 # --- the registry -----------------------------------------------------------------------------

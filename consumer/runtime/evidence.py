@@ -1,0 +1,116 @@
+"""What the tiers' adaptive batch sizes measured, kept in the compacted batching topic.
+
+A restarted instance, or a new one joining the group, starts each (tier, batch key) from
+the latest measurements any instance published for it (`AdaptiveBatchSize.restore`),
+instead of at size 1 with nothing known; every instance publishes what its keys learnt
+every `stats_interval_s` and once more at stop.
+
+Record key: ``<tier>/<digest>``, the digest a hash of what the measurements are about: the
+tier's provider, base URL, model and `batching.structured`, and the batch key (prompt
+prefix, variable, options, mode). Changing any of them starts that key afresh; the prompt
+itself is never written. Record value: ``{"tier", "instance", "written_at" (unix s),
+"state"}`` with `state` as `AdaptiveBatchSize.export` gives it. The last writer wins:
+instances measuring the same key replace each other's record, each one a sample of the
+same provider and prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from consumer.core.adaptive import AdaptiveBatchSize
+from consumer.core.window import BatchKey
+from consumer.settings import TierConfig
+
+if TYPE_CHECKING:
+    from consumer.runtime.tiers import TierRuntime
+
+log = logging.getLogger(__name__)
+
+
+def evidence_key(tier: str, config: TierConfig, key: BatchKey) -> bytes:
+    """The batching topic's record key of one tier's batch key (see the module docstring)."""
+    about = [config.provider, config.resolved_base_url, config.model, config.batching.structured, *key]
+    digest = hashlib.sha256(orjson.dumps(about)).hexdigest()[:24]
+    return f"{tier}/{digest}".encode()
+
+
+class RememberedEvidence:
+    """The measurements per record key: read at start, restored into new trackers, and the
+    records of what changed since the last round (for `SidePublisher`).
+
+    states: record key -> `AdaptiveBatchSize.export` data, the latest known (this instance's
+        own once it has published).
+    """
+
+    def __init__(
+        self, states: Mapping[bytes, Mapping[str, Any]] | None = None, *, instance: str = ""
+    ) -> None:
+        self.states: dict[bytes, Mapping[str, Any]] = dict(states or {})
+        self._instance = instance
+        self._published: dict[bytes, int] = {}
+        self._tiers: Mapping[str, TierRuntime] = {}
+
+    @classmethod
+    def read(cls, latest: Mapping[bytes, bytes], *, instance: str = "") -> RememberedEvidence:
+        """From the topic's latest value per key; a record that is not batching evidence is
+        skipped with a warning naming it (the topic may hold what another tool wrote)."""
+        states: dict[bytes, Mapping[str, Any]] = {}
+        for key, value in latest.items():
+            try:
+                record = orjson.loads(value)
+                state = record["state"] if isinstance(record, dict) else None
+                if not isinstance(state, dict):
+                    raise ValueError("no state object")
+            except (orjson.JSONDecodeError, KeyError, ValueError) as exc:
+                log.warning("batching topic record %r skipped, not batching evidence: %s", key, exc)
+                continue
+            states[key] = state
+        return cls(states, instance=instance)
+
+    def restore(self, tier: str, config: TierConfig, key: BatchKey, tracker: AdaptiveBatchSize) -> None:
+        """Give a new tracker of `key` what was measured for it, if anything."""
+        record_key = evidence_key(tier, config, key)
+        state = self.states.get(record_key)
+        if state is None:
+            return
+        try:
+            size = tracker.restore(state)
+        except ValueError as problem:
+            log.warning(
+                "tier %s: remembered batching evidence %s not used: %s", tier, record_key.decode(), problem
+            )
+            return
+        self._published[record_key] = tracker.changes
+        log.info("tier %s: batch size %d from remembered evidence (%s)", tier, size, tracker.reason())
+
+    def watch(self, tiers: Mapping[str, TierRuntime]) -> None:
+        """The tiers whose trackers `records` reports."""
+        self._tiers = tiers
+
+    def records(self) -> Iterator[tuple[bytes, dict[str, Any]]]:
+        """(record key, value) of every tracker that learnt something since its last record."""
+        for name, tier in self._tiers.items():
+            for key in list(tier.sizes):
+                tracker = tier.sizes.get(key)
+                record_key = evidence_key(name, tier.config, key)
+                if tracker.changes == 0 or self._published.get(record_key) == tracker.changes:
+                    continue  # nothing learnt, or nothing since its last record
+                state = tracker.export()
+                self.states[record_key] = state
+                self._published[record_key] = tracker.changes
+                yield (
+                    record_key,
+                    {
+                        "tier": name,
+                        "instance": self._instance,
+                        "written_at": round(time.time(), 3),
+                        "state": state,
+                    },
+                )
