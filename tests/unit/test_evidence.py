@@ -31,7 +31,8 @@ def tier_config(**changes: Any) -> TierConfig:
 
 def tier(remembered: RememberedEvidence, config: TierConfig | None = None) -> TierRuntime:
     config = config or tier_config()
-    return TierRuntime.build("small", config, FakeProvider(lambda _r: None), TierStats(), remembered)
+    never = FakeProvider(lambda _r: AssertionError("no request is sent here"))
+    return TierRuntime.build("small", config, never, TierStats(), remembered)
 
 
 def learnt(runtime: TierRuntime) -> None:
