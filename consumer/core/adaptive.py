@@ -446,7 +446,11 @@ class AdaptiveBatchSize:
         """The evidence and probe gaps per level, JSON-ready (see "Remembered evidence")."""
         return {
             "levels": {
-                str(level): {**self._evidence[level].export(), "gap": self._gap[level]}
+                str(level): {
+                    **self._evidence[level].export(),
+                    "gap": self._gap[level],
+                    "backed_off": level in self._backed_off,
+                }
                 for level in self.levels
             },
             "probes": self.probes,
@@ -463,6 +467,7 @@ class AdaptiveBatchSize:
             raise ValueError("levels must be an object of level -> evidence")
         evidence: dict[int, _Evidence] = {}
         gaps: dict[int, float] = {}
+        backed_off: set[int] = set()
         for name, data in levels.items():
             if not (isinstance(name, str) and name.isdigit()) or not isinstance(data, Mapping):
                 raise ValueError(f"level {name!r} must be a size with an object of evidence")
@@ -477,11 +482,14 @@ class AdaptiveBatchSize:
             if isinstance(gap, bool) or not isinstance(gap, int | float) or not 1.0 <= gap <= MAX_PROBE_GAP:
                 raise ValueError(f"level {level}: gap must be within 1..{MAX_PROBE_GAP:g}, got {gap!r}")
             gaps[level] = float(gap)
+            if data.get("backed_off", False) is True:
+                backed_off.add(level)
         probes = state.get("probes", 0)
         if isinstance(probes, bool) or not isinstance(probes, int) or probes < 0:
             raise ValueError(f"probes must be an integer >= 0, got {probes!r}")
         self._evidence.update(evidence)
         self._gap.update(gaps)
+        self._backed_off = (self._backed_off - set(evidence)) | backed_off
         self.probes = max(self.probes, probes)
         self.changes += 1
         self._size = self._decide()
