@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from consumer.runtime.tiers import TierRuntime
 
 log = logging.getLogger(__name__)
+
+#: records published per round at most: a service with many batch keys (one per prompt)
+#: writes the keys that learnt most now and the rest in later rounds
+MAX_RECORDS_PER_ROUND = 256
 
 
 def evidence_key(tier: str, config: TierConfig, key: BatchKey) -> bytes:
@@ -47,13 +51,19 @@ class RememberedEvidence:
 
     states: record key -> `AdaptiveBatchSize.export` data, the latest known (this instance's
         own once it has published).
+    per_round: records one round of `records` returns at most.
     """
 
     def __init__(
-        self, states: Mapping[bytes, Mapping[str, Any]] | None = None, *, instance: str = ""
+        self,
+        states: Mapping[bytes, Mapping[str, Any]] | None = None,
+        *,
+        instance: str = "",
+        per_round: int = MAX_RECORDS_PER_ROUND,
     ) -> None:
         self.states: dict[bytes, Mapping[str, Any]] = dict(states or {})
         self._instance = instance
+        self._per_round = per_round
         self._published: dict[bytes, int] = {}
         self._tiers: Mapping[str, TierRuntime] = {}
 
@@ -94,23 +104,25 @@ class RememberedEvidence:
         """The tiers whose trackers `records` reports."""
         self._tiers = tiers
 
-    def records(self) -> Iterator[tuple[bytes, dict[str, Any]]]:
-        """(record key, value) of every tracker that learnt something since its last record."""
+    def records(self) -> list[tuple[bytes, dict[str, Any]]]:
+        """(record key, value) of the trackers that learnt something since their last record:
+        at most `per_round`, those with the most new reports first (the others
+        stay due for the next round)."""
+        due: list[tuple[int, bytes, str, AdaptiveBatchSize]] = []
         for name, tier in self._tiers.items():
             for key in list(tier.sizes):
                 tracker = tier.sizes.get(key)
                 record_key = evidence_key(name, tier.config, key)
-                if tracker.changes == 0 or self._published.get(record_key) == tracker.changes:
-                    continue  # nothing learnt, or nothing since its last record
-                state = tracker.export()
-                self.states[record_key] = state
-                self._published[record_key] = tracker.changes
-                yield (
-                    record_key,
-                    {
-                        "tier": name,
-                        "instance": self._instance,
-                        "written_at": round(time.time(), 3),
-                        "state": state,
-                    },
-                )
+                learnt = tracker.changes - self._published.get(record_key, 0)
+                if learnt > 0:
+                    due.append((learnt, record_key, name, tracker))
+        due.sort(key=lambda d: d[0], reverse=True)
+        records = []
+        written_at = round(time.time(), 3)
+        for _, record_key, name, tracker in due[: self._per_round]:
+            state = tracker.export()
+            self.states[record_key] = state
+            self._published[record_key] = tracker.changes
+            value = {"tier": name, "instance": self._instance, "written_at": written_at, "state": state}
+            records.append((record_key, value))
+        return records

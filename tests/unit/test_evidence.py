@@ -93,3 +93,18 @@ def test_evidence_that_does_not_restore_starts_the_key_afresh(caplog: pytest.Log
         runtime = tier(remembered)
         assert runtime.sizes.get(KEY).size == 1
     assert "not used: level 2: valid (5) exceeds judged (1)" in caplog.text
+
+
+def test_a_round_publishes_at_most_its_share_the_keys_that_learnt_most_first() -> None:
+    remembered = RememberedEvidence(per_round=3)
+    runtime = tier(remembered)
+    remembered.watch({"small": runtime})
+    keys = [KEY._replace(prefix=f"Prompt {i}:\n") for i in range(5)]
+    for reports, key in enumerate(keys, start=1):
+        for _ in range(reports):
+            runtime.sizes.record_speed(key, 1, 1, 0.1, 1.0)
+    first = [k for k, _ in remembered.records()]
+    expected = [evidence_key("small", runtime.config, key) for key in reversed(keys)]
+    assert first == expected[:3], "most new reports first"
+    assert [k for k, _ in remembered.records()] == expected[3:], "the rest in the next round"
+    assert remembered.records() == []
