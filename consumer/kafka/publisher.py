@@ -38,8 +38,12 @@ class SidePublisher:
         self._task: asyncio.Task[None] | None = None
 
     async def publish_once(self) -> None:
-        for key, value in self._records():
-            await self._producer.send_and_wait(self._topic, orjson.dumps(value), key=key)
+        # queued together, acknowledged together: one round trip per round, not per record
+        delivered = [
+            await self._producer.send(self._topic, orjson.dumps(value), key=key)
+            for key, value in self._records()
+        ]
+        await asyncio.gather(*delivered)
 
     async def _loop(self) -> None:
         while True:

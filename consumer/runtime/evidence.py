@@ -64,7 +64,8 @@ class RememberedEvidence:
         self.states: dict[bytes, Mapping[str, Any]] = dict(states or {})
         self._instance = instance
         self._per_round = per_round
-        self._published: dict[bytes, int] = {}
+        #: (tier, batch key) -> the tracker's `changes` when it was last published or restored
+        self._published: dict[tuple[str, BatchKey], int] = {}
         self._tiers: Mapping[str, TierRuntime] = {}
 
     @classmethod
@@ -82,6 +83,8 @@ class RememberedEvidence:
                 log.warning("batching topic record %r skipped, not batching evidence: %s", key, exc)
                 continue
             states[key] = state
+        if states:
+            log.info("batching evidence of %d batch keys read; their tiers start from it", len(states))
         return cls(states, instance=instance)
 
     def restore(self, tier: str, config: TierConfig, key: BatchKey, tracker: AdaptiveBatchSize) -> None:
@@ -97,8 +100,9 @@ class RememberedEvidence:
                 "tier %s: remembered batching evidence %s not used: %s", tier, record_key.decode(), problem
             )
             return
-        self._published[record_key] = tracker.changes
-        log.info("tier %s: batch size %d from remembered evidence (%s)", tier, size, tracker.reason())
+        self._published[(tier, key)] = tracker.changes
+        # one line per batch key (there may be one per prompt): debug, the count is logged at start
+        log.debug("tier %s: batch size %d from remembered evidence (%s)", tier, size, tracker.reason())
 
     def watch(self, tiers: Mapping[str, TierRuntime]) -> None:
         """The tiers whose trackers `records` reports."""
@@ -108,21 +112,21 @@ class RememberedEvidence:
         """(record key, value) of the trackers that learnt something since their last record:
         at most `per_round`, those with the most new reports first (the others
         stay due for the next round)."""
-        due: list[tuple[int, bytes, str, AdaptiveBatchSize]] = []
+        due: list[tuple[int, str, BatchKey, AdaptiveBatchSize]] = []
         for name, tier in self._tiers.items():
             for key in list(tier.sizes):
                 tracker = tier.sizes.get(key)
-                record_key = evidence_key(name, tier.config, key)
-                learnt = tracker.changes - self._published.get(record_key, 0)
+                learnt = tracker.changes - self._published.get((name, key), 0)
                 if learnt > 0:
-                    due.append((learnt, record_key, name, tracker))
+                    due.append((learnt, name, key, tracker))
         due.sort(key=lambda d: d[0], reverse=True)
         records = []
         written_at = round(time.time(), 3)
-        for _, record_key, name, tracker in due[: self._per_round]:
+        for _, name, key, tracker in due[: self._per_round]:
+            record_key = evidence_key(name, self._tiers[name].config, key)
             state = tracker.export()
             self.states[record_key] = state
-            self._published[record_key] = tracker.changes
+            self._published[(name, key)] = tracker.changes
             value = {"tier": name, "instance": self._instance, "written_at": written_at, "state": state}
             records.append((record_key, value))
         return records

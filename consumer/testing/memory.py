@@ -228,6 +228,20 @@ class MemoryProducer:
         delivered.set_result(None)
         return delivered
 
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> asyncio.Future[Any]:
+        """Write one record; the future is already done (aiokafka's resolves on the ack)."""
+        self._broker.append(topic, key, value, headers)
+        self.sent += 1
+        delivered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        delivered.set_result(None)
+        return delivered
+
     async def send_and_wait(
         self,
         topic: str,
@@ -235,8 +249,7 @@ class MemoryProducer:
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
-        self._broker.append(topic, key, value, headers)
-        self.sent += 1
+        await (await self.send(topic, value, key, headers))
 
 
 @dataclass(frozen=True)
