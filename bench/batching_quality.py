@@ -35,7 +35,7 @@ second (which do: the 1-minute load average at the start of each run is recorded
 run (the same answer schema), as a difference and as ratios, so a configuration is judged
 against size 1 measured minutes apart on the same machine, not against another run. Prints
 one JSON document and draws `bench/out/batching_quality.png` plus a copy at
-`docs/batching_quality.png`. No thresholds: numbers only.
+`bench/results/batching_quality.png`. No thresholds: numbers only.
 
 Another model: `--model-file FILE.gguf` serves that file instead (its plot is
 `batching_quality_<file stem>.png`); `python bench/second_model.py` fetches the second real
@@ -82,7 +82,7 @@ from consumer.settings import TierConfig
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "sentiment_labelled.jsonl"
 OUT_DIR = ROOT / "bench" / "out"
-DOCS_DIR = ROOT / "docs"
+RESULTS_DIR = ROOT / "bench" / "results"
 
 LABELS = ("positive", "negative")
 # SmolLM2-135M is sensitive to wording; this prompt scored best in bench/local_model_probe.py.
@@ -625,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--verify-fraction", type=float, default=0.25, help="adaptive runs only")
     parser.add_argument("--min-agreement", type=float, default=0.8, help="adaptive runs only")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
-    parser.add_argument("--no-docs-copy", dest="docs_copy", action="store_false")
+    parser.add_argument("--no-results-copy", dest="results_copy", action="store_false")
     parser.add_argument(
         "--plot-only",
         type=Path,
@@ -639,7 +639,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = [entry for report in reports for entry in report["summary"]]
         modes = [m for m in MODES if any(e["structured"] == m for e in summary)]
         model = reports[0].get("model", localmodel.MODEL_FILENAME)
-        draw(summary, modes, reports[0]["texts"], reports[0]["concurrency"], args.docs_copy, model)
+        draw(summary, modes, reports[0]["texts"], reports[0]["concurrency"], args.results_copy, model)
         return 0
     args.sizes = sorted({int(x) for x in args.sizes.split(",")})
     args.modes = [m for m in args.modes.split(",") if m]
@@ -687,7 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
-    draw(report["summary"], args.modes, len(rows), args.concurrency, args.docs_copy, report["model"])
+    draw(report["summary"], args.modes, len(rows), args.concurrency, args.results_copy, report["model"])
     return 0
 
 
@@ -696,10 +696,10 @@ def draw(
     modes: Sequence[str],
     texts: int,
     concurrency: int,
-    docs_copy: bool,
+    results_copy: bool,
     model: str = localmodel.MODEL_FILENAME,
 ) -> None:
-    """`plot` into bench/out, and a copy into docs/ unless told not to. A model other than
+    """`plot` into bench/out, and a copy into bench/results/ unless told not to. A model other than
     SmolLM2 gets its own file (`batching_quality_<model file stem>.png`)."""
     default = model in (localmodel.MODEL_FILENAME, localmodel.MODEL_ALIAS)
     name = "batching_quality.png" if default else f"batching_quality_{Path(model).stem}.png"
@@ -710,10 +710,10 @@ def draw(
     )
     plot(summary, modes, png, title)
     progress(f"plot: {png}")
-    if docs_copy:
-        DOCS_DIR.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(png, DOCS_DIR / name)
-        progress(f"plot copied to {DOCS_DIR / name}")
+    if results_copy:
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(png, RESULTS_DIR / name)
+        progress(f"plot copied to {RESULTS_DIR / name}")
 
 
 if __name__ == "__main__":

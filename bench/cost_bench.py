@@ -22,7 +22,7 @@ per job (`consumer.core.cost`, from the tier's stats: the providers' own usage c
 for batched ones, the saving of batching as the stats show it (an estimate from prompt lengths:
 no `verify_fraction` here, so no job is asked twice). Tokens are the simulator's counts, so
 they do not depend on the machine; nothing here is timed. Prints one JSON document and draws
-`docs/cost_bench.png`.
+`bench/results/cost_bench.png`.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "cost_bench.png")
+    parser.add_argument("--plot", type=Path, default=ROOT / "bench" / "results" / "cost_bench.png")
     args = parser.parse_args(argv)
     report = asyncio.run(main_async(args))
     text = json.dumps(report, indent=2)
