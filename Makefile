@@ -81,6 +81,8 @@ broker-status:
 demo: venv
 	$(PY) examples/demo.py
 
-# Regenerate schemas/*.json from the message and tier-file models (a test fails on drift).
+# Regenerate schemas/*.json from the message and tier-file models, and the tables of
+# docs/configuration.md from them and the settings (tests fail on drift of either).
 schemas: venv
 	$(PY) -m consumer.schemas
+	$(PY) -m consumer.docs_tables

@@ -42,32 +42,58 @@ class _Strict(BaseModel):
 class BatchingConfig(_Strict):
     """Prompt batching for a tier (DESIGN.md "Prompt batching rules")."""
 
-    enabled: bool = False
-    max_items: int = Field(20, ge=1, le=1000)
-    max_input_chars: int = Field(32000, ge=1)
-    window_ms: int = Field(100, ge=0)
-    max_wait_ms: int = Field(2000, ge=0)
-    #: cap of a batched request's max_tokens (the model's output limit); the members' own
-    #: max_tokens add up to the batched request's budget, plus JSON overhead
-    max_output_tokens: int | None = Field(None, ge=1)
-    #: how the batched answer's shape is enforced: auto uses what the provider supports
-    structured: Literal["auto", "json_schema", "json_object", "tool", "off"] = "auto"
-    #: sizes up to this are trusted without measurement (<= max_items); None: max_items when
-    #: verify_fraction is 0 (only the answers' shape can be checked), else 1 (measure first)
-    initial_items: int | None = Field(None, ge=1)
-    #: share of batched jobs also asked alone, to measure agreement (> 0: sizes above
-    #: initial_items must prove their agreement before they are used)
-    verify_fraction: float = Field(0.0, ge=0.0, le=1.0)
-    #: the share of valid answers and of agreeing answers a batch size must show
-    min_agreement: float = Field(0.8, ge=0.0, le=1.0)
-    #: one-sided confidence of the Wilson lower bound that proves a batch size
-    agreement_confidence: float = Field(0.9, ge=0.5, lt=1.0)
-    #: share of jobs sent at a batch size not in use yet, to measure it (0: never)
-    probe_fraction: float = Field(0.1, ge=0.0, le=1.0)
-    #: what the provider charges for, besides requests under a learnt request budget:
-    #: auto = tokens for openai and anthropic, nothing for openai_compat (a local server);
-    #: batching that is slower than single requests is kept only where it saves a charge
-    charges: Literal["auto", "tokens", "nothing"] = "auto"
+    enabled: bool = Field(False, description="jobs of this tier that say batch: true may share a prompt")
+    max_items: int = Field(20, ge=1, le=1000, description="most jobs in one packed prompt")
+    max_input_chars: int = Field(32000, ge=1, description="inputs larger together go out as several requests")
+    window_ms: int = Field(100, ge=0, description="a window closes this long after its last new member ...")
+    max_wait_ms: int = Field(2000, ge=0, description="... and at most this long after its first")
+    max_output_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "cap of a packed request's max_tokens (the members' sum plus JSON overhead); null: no cap"
+        ),
+    )
+    structured: Literal["auto", "json_schema", "json_object", "tool", "off"] = Field(
+        "auto", description="how the packed answer's shape is enforced; auto: what the provider supports"
+    )
+    initial_items: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "sizes trusted without measurement (<= max_items); null: max_items when verify_fraction is 0,"
+            " else 1"
+        ),
+    )
+    verify_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "share of packed jobs also asked alone, to measure agreement (> 0: larger sizes must prove it"
+            " first)"
+        ),
+    )
+    min_agreement: float = Field(
+        0.8, ge=0.0, le=1.0, description="share of valid and of agreeing answers a size must show"
+    )
+    agreement_confidence: float = Field(
+        0.9, ge=0.5, lt=1.0, description="one-sided confidence of the Wilson lower bound that proves a size"
+    )
+    probe_fraction: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="share of jobs sent at the next size not in use yet, to measure it (0: never)",
+    )
+    charges: Literal["auto", "tokens", "nothing"] = Field(
+        "auto",
+        description=(
+            "what the provider charges for besides requests under a learnt budget (auto: tokens for "
+            "openai and anthropic, nothing for openai_compat); a slower size is kept only where it saves "
+            "a charge"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_waits(self) -> BatchingConfig:
@@ -81,10 +107,12 @@ class BatchingConfig(_Strict):
 class LimiterConfig(_Strict):
     """Adaptive concurrency: aimd for providers that send 429s, gradient for local servers."""
 
-    algorithm: Literal["aimd", "gradient", "fixed"] = "aimd"
-    initial: int = Field(4, ge=1)
-    min: int = Field(1, ge=1)
-    max: int = Field(64, ge=1)
+    algorithm: Literal["aimd", "gradient", "fixed"] = Field(
+        "aimd", description="aimd for providers that send 429s, gradient for local servers, or fixed"
+    )
+    initial: int = Field(4, ge=1, description="concurrency limit at start")
+    min: int = Field(1, ge=1, description="lowest limit")
+    max: int = Field(64, ge=1, description="highest limit")
 
     @model_validator(mode="after")
     def _check_bounds(self) -> LimiterConfig:
@@ -94,21 +122,34 @@ class LimiterConfig(_Strict):
 
 
 class RetryConfig(_Strict):
-    max_attempts: int = Field(5, ge=1)
-    backoff_initial_s: float = Field(0.5, ge=0)
-    backoff_max_s: float = Field(30.0, ge=0)
-    #: quota exhausted: pause the tier this long, then try again ...
-    quota_cooldown_s: float = Field(60.0, ge=0)
-    #: ... until this much pausing in a row has passed; then its jobs fail (quota_exhausted)
-    quota_max_wait_s: float = Field(600.0, ge=0)
-    #: a provider outage lasting this long dead-letters the jobs it holds (retries_exhausted);
-    #: None: held jobs wait for the provider as long as it takes (their deadlines still apply)
-    max_outage_s: float | None = Field(None, gt=0)
-    #: this many outage errors in a row (connection, timeout, 5xx, overloaded) open the circuit
-    circuit_failures: int = Field(5, ge=1)
-    #: while open, one probe request after this long, the wait doubling up to circuit_probe_max_s
-    circuit_probe_s: float = Field(1.0, gt=0)
-    circuit_probe_max_s: float = Field(30.0, gt=0)
+    max_attempts: int = Field(5, ge=1, description="attempts of one request before retries_exhausted")
+    backoff_initial_s: float = Field(
+        0.5, ge=0, description="first backoff (doubling, with jitter) when the answer names no wait"
+    )
+    backoff_max_s: float = Field(30.0, ge=0, description="cap of a backoff and of a 429's pause of the tier")
+    quota_cooldown_s: float = Field(
+        60.0, ge=0, description="quota exhausted: the tier pauses this long, then tries again ..."
+    )
+    quota_max_wait_s: float = Field(
+        600.0,
+        ge=0,
+        description="... until this much pausing in a row has passed; then its jobs fail quota_exhausted",
+    )
+    max_outage_s: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "a provider outage lasting this long dead-letters the jobs it holds (retries_exhausted); "
+            "null: they wait as long as it takes"
+        ),
+    )
+    circuit_failures: int = Field(
+        5,
+        ge=1,
+        description="outage errors in a row (connection, timeout, 5xx, overloaded) that open the circuit",
+    )
+    circuit_probe_s: float = Field(1.0, gt=0, description="while open, one probe request after this long ...")
+    circuit_probe_max_s: float = Field(30.0, gt=0, description="... the wait doubling up to this")
 
     @model_validator(mode="after")
     def _probe_waits_in_order(self) -> RetryConfig:
@@ -118,26 +159,34 @@ class RetryConfig(_Strict):
 
 
 class OfflineConfig(_Strict):
-    enabled: bool = False
-    poll_s: float = Field(60.0, gt=0)
-    completion_window: str = "24h"
-    #: offline jobs collected this long (or up to max_items) before one Batch API submission
-    collect_s: float = Field(5.0, ge=0)
-    max_items: int = Field(10000, ge=1)
+    enabled: bool = Field(
+        False, description="jobs with mode offline go to the provider's Batch API (not for openai_compat)"
+    )
+    poll_s: float = Field(60.0, gt=0, description="how often a submitted offline batch is polled")
+    completion_window: str = Field("24h", description="the Batch API's completion window")
+    collect_s: float = Field(
+        5.0,
+        ge=0,
+        description="offline jobs are collected this long (or up to max_items) before one submission",
+    )
+    max_items: int = Field(10000, ge=1, description="most jobs in one offline batch")
 
 
 class PricingConfig(_Strict):
     """A tier's prices, USD per million tokens (`consumer.core.cost`): what stats and
     `/metrics` show as the tier's cost."""
 
-    input_per_mtok: float = Field(ge=0)
-    output_per_mtok: float = Field(ge=0)
-    #: tokens read from the provider's prompt cache; unset: billed at input_per_mtok
-    cached_input_per_mtok: float | None = Field(None, ge=0)
-    #: tokens written to the prompt cache (Anthropic); unset: billed at input_per_mtok
-    cache_write_per_mtok: float | None = Field(None, ge=0)
-    #: the Batch API's discount on offline jobs (0.5: half price)
-    batch_discount: float = Field(0.0, ge=0, lt=1)
+    input_per_mtok: float = Field(ge=0, description="uncached input tokens")
+    output_per_mtok: float = Field(ge=0, description="output tokens")
+    cached_input_per_mtok: float | None = Field(
+        None, ge=0, description="tokens read from the prompt cache; null: input_per_mtok"
+    )
+    cache_write_per_mtok: float | None = Field(
+        None, ge=0, description="tokens written to the prompt cache (Anthropic); null: input_per_mtok"
+    )
+    batch_discount: float = Field(
+        0.0, ge=0, lt=1, description="the Batch API's discount on offline jobs (0.5: half price)"
+    )
 
     def pricing(self) -> Pricing:
         """The core's value object of these prices."""
@@ -151,25 +200,52 @@ class PricingConfig(_Strict):
 
 
 class TierConfig(_Strict):
-    provider: ProviderName
-    model: str = Field(min_length=1)
-    base_url: str | None = None
-    api_key_env: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
-    timeout_s: float = Field(60.0, gt=0)
-    batching: BatchingConfig = BatchingConfig()
-    limiter: LimiterConfig = LimiterConfig()
-    retry: RetryConfig = RetryConfig()
-    offline: OfflineConfig = OfflineConfig()
-    #: provider prompt caching of the shared prefix: auto marks it (Anthropic cache_control,
-    #: OpenAI prompt_cache_key) where the provider caches; off sends requests unmarked
-    prompt_cache: Literal["auto", "off"] = "auto"
-    #: identical deterministic requests (temperature 0 or a seed) share one answer while one
-    #: is in flight or answered within dedupe_window_s
-    dedupe: bool = False
-    dedupe_window_s: float = Field(60.0, ge=0)
-    #: prices for the tier's cost in stats and metrics; none: tokens only
-    pricing: PricingConfig | None = None
+    provider: ProviderName = Field(
+        description="the wire format: openai, anthropic, or openai_compat (vLLM, llama.cpp, Ollama /v1, TGI)"
+    )
+    model: str = Field(min_length=1, description="the provider's model id")
+    base_url: str | None = Field(
+        None,
+        description=(
+            "the API's base URL; null: the public API of openai / anthropic (required for openai_compat)"
+        ),
+    )
+    api_key_env: str | None = Field(
+        None,
+        description=(
+            "name of the environment variable holding the API key (never the key); when named it must be set"
+        ),
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="provider options merged under each job's options (e.g. temperature, response_format)",
+    )
+    timeout_s: float = Field(60.0, gt=0, description="timeout of one provider request")
+    batching: BatchingConfig = Field(BatchingConfig(), description="prompt batching (docs/batching.md)")
+    limiter: LimiterConfig = Field(LimiterConfig(), description="the tier's concurrency limiter")
+    retry: RetryConfig = Field(RetryConfig(), description="retries, quota pauses and the circuit")
+    offline: OfflineConfig = Field(
+        OfflineConfig(), description="offline jobs through the provider's Batch API"
+    )
+    prompt_cache: Literal["auto", "off"] = Field(
+        "auto",
+        description=(
+            "auto marks the shared prefix for the provider's prompt cache (Anthropic cache_control, "
+            "OpenAI prompt_cache_key); off sends requests unmarked"
+        ),
+    )
+    dedupe: bool = Field(
+        False,
+        description=(
+            "identical deterministic requests (temperature 0 or a seed) share one answer while one is in "
+            "flight or answered within dedupe_window_s"
+        ),
+    )
+    dedupe_window_s: float = Field(60.0, ge=0, description="how long an answer is shared after it came")
+    pricing: PricingConfig | None = Field(
+        None,
+        description="USD per million tokens, for the tier's cost in stats and metrics; null: tokens only",
+    )
 
     @field_validator("options")
     @classmethod
@@ -212,7 +288,9 @@ class TierConfig(_Strict):
 
 
 class TierFile(_Strict):
-    tiers: dict[str, TierConfig] = Field(min_length=1)
+    tiers: dict[str, TierConfig] = Field(
+        min_length=1, description="tier name -> its configuration; a job names its tier"
+    )
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:
@@ -245,11 +323,15 @@ def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
 class KafkaSecurity(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_cafile: str | None = None
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="how clients reach the brokers"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism, with a SASL protocol"
+    )
+    sasl_username: str | None = Field(None, description="SASL user")
+    sasl_password: SecretStr | None = Field(None, description="SASL password; held as a secret, never logged")
+    ssl_cafile: str | None = Field(None, description="CA file that signs the brokers' certificates")
 
 
 class Settings(BaseSettings):
@@ -261,37 +343,69 @@ class Settings(BaseSettings):
 
     kafka_bootstrap_servers: str = Field(
         "127.0.0.1:9092",
+        description="brokers, host:port[,host:port...]",
         validation_alias=AliasChoices("PROMPTBUS_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
     )
-    group_id: str = "promptbus"
-    jobs_topic: str = "promptbus.jobs"
-    results_topic: str = "promptbus.results"
-    dlq_topic: str = "promptbus.dlq"
-    batches_topic: str = "promptbus.batches"
-    stats_topic: str = "promptbus.stats"
-    #: what each tier's adaptive batch size measured (compacted): a restarted or new instance
-    #: starts from it
-    batching_topic: str = "promptbus.batching"
-    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
-    #: Input records held (windows, requests, unacked outcomes) before partitions pause. Sized
-    #: so 64 concurrent requests of 50 items plus open windows fit, and so a fast provider is
-    #: not held to max_inflight / (produce round trip): at 2,000 the service ran at ~60% of
-    #: its speed at 10,000 (bench/pipeline_bench.py). A few KB each.
-    max_inflight: int = Field(10_000, ge=1)
-    #: a job record larger than this is dead-lettered (invalid_job) with its bytes, unread
-    max_job_bytes: int = Field(1024 * 1024, ge=1)
-    shutdown_timeout_s: float = Field(30.0, ge=0)
-    revoke_timeout_s: float = Field(10.0, ge=0)
-    #: exactly_once: the broker aborts a transaction open longer than this and fences its
-    #: producer (the partition is then assigned afresh). Transactions close every 0.2 s.
-    transaction_timeout_s: float = Field(60.0, gt=0)
-    topic_partitions: int = Field(4, ge=1)
-    topic_replication: int = Field(1, ge=1)
-    metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
-    stats_interval_s: float = Field(2.0, gt=0)
-    config: str | None = None
-    kafka: KafkaSecurity = KafkaSecurity()
+    group_id: str = Field(
+        "promptbus",
+        description="consumer group; instances with the same id share the jobs topic's partitions",
+    )
+    jobs_topic: str = Field("promptbus.jobs", description="where jobs are read")
+    results_topic: str = Field("promptbus.results", description="where results are written")
+    dlq_topic: str = Field("promptbus.dlq", description="where dead letters are written")
+    batches_topic: str = Field("promptbus.batches", description="compacted: offline batches being tracked")
+    stats_topic: str = Field("promptbus.stats", description="compacted: each instance's stats snapshot")
+    batching_topic: str = Field(
+        "promptbus.batching",
+        description=(
+            "compacted: what each tier's adaptive batch size measured; a restarted or new instance starts"
+            " from it (a new name: every tier learns afresh)"
+        ),
+    )
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
+        "at_least_once",
+        description="at_least_once, or exactly_once (transactions; readers use read_committed)",
+    )
+    # Input records held (windows, requests, unacked outcomes) before partitions pause. Sized
+    # so 64 concurrent requests of 50 items plus open windows fit, and so a fast provider is
+    # not held to max_inflight / (produce round trip): at 2,000 the service ran at ~60% of
+    # its speed at 10,000 (bench/pipeline_bench.py). A few KB each.
+    max_inflight: int = Field(
+        10_000,
+        ge=1,
+        description="input records held (windows, requests, unacknowledged outcomes) before partitions pause",
+    )
+    max_job_bytes: int = Field(
+        1024 * 1024,
+        ge=1,
+        description="a larger job record is dead-lettered invalid_job with its bytes, unread",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM/SIGINT, how long in-flight requests may finish"
+    )
+    revoke_timeout_s: float = Field(
+        10.0, ge=0, description="on a partition revoke, how long in-flight work may finish"
+    )
+    transaction_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "exactly_once: the broker aborts a transaction open longer than this and fences its producer"
+        ),
+    )
+    topic_partitions: int = Field(4, ge=1, description="partitions of topics created at start when missing")
+    topic_replication: int = Field(1, ge=1, description="replication factor of topics created at start")
+    metrics_port: int | None = Field(
+        None, description="port of /metrics, /healthz and /readyz; unset: not served"
+    )
+    metrics_host: str = Field("0.0.0.0", description="address the metrics port listens on")
+    stats_interval_s: float = Field(
+        2.0, gt=0, description="how often an instance publishes its stats snapshot (and batching evidence)"
+    )
+    config: str | None = Field(None, description="the tier file, instead of --config")
+    kafka: KafkaSecurity = Field(
+        KafkaSecurity(), description="Kafka client security (nested: PROMPTBUS_KAFKA__...)"
+    )
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:
