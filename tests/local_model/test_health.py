@@ -44,17 +44,17 @@ def origin() -> Iterator[str]:
 
 
 def test_models_listed(origin: str) -> None:
-    assert localmodel._models(origin + "/v1") == ("a", "b")
-    assert localmodel._models(origin + "/empty") == ()
+    assert localmodel.served_models(origin + "/v1") == ("a", "b")
+    assert localmodel.served_models(origin + "/empty") == ()
 
 
 def test_no_answer_is_none(origin: str) -> None:
-    assert localmodel._models(origin + "/nothing") is None  # 404
-    assert localmodel._models(origin + "/junk") is None  # 200, not JSON
+    assert localmodel.served_models(origin + "/nothing") is None  # 404
+    assert localmodel.served_models(origin + "/junk") is None  # 200, not JSON
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    assert localmodel._models(closed + "/v1", timeout_s=1.0) is None  # refused
+    assert localmodel.served_models(closed + "/v1", timeout_s=1.0) is None  # refused
 
 
 def test_a_proxy_in_the_environment_is_not_used(origin: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,4 +65,4 @@ def test_a_proxy_in_the_environment_is_not_used(origin: str, monkeypatch: pytest
         monkeypatch.setenv(name, dead_proxy)
     for name in ("no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    assert localmodel._models(origin + "/v1") == ("a", "b")
+    assert localmodel.served_models(origin + "/v1") == ("a", "b")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from consumer import localmodel
+from consumer.localmodel import server
 
 from .conftest import free_port, require_server_installed
 
@@ -23,9 +24,9 @@ def test_a_server_that_lists_its_model_but_dies_on_a_completion_is_not_ready(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the model listing answers, so only the completion can tell that the kernels crash
-    monkeypatch.setattr(localmodel, "server_installed", lambda: True)
+    monkeypatch.setattr(server, "server_installed", lambda: True)
     monkeypatch.setattr(
-        localmodel, "server_command",
+        server, "server_command",
         lambda _model, *, port, **_kw: [sys.executable, str(FAKE), "llama_cpp.server", "--port", str(port)],
     )
     port = free_port()

@@ -40,7 +40,7 @@ def test_simulate_options_load_when_parsed() -> None:
 def test_local_model_options_load_when_parsed() -> None:
     args = build_parser().parse_args(["local-model", "stop", "--port", "8123"])
     assert args.local_model_command == "stop" and args.port == 8123
-    assert args.func.__module__ == "consumer.localmodel"
+    assert args.func.__module__ == "consumer.localmodel.cli"
 
 
 @pytest.mark.parametrize("command", ["simulate", "local-model"])

@@ -1,0 +1,150 @@
+"""at_least_once delivery: one idempotent producer; a commit loop commits the contiguous
+watermark of acked outcomes (see `consumer.kafka.sink`)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from consumer.core.offsets import CommitPoint
+from consumer.kafka.assignment import Assignment
+from consumer.kafka.records import OutRecord, TopicPartition
+from consumer.kafka.sink.base import COMMIT_TIMEOUT_S, CommitFn, SinkBase, Ticket
+from consumer.kafka.sink.record_batch import produce_batches
+
+log = logging.getLogger(__name__)
+
+
+class _Outgoing:
+    """One job's outcome records on their way to the broker."""
+
+    __slots__ = ("failed", "handed", "records", "remaining", "ticket")
+
+    def __init__(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
+        self.ticket = ticket
+        self.records = records
+        self.remaining = len(records)  # records not acknowledged yet
+        self.handed = 0  # records handed to the producer
+        self.failed = False
+
+
+class AtLeastOnceSink(SinkBase):
+    """Idempotent producer; commit the contiguous watermark of acked outcomes."""
+
+    def __init__(
+        self, producer: AIOKafkaProducer, commit: CommitFn, assignment: Assignment | None = None
+    ) -> None:
+        super().__init__(commit, assignment)
+        self._producer = producer
+        # One sender task hands outcomes to the producer in order; acks arrive as future
+        # callbacks (a task per outcome, each awaiting its send, would cost more CPU than the job).
+        self._queue: collections.deque[tuple[Ticket, Sequence[OutRecord]]] = collections.deque()
+        self._queued = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._producer.start()
+        await super().start()
+        self._sender = asyncio.create_task(self._send_loop(), name="promptbus-sender")
+
+    async def stop(self) -> None:
+        await self._stop_loop()
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+        await self._producer.stop()
+
+    def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
+        if not self._current(ticket):
+            return
+        if not records:
+            self._complete(ticket)
+            return
+        self._queue.append((ticket, records))
+        self._queued.set()
+
+    def _complete(self, ticket: Ticket) -> None:
+        if self.owned.epoch(ticket.source.tp) == ticket.epoch:
+            self._completed(ticket.source.tp, ticket.source.offset)
+
+    async def _send_loop(self) -> None:
+        delay_s = 0.5
+        while True:
+            await self._queued.wait()
+            self._queued.clear()
+            while self._queue:
+                # everything queued goes out now, as one batch per output partition
+                outcomes = [_Outgoing(ticket, records) for ticket, records in self._queue]
+                self._queue.clear()
+                try:
+                    await self._send_batches(outcomes)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the offsets stay uncommitted until the outcomes are acked
+                    log.warning("producing %d outcomes failed (%s); retrying", len(outcomes), exc)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(delay_s * 2, 10.0)
+                    continue
+                delay_s = 0.5
+
+    async def _send_batches(self, outcomes: list[_Outgoing]) -> None:
+        try:
+            await produce_batches(
+                self._producer, [(o, r) for o in outcomes for r in o.records], self._handed_over
+            )
+        except BaseException:
+            # records not handed over count as failed: their outcomes go out again whole
+            for outgoing in outcomes:
+                for _ in range(len(outgoing.records) - outgoing.handed):
+                    self._record_done(outgoing, ok=False)
+            raise
+
+    def _handed_over(self, delivered: asyncio.Future[Any], members: list[_Outgoing]) -> None:
+        for outgoing in members:
+            outgoing.handed += 1
+        delivered.add_done_callback(lambda fut: self._batch_done(fut, members))
+
+    def _batch_done(self, fut: asyncio.Future[Any], members: list[_Outgoing]) -> None:
+        ok = not fut.cancelled() and fut.exception() is None
+        for outgoing in members:
+            self._record_done(outgoing, ok=ok)
+
+    def _record_done(self, outgoing: _Outgoing, *, ok: bool) -> None:
+        """Complete the ticket when every record is acked; send the outcome again if any failed."""
+        outgoing.remaining -= 1
+        outgoing.failed |= not ok
+        if outgoing.remaining:
+            return
+        if outgoing.failed:
+            # the idempotent producer already retried up to its delivery timeout: try again
+            log.warning("outcome for %s was not acknowledged; sending it again", outgoing.ticket.source)
+            self._queue.append((outgoing.ticket, outgoing.records))
+            self._queued.set()
+        else:
+            self._complete(outgoing.ticket)
+
+    async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
+        # A partition is committed again when its watermark stays put but outcomes above it
+        # were acked: the commit's metadata then names them, so a crash does not redo them.
+        points = self._tracker.commit_points()
+        ready: dict[TopicPartition, int | CommitPoint] = {
+            tp: point if point.done else point.offset
+            for tp, point in points.items()
+            if partitions is None or tp in partitions
+        }
+        if ready:
+            await asyncio.wait_for(self._commit(ready), COMMIT_TIMEOUT_S)
+            self._tracker.mark_committed({tp: points[tp] for tp in ready})
+
+    async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        try:
+            await self._finish_revoke(partitions, timeout_s)
+        finally:
+            self._forget(partitions)

@@ -1,0 +1,191 @@
+"""The delivery edge: `OutcomeSink` (the Protocol the pipeline talks to), the `Ticket` it hands
+out per input record, and `SinkBase`, the ticket, epoch and watermark bookkeeping and the
+commit loop both guarantees share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from consumer.core.offsets import CommitPoint, OffsetTracker
+from consumer.kafka.assignment import Assignment
+from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
+
+log = logging.getLogger(__name__)
+
+#: commits input positions: an offset, or a CommitPoint when offsets above it are finished too
+#: (a plain offset when nothing is, so a commit function that knows only offsets still works
+#: wherever nothing finishes out of order)
+CommitFn = Callable[[dict[TopicPartition, int | CommitPoint]], Awaitable[None]]
+
+#: how often ready offsets are committed (at_least_once) or transactions closed (exactly_once)
+COMMIT_INTERVAL_S = 0.2
+#: one commit may not take longer than this; it is retried on the next round
+COMMIT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """Proof that an input record was taken in under a given assignment of its partition."""
+
+    source: SourceOffset
+    epoch: int
+
+
+class OutcomeSink(Protocol):
+    """Where finished jobs go. Owns producing outcomes and committing input offsets."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def track(self, source: SourceOffset) -> Ticket: ...
+
+    def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
+        """The job's outcome is decided: make `records` durable, then its offset committable."""
+        ...
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None: ...
+
+    async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        """Commit what is done for these partitions (waiting up to timeout_s), then forget them."""
+        ...
+
+    async def flush(self, timeout_s: float) -> None:
+        """Make everything ready durable and commit it (shutdown)."""
+        ...
+
+    def inflight(self, partition: TopicPartition | None = None) -> int:
+        """Input records taken in whose offsets are not committable yet."""
+        ...
+
+    async def wait_for_room(self, max_inflight: int, timeout_s: float) -> None:
+        """Return once fewer than `max_inflight` records are in flight, or after `timeout_s`."""
+        ...
+
+    @property
+    def dropped_late(self) -> int:
+        """Completions dropped because their partition had been revoked meanwhile."""
+        ...
+
+
+class SinkBase:
+    """Ticket, epoch and watermark bookkeeping shared by both guarantees."""
+
+    def __init__(self, commit: CommitFn, assignment: Assignment | None = None) -> None:
+        self._commit = commit
+        self._tracker: OffsetTracker = OffsetTracker()
+        #: the owned partitions and their epochs, shared with the intake
+        self.owned = assignment if assignment is not None else Assignment()
+        self._commit_task: asyncio.Task[None] | None = None
+        self._wakeup = asyncio.Event()
+        #: set whenever an in-flight record completes (intake waits on it under backpressure)
+        self._progress = asyncio.Event()
+        self._dropped_late = 0
+
+    # -- intake side
+    def track(self, source: SourceOffset) -> Ticket:
+        tp = source.tp
+        # records only come from assigned partitions; `assign` is a no-op for those
+        epoch = self.owned.assign(tp).epoch
+        self._tracker.track(tp, source.offset)
+        return Ticket(source, epoch)
+
+    def inflight(self, partition: TopicPartition | None = None) -> int:
+        return self._tracker.pending_count(partition)
+
+    async def wait_for_room(self, max_inflight: int, timeout_s: float) -> None:
+        # Intake must not sleep through a whole poll interval while acks free room: at a
+        # full max_inflight that wait, not the work, would set the pace.
+        self._progress.clear()
+        if self.inflight() < max_inflight:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._progress.wait(), timeout_s)
+
+    def _completed(self, tp: TopicPartition, offset: int) -> None:
+        if self._tracker.complete(tp, offset):
+            self._progress.set()
+
+    @property
+    def dropped_late(self) -> int:
+        return self._dropped_late
+
+    def _current(self, ticket: Ticket) -> bool:
+        if self.owned.epoch(ticket.source.tp) != ticket.epoch:
+            self._dropped_late += 1
+            log.debug("dropping late completion for %s (partition revoked)", ticket.source)
+            return False
+        return True
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            self.owned.assign(tp)
+
+    async def start(self) -> None:
+        self._commit_task = asyncio.create_task(self._commit_loop(), name="promptbus-commit")
+
+    async def _stop_loop(self) -> None:
+        if self._commit_task:
+            self._commit_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._commit_task
+            self._commit_task = None
+
+    async def _commit_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), COMMIT_INTERVAL_S)
+            self._wakeup.clear()
+            try:
+                await self._commit_ready(None)
+            except Exception:  # a failed commit is retried next round; the offsets stay uncommitted
+                log.exception("commit failed; will retry")
+
+    async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
+        raise NotImplementedError
+
+    async def _wait_done(self, partitions: set[TopicPartition] | None, timeout_s: float) -> None:
+        """Wait (bounded) until nothing is pending for these partitions."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            pending = (
+                self._tracker.pending_count(None)
+                if partitions is None
+                else sum(self._tracker.pending_count(tp) for tp in partitions)
+            )
+            if pending == 0:
+                return
+            await self._commit_ready(partitions)
+            await asyncio.sleep(0.05)
+
+    async def flush(self, timeout_s: float) -> None:
+        """Wait (bounded) for every outcome taken in, then commit what is ready (shutdown)."""
+        await self._wait_done(None, timeout_s)
+        await self._commit_ready(None)
+
+    def _forget(self, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            self._tracker.forget(tp)
+        self.owned.revoke(partitions)
+
+    async def _finish_revoke(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        """Wait (bounded) for the partitions' work and commit it; a failure only loses progress.
+
+        Never raises: the caller forgets the partitions whatever happens here, else a stale
+        watermark would outlive the revoke and reject the offsets read after a reassignment.
+        """
+        try:
+            await self._wait_done(partitions, timeout_s)
+            await self._commit_ready(partitions)
+        except Exception:
+            log.warning(
+                "revoke of %s: final commit failed; the next owner starts at the last committed offsets",
+                sorted(partitions),
+                exc_info=True,
+            )

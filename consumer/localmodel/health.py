@@ -1,0 +1,73 @@
+"""Is the server there: free and taken ports, the model listing, and a real completion
+(the readiness probe)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+from consumer.localmodel.config import DEFAULT_HOST, MODEL_ALIAS
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A port on `host` that nothing listens on right now (for tests and parallel servers)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def served_models(base_url: str, timeout_s: float = 2.0) -> tuple[str, ...] | None:
+    """Model ids from `GET {base_url}/models`, or None when the server does not answer."""
+    try:
+        with _NO_PROXY.open(f"{base_url}/models", timeout=timeout_s) as resp:
+            if resp.status != 200:
+                return None
+            payload = json.loads(resp.read())
+    except (OSError, ValueError):  # refused, timed out, an HTTP error status (HTTPError), not JSON
+        return None
+    try:
+        return tuple(str(m.get("id")) for m in payload.get("data", []))
+    except (ValueError, AttributeError):
+        return None
+
+
+#: health checks go straight to the local server, whatever proxy the environment names
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+#: the readiness probe: one real completion, as short as the server allows
+_PROBE_BODY = {
+    "model": MODEL_ALIAS,
+    "messages": [{"role": "user", "content": "Say OK."}],
+    "max_tokens": 2,
+    "temperature": 0,
+}
+
+
+def completes(base_url: str, timeout_s: float = 60.0) -> str | None:
+    """None when `POST {base_url}/chat/completions` answers a short prompt with text, else why not."""
+    request = urllib.request.Request(
+        f"{base_url}/chat/completions",
+        data=json.dumps(_PROBE_BODY).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with _NO_PROXY.open(request, timeout=timeout_s) as resp:
+            payload = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return f"a test completion got HTTP {exc.code}"
+    except (OSError, ValueError) as exc:  # refused, reset (the server died), timed out, not JSON
+        return f"a test completion failed: {exc}"
+    try:
+        text = payload["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return "a test completion answered without a message"
+    return None if isinstance(text, str) else "a test completion answered without text"
