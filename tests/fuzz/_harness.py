@@ -61,8 +61,19 @@ def text_of(data: bytes, *, errors: str = "replace") -> str:
 #: numbers past float and int64 range, fences, digits of other scripts, U+FFFD
 _AWKWARD = [
     *'{}[]":,\\`\n\r\t 0123456789-+.eE_/=\x00\ufffd\u0663\u00b5',
-    "\\ud800", "\\udfff", "\\u0000", "\\\"", "1e400", "-0", "NaN", "Infinity",
-    "9" * 30, "null", "true", "```", "```json\n",
+    "\\ud800",
+    "\\udfff",
+    "\\u0000",
+    '\\"',
+    "1e400",
+    "-0",
+    "NaN",
+    "Infinity",
+    "9" * 30,
+    "null",
+    "true",
+    "```",
+    "```json\n",
 ]
 #: lone surrogates: what aiohttp makes of bytes that are not UTF-8 (never in an orjson-decoded body)
 _SURROGATES = ["\ud800", "\udcff", "\udfff"]
@@ -110,9 +121,7 @@ def json_values(keys: st.SearchStrategy[str], *, strings: st.SearchStrategy[str]
     )
     return st.recursive(
         scalars,
-        lambda inner: st.one_of(
-            st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)
-        ),
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
         max_leaves=12,
     )
 

@@ -30,7 +30,10 @@ TARGETS = {
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2 or argv[1] not in TARGETS:
-        sys.exit(f"usage: python -m tests.fuzz.run TARGET [CORPUS_DIR] [libFuzzer flags]; TARGET: {', '.join(TARGETS)}")
+        sys.exit(
+            "usage: python -m tests.fuzz.run TARGET [CORPUS_DIR] [libFuzzer flags]; "
+            f"TARGET: {', '.join(TARGETS)}"
+        )
     try:
         import atheris
     except ImportError:
@@ -47,10 +50,11 @@ def main(argv: list[str]) -> None:
         dirs = [tempfile.mkdtemp(prefix=f"promptbus-fuzz-{name}-")]
         rest = [*rest, dirs[0]]
     corpus = Path(dirs[0])
-    corpus.mkdir(parents=True, exist_ok=True)
-    for i, seed in enumerate(module.SEEDS):
-        (corpus / f"seed-{i:03d}").write_bytes(seed)
-    print(f"fuzzing {name} ({TARGETS[name]}.fuzz_one), corpus {corpus}", file=sys.stderr)
+    if not corpus.is_file():  # a file (a crash-<sha1>) is run once, to reproduce it
+        corpus.mkdir(parents=True, exist_ok=True)
+        for i, seed in enumerate(module.SEEDS):
+            (corpus / f"seed-{i:03d}").write_bytes(seed)
+        print(f"fuzzing {name} ({TARGETS[name]}.fuzz_one), corpus {corpus}", file=sys.stderr)
     atheris.Setup([argv[0], *rest], module.fuzz_one)
     atheris.Fuzz()
 

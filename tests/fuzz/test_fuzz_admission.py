@@ -39,11 +39,22 @@ class _Tier:
 TIERS = {
     "fast": _Tier("fast", TierConfig(provider="openai", model="m", offline={"enabled": True})),
     "chat": _Tier("chat", TierConfig(provider="anthropic", model="m")),
-    "local": _Tier("local", TierConfig(provider="openai_compat", model="m", base_url="http://127.0.0.1:9/v1",
-                                       options={"response_format": {"type": "json_object"}})),
+    "local": _Tier(
+        "local",
+        TierConfig(
+            provider="openai_compat",
+            model="m",
+            base_url="http://127.0.0.1:9/v1",
+            options={"response_format": {"type": "json_object"}},
+        ),
+    ),
 }
-ADMISSION = Admission(TIERS, max_job_bytes=MAX_JOB_BYTES, offline_runs=True,  # type: ignore[arg-type]
-                      start_trace=lambda job, headers: None)
+ADMISSION = Admission(
+    TIERS,
+    max_job_bytes=MAX_JOB_BYTES,
+    offline_runs=True,  # type: ignore[arg-type]
+    start_trace=lambda job, headers: None,
+)
 
 
 def check_admit(value: bytes | None, key: bytes | None = b"j1") -> JobContext | Rejection:
@@ -70,14 +81,19 @@ def _with_tier(job: dict[str, object], tier: str) -> bytes:
     return json.dumps({**job, "tier": tier}).encode()
 
 
-SEEDS = [t.encode() for t in SEED_TEXTS] + [_with_tier(j, "chat") for j in SEED_JOBS] + [
-    _with_tier(SEED_JOBS[0], "local"),
-    _with_tier(SEED_JOBS[0], "nope"),
-    _with_tier({"id": "s", "messages": [{"role": "system", "content": "only"}]}, "chat"),
-]
+SEEDS = (
+    [t.encode() for t in SEED_TEXTS]
+    + [_with_tier(j, "chat") for j in SEED_JOBS]
+    + [
+        _with_tier(SEED_JOBS[0], "local"),
+        _with_tier(SEED_JOBS[0], "nope"),
+        _with_tier({"id": "s", "messages": [{"role": "system", "content": "only"}]}, "chat"),
+    ]
+)
 
-prompts = st.one_of(st.sampled_from(("Classify: ${text}", "${a}${b}", "$${text} ${text}", "x ${1}", "${")),
-                    awkward_text)
+prompts = st.one_of(
+    st.sampled_from(("Classify: ${text}", "${a}${b}", "$${text} ${text}", "x ${1}", "${")), awkward_text
+)
 
 
 @st.composite
@@ -87,11 +103,17 @@ def templated_jobs(draw: st.DrawFn) -> bytes:
         "id": "j",
         "tier": draw(st.sampled_from((*TIERS, "nope"))),
         "prompt": draw(prompts),
-        "variables": draw(st.dictionaries(st.sampled_from(("text", "a", "b", "1")), awkward_text, max_size=3)),
+        "variables": draw(
+            st.dictionaries(st.sampled_from(("text", "a", "b", "1")), awkward_text, max_size=3)
+        ),
         "mode": draw(st.sampled_from(("online", "offline"))),
-        "options": draw(st.dictionaries(st.sampled_from(("response_format", "max_tokens", "stop")),
-                                        json_values(st.sampled_from(("type", "schema", "json_schema"))),
-                                        max_size=2)),
+        "options": draw(
+            st.dictionaries(
+                st.sampled_from(("response_format", "max_tokens", "stop")),
+                json_values(st.sampled_from(("type", "schema", "json_schema"))),
+                max_size=2,
+            )
+        ),
     }
     return json.dumps(job).encode()
 
@@ -132,4 +154,7 @@ def test_seeds_are_realistic() -> None:
     """Seeds reach admission's every verdict: admitted, and each kind of rejection."""
     verdicts = [check_admit(seed) for seed in SEEDS]
     assert any(isinstance(v, JobContext) for v in verdicts)
-    assert {v.kind for v in verdicts if isinstance(v, Rejection)} >= {ErrorKind.INVALID_JOB, ErrorKind.UNKNOWN_TIER}
+    assert {v.kind for v in verdicts if isinstance(v, Rejection)} >= {
+        ErrorKind.INVALID_JOB,
+        ErrorKind.UNKNOWN_TIER,
+    }

@@ -43,16 +43,42 @@ def fuzz_one(data: bytes) -> None:
 
 
 SEED_JOBS = [
-    {"id": "j1", "tier": "fast", "prompt": "Classify: ${text}", "variables": {"text": "great product"},
-     "batch": True},
-    {"id": "j2", "tier": "chat", "messages": [{"role": "system", "content": "Be brief."},
-                                              {"role": "user", "content": "Hi"}],
-     "options": {"max_tokens": 50, "temperature": 0.2, "stop": ["\n"], "seed": 7}},
-    {"id": "j3", "tier": "fast", "prompt": "Hello", "mode": "offline",
-     "deadline": "2026-05-01T10:00:00.5+02:00", "metadata": {"k": [1, {"x": None}], "n": 12}},
-    {"id": "j4", "tier": "fast", "prompt": "Rate ${x}", "variables": {"x": "ok"},
-     "options": {"response_format": {"type": "json_schema", "json_schema": {
-         "name": "r", "schema": {"type": "object", "properties": {"score": {"type": "integer"}}}}}}},
+    {
+        "id": "j1",
+        "tier": "fast",
+        "prompt": "Classify: ${text}",
+        "variables": {"text": "great product"},
+        "batch": True,
+    },
+    {
+        "id": "j2",
+        "tier": "chat",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "options": {"max_tokens": 50, "temperature": 0.2, "stop": ["\n"], "seed": 7},
+    },
+    {
+        "id": "j3",
+        "tier": "fast",
+        "prompt": "Hello",
+        "mode": "offline",
+        "deadline": "2026-05-01T10:00:00.5+02:00",
+        "metadata": {"k": [1, {"x": None}], "n": 12},
+    },
+    {
+        "id": "j4",
+        "tier": "fast",
+        "prompt": "Rate ${x}",
+        "variables": {"x": "ok"},
+        "options": {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "r",
+                    "schema": {"type": "object", "properties": {"score": {"type": "integer"}}},
+                },
+            }
+        },
+    },
     {"id": "j5", "tier": "fast", "prompt": "x", "varaibles": {"x": CANARY}},
     {"id": "j6", "tier": "fast", "prompt": "x", "deadline": "9999-12-31T23:59:59Z"},
 ]
@@ -62,17 +88,26 @@ SEEDS = [t.encode() for t in SEED_TEXTS]
 FIELDS = ("id", "tier", "prompt", "variables", "messages", "options", "batch", "mode", "deadline", "metadata")
 #: deadlines at the edges of what datetime holds, with offsets that move them past the edge
 DEADLINES = st.one_of(
-    st.sampled_from([
-        "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "2026-01-01T00:00:00Z",
-        "2026-01-01T00:00:00", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00+24:00",
-        "0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999+00:00",
-    ]),
+    st.sampled_from(
+        [
+            "0001-01-01T00:00:00+01:00",
+            "9999-12-31T23:59:59-01:00",
+            "2026-01-01T00:00:00Z",
+            "2026-01-01T00:00:00",
+            "2026-13-01T00:00:00Z",
+            "2026-01-01T00:00:00+24:00",
+            "0001-01-01T00:00:00Z",
+            "9999-12-31T23:59:59.999999+00:00",
+        ]
+    ),
     st.datetimes(timezones=st.timezones()).map(lambda d: d.isoformat()),
     awkward_text,
 )
 field_values = st.one_of(
-    json_values(st.one_of(st.sampled_from(("role", "content", "text", "max_tokens")), awkward_text),
-                strings=st.one_of(st.just(CANARY), awkward_text)),
+    json_values(
+        st.one_of(st.sampled_from(("role", "content", "text", "max_tokens")), awkward_text),
+        strings=st.one_of(st.just(CANARY), awkward_text),
+    ),
     DEADLINES,
 )
 

@@ -86,8 +86,11 @@ def _mutated_seeds(base: int, text: str) -> None:
 def framed_texts(draw: st.DrawFn) -> tuple[int, str]:
     """Structure-aware: a right header and checksum around any payload (or a near-right header)."""
     base = draw(bases)
-    payload = draw(st.one_of(st.binary(max_size=64), st.lists(st.sampled_from(b"\x00\x01\x7f\x80\xff"),
-                                                             max_size=32).map(bytes)))
+    payload = draw(
+        st.one_of(
+            st.binary(max_size=64), st.lists(st.sampled_from(b"\x00\x01\x7f\x80\xff"), max_size=32).map(bytes)
+        )
+    )
     kind = draw(st.sampled_from("rbx"))
     header_base = draw(st.one_of(st.just(base), st.integers(0, 2**70), st.text("0123456789", min_size=1)))
     return base, framed(kind, header_base, payload)
@@ -108,8 +111,11 @@ def _any_text(base: int, text: str) -> None:
 
 
 @fuzz_settings
-@given(base=st.integers(0, 2**40), offsets=st.lists(st.integers(0, 5000), max_size=200),
-       max_chars=st.integers(0, 300))
+@given(
+    base=st.integers(0, 2**40),
+    offsets=st.lists(st.integers(0, 5000), max_size=200),
+    max_chars=st.integers(0, 300),
+)
 def _encoder_roundtrip(base: int, offsets: list[int], max_chars: int) -> None:
     done = DoneOffsets.of(base + o for o in offsets)
     decoded = check_metadata(base, encode_done(base, done, max_chars))

@@ -28,14 +28,22 @@ WAITS = ("retry_after_s", "reset_requests_s", "reset_tokens_s")
 COUNTS = ("remaining_requests", "remaining_tokens", "limit_requests", "limit_tokens")
 #: every header name the parser reads
 NAMES = (
-    "retry-after-ms", "retry-after",
-    "x-ratelimit-limit-requests", "x-ratelimit-limit-tokens",
-    "x-ratelimit-remaining-requests", "x-ratelimit-remaining-tokens",
-    "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
-    "anthropic-ratelimit-requests-limit", "anthropic-ratelimit-tokens-limit",
-    "anthropic-ratelimit-input-tokens-limit", "anthropic-ratelimit-requests-remaining",
-    "anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-input-tokens-remaining",
-    "anthropic-ratelimit-requests-reset", "anthropic-ratelimit-tokens-reset",
+    "retry-after-ms",
+    "retry-after",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+    "anthropic-ratelimit-requests-limit",
+    "anthropic-ratelimit-tokens-limit",
+    "anthropic-ratelimit-input-tokens-limit",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-input-tokens-remaining",
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-tokens-reset",
     "anthropic-ratelimit-input-tokens-reset",
 )
 
