@@ -70,7 +70,23 @@ def _require_rfc3339_string(value: Any) -> Any:
 def _require_aware_utc(value: datetime) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError("must carry a time zone offset (e.g. 'Z' or '+02:00')")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is before the first datetime in UTC
+        raise ValueError("is out of range in UTC (years 1 to 9999)") from None
+
+
+def _writable(value: Any) -> Any:
+    # metadata is echoed in the result and the job is kept in its dead letter, both written by
+    # orjson: what it cannot write would fail the job's every outcome. An integer beyond 64
+    # bits fails here, then decode_job's second pass reads it as orjson does (a float);
+    # nesting deeper than orjson writes makes an invalid job
+    if value:
+        try:
+            orjson.dumps(value)
+        except orjson.JSONEncodeError as exc:
+            raise ValueError(f"cannot be written back as JSON ({exc})") from None
+    return value
 
 
 def _assume_utc(value: datetime) -> datetime:
@@ -109,7 +125,7 @@ if TYPE_CHECKING:
     # For type checkers the options stay a plain dict (callers use .get and dict()).
     OptionsField = dict[str, Any]
 else:
-    OptionsField = JobOptions
+    OptionsField = Annotated[JobOptions, AfterValidator(_writable)]
 
 
 class _Frozen(BaseModel):
@@ -164,7 +180,9 @@ class Job(_Frozen):
     deadline: DeadlineTime | None = Field(
         default=None, description="RFC 3339; not done by then -> dead letter."
     )
-    metadata: dict[str, Any] | None = Field(default=None, description="Echoed back untouched.")
+    metadata: Annotated[dict[str, Any] | None, AfterValidator(_writable)] = Field(
+        default=None, description="Echoed back untouched."
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> Job:

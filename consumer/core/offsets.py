@@ -52,6 +52,7 @@ METADATA_MAX_CHARS = 4096
 METADATA_VERSION = "pb1"
 #: the largest offset Kafka can hold (int64)
 MAX_OFFSET = 2**63 - 1
+_MAX_OFFSET_DIGITS = len(str(MAX_OFFSET))
 _RUNS = "r"
 _BITS = "b"
 _B64_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
@@ -220,7 +221,14 @@ def decode_done(base: int, text: str) -> DecodedDone:
         return DecodedDone(NO_OFFSETS, "checksum mismatch (damaged or truncated)")
     prefix, sep, payload = head.partition(":")
     kind, digits = prefix[len(METADATA_VERSION) :][:1], prefix[len(METADATA_VERSION) + 1 :]
-    if not sep or kind not in (_RUNS, _BITS) or not digits.isascii() or not digits.isdigit():
+    # an offset has at most MAX_OFFSET's digits (and int() refuses over 4,300 of them)
+    if (
+        not sep
+        or kind not in (_RUNS, _BITS)
+        or not digits.isascii()
+        or not digits.isdigit()
+        or len(digits) > _MAX_OFFSET_DIGITS
+    ):
         return DecodedDone(NO_OFFSETS, "malformed header")
     if int(digits) != base:
         return DecodedDone(NO_OFFSETS, f"written for offset {int(digits)}, not the committed {base}")

@@ -202,6 +202,13 @@ def _value_text(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                # a lone surrogate from a "\\ud800" escape (read by the json module, orjson
+                # refuses it): no text a result can hold; the alias is asked again alone
+                return None
         if len(value) >= 2 and value[0] == '"' and value[-1] == '"':
             try:
                 inner = orjson.loads(value)

@@ -83,7 +83,7 @@ def parse_retry_after_s(value: str, *, now_s: float) -> float | None:
         return bare
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # Overflow: a year past a C long
         return None
     if when.tzinfo is None:  # RFC 9110 dates are GMT
         when = when.replace(tzinfo=UTC)
