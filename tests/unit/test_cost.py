@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from consumer.cli import format_stats
+from consumer.cli.stats import format_stats
 from consumer.core.completion import Usage
 from consumer.core.cost import BatchSaving, Pricing, alone_input_estimate, alone_output_estimate, cost_usd
 from consumer.core.errors import ConfigError

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from consumer.cli import format_stats
+from consumer.cli.stats import format_stats
 from consumer.runtime.metrics import register_otel_metrics
 from consumer.runtime.stats import ServiceStats, merge_snapshots, read_snapshot
 

@@ -1,0 +1,65 @@
+"""`promptbus run` (the service) and `promptbus check-config` (its configuration, checked)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Any
+
+from consumer.cli.environment import (
+    add_bootstrap,
+    check_kafka,
+    configure_logging,
+    load_settings,
+    load_tier_file,
+)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the service until SIGTERM/SIGINT."""
+    from consumer.app import run_service, validate_keys
+
+    configure_logging(args.log_level)
+    settings = load_settings(args)
+    tier_file = load_tier_file(args)
+    validate_keys(tier_file)
+    check_kafka(settings)
+    return asyncio.run(run_service(settings, tier_file))
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Validate the tier file and the environment; print the tiers."""
+    from consumer.app import validate_keys
+
+    load_settings(args)  # the environment's settings too: a bad one stops `run` the same way
+    tier_file = load_tier_file(args)
+    problems = validate_keys(tier_file, strict=False)
+    for name, tier in tier_file.tiers.items():
+        flags = []
+        if tier.batching.enabled:
+            flags.append(f"batching max_items={tier.batching.max_items}")
+        if tier.offline.enabled:
+            flags.append("offline")
+        print(f"tier {name}: {tier.provider} {tier.model} limiter={tier.limiter.algorithm} {' '.join(flags)}")
+    for p in problems:
+        print(f"warning: {p}", file=sys.stderr)
+    print(f"ok: {len(tier_file.tiers)} tier(s)")
+    return 0
+
+
+def add_run_command(sub: Any) -> None:
+    """`run`."""
+    run = sub.add_parser("run", help="run the service until SIGTERM/SIGINT (graceful drain)")
+    run.add_argument("--config", help="tier file (YAML); default PROMPTBUS_CONFIG")
+    run.add_argument("--log-level", default=os.environ.get("PROMPTBUS_LOG_LEVEL", "INFO"))
+    add_bootstrap(run)
+    run.set_defaults(func=cmd_run)
+
+
+def add_check_config_command(sub: Any) -> None:
+    """`check-config`."""
+    check = sub.add_parser("check-config", help="validate a tier file")
+    check.add_argument("--config", help="tier file (YAML); default PROMPTBUS_CONFIG")
+    check.set_defaults(func=cmd_check_config)
