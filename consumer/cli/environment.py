@@ -51,6 +51,18 @@ def load_tier_file(args: argparse.Namespace) -> Any:
     return load(path)
 
 
+def load_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The settings and the tier file of `run`, validated whole (environment, tier file and
+    what building the tiers would refuse) before anything touches Kafka or a provider: one
+    check, so `check-config` refuses exactly what `run` refuses, in the same words."""
+    from consumer.app import validate_config
+
+    settings = load_settings(args)
+    tier_file = load_tier_file(args)
+    validate_config(tier_file)
+    return settings, tier_file
+
+
 def configure_logging(level: str, *, kafka_level: str = "ERROR") -> None:
     """Root logging at `level`; aiokafka's own records from `kafka_level` up."""
     from consumer.kafka.logs import install_kafka_log_handler

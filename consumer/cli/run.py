@@ -5,37 +5,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 from typing import Any
 
-from consumer.cli.environment import (
-    add_bootstrap,
-    check_kafka,
-    configure_logging,
-    load_settings,
-    load_tier_file,
-)
+from consumer.cli.environment import add_bootstrap, check_kafka, configure_logging, load_config
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the service until SIGTERM/SIGINT."""
-    from consumer.app import run_service, validate_keys
+    from consumer.app import run_service
 
     configure_logging(args.log_level)
-    settings = load_settings(args)
-    tier_file = load_tier_file(args)
-    validate_keys(tier_file)
+    settings, tier_file = load_config(args)
     check_kafka(settings)
     return asyncio.run(run_service(settings, tier_file))
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """Validate the tier file and the environment; print the tiers."""
-    from consumer.app import validate_keys
-
-    load_settings(args)  # the environment's settings too: a bad one stops `run` the same way
-    tier_file = load_tier_file(args)
-    problems = validate_keys(tier_file, strict=False)
+    """Validate the tier file and the environment as `run` does; print the tiers."""
+    _, tier_file = load_config(args)
     for name, tier in tier_file.tiers.items():
         flags = []
         if tier.batching.enabled:
@@ -43,8 +30,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         if tier.offline.enabled:
             flags.append("offline")
         print(f"tier {name}: {tier.provider} {tier.model} limiter={tier.limiter.algorithm} {' '.join(flags)}")
-    for p in problems:
-        print(f"warning: {p}", file=sys.stderr)
     print(f"ok: {len(tier_file.tiers)} tier(s)")
     return 0
 

@@ -93,6 +93,53 @@ def test_check_config_accepts_the_example_and_run_refuses_a_missing_key(tmp_path
     assert "tiers.a.api_key_env" in proc.stderr and "PB_SURELY_UNSET_KEY" in proc.stderr
 
 
+#: tier files `run` refuses: check-config must refuse each the same way (one validation)
+BAD_TIER_FILES = {
+    "base_url not a URL": (
+        {"tiers": {"t": {"provider": "openai_compat", "model": "m", "base_url": "not a url"}}},
+        "tiers.t.base_url: must be an http(s) URL with a host, got 'not a url'",
+    ),
+    "base_url ftp": (
+        {"tiers": {"t": {"provider": "openai_compat", "model": "m", "base_url": "ftp://x/v1"}}},
+        "tiers.t.base_url: must be an http(s) URL with a host, got 'ftp://x/v1'",
+    ),
+    "API key unset": (
+        {"tiers": {"t": {"provider": "openai", "model": "m", "api_key_env": "PB_SURELY_UNSET_KEY"}}},
+        "tiers.t.api_key_env",
+    ),
+    "anthropic structured mode": (
+        {
+            "tiers": {
+                "t": {
+                    "provider": "anthropic",
+                    "model": "m",
+                    "api_key_env": "PB_DEMO_KEY",
+                    "batching": {"structured": "json_object"},
+                }
+            }
+        },
+        "tiers.t.batching.structured: anthropic supports",
+    ),
+    "unknown key": ({"tiers": {"t": {"provider": "openai", "model": "m", "typo": 1}}}, "tiers.t.typo"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TIER_FILES))
+def test_check_config_refuses_what_run_refuses_in_the_same_words(tmp_path: Path, case: str) -> None:
+    tiers, expected = BAD_TIER_FILES[case]
+    path = tmp_path / "tiers.yaml"
+    path.write_text(yaml.safe_dump(tiers))
+    # an unreachable broker: run must refuse the file before it contacts Kafka
+    env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "PB_DEMO_KEY": "x"}
+    check = cli("check-config", "--config", str(path), env=env)
+    run = cli("run", "--config", str(path), env=env, timeout=90)
+    assert check.returncode == run.returncode == 2, (check.stderr, run.stderr)
+    assert check.stderr.startswith(f"promptbus: config error: {expected}"), check.stderr
+    assert run.stderr.strip().splitlines()[-1] == check.stderr.strip(), run.stderr
+    assert "cannot reach Kafka" not in run.stderr and "Traceback" not in run.stderr
+    assert check.stdout == ""
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "reason"),
     [
