@@ -242,7 +242,7 @@ async def run_service(
     stop = stop or asyncio.Event()
     edges = edges if edges is not None else KafkaEdges()
     instance = instance_id()
-    stats = ServiceStats(instance=instance)
+    stats = ServiceStats(instance=instance, group=settings.group_id)
     async with contextlib.AsyncExitStack() as parts:
         telemetry = Telemetry(tracer_provider)
         parts.callback(telemetry.shutdown)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from consumer.cli.environment import load_settings
 from consumer.cli.jobs import add_map_command, add_results_command, add_submit_command
 from consumer.cli.local_model import add_local_model_command
-from consumer.cli.parser import CommandParser
+from consumer.cli.parser import CommandParser, OneLineParser
 from consumer.cli.replay import add_replay_command
 from consumer.cli.run import add_check_config_command, add_run_command
 from consumer.cli.simulate import add_simulate_command
@@ -26,7 +26,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The `promptbus` parser, every subcommand registered (heavy ones load on first use)."""
-    parser = argparse.ArgumentParser(prog="promptbus", description="A Kafka consumer service for LLM work.")
+    parser = OneLineParser(prog="promptbus", description="A Kafka consumer service for LLM work.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     add_run_command(sub)
     add_submit_command(sub)
@@ -51,6 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:
+        if exc.filename is None:  # a file names itself; anything else (sockets) is not bad input
+            raise
+        print(f"promptbus: cannot use {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         from aiokafka.errors import KafkaConnectionError
 

@@ -7,7 +7,7 @@ import asyncio
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,27 +17,58 @@ from consumer.cli.environment import add_bootstrap, configure_logging, kafka_set
 from consumer.core.errors import ConfigError
 
 
-def _jobs_from_args(args: argparse.Namespace) -> Iterator[bytes]:
-    from consumer.runtime.outcomes import MAX_VALUE_BYTES
+def _refused(where: str, value: bytes, stopped: str) -> ConfigError | None:
+    """Why the service would dead-letter `value` for its own content (the words of that dead
+    letter, `consumer.core.content`), None when it would not."""
+    from consumer.core.content import check_job
+    from consumer.core.errors import JobError
 
-    if args.file:
-        path = Path(args.file)
-        # checked as the file streams out: a bad line stops it there
-        stopped = "the lines before it were submitted, none from it on"
+    try:
+        check_job(value)
+    except JobError as exc:
+        return ConfigError(where, f"{exc.kind.value}: {exc}; {stopped}")
+    return None
+
+
+def _file_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """The non-empty lines of `path` with their numbers; ConfigError when it cannot be read."""
+    try:
         with path.open("rb") as fh:
             for n, line in enumerate(fh, 1):
                 line = line.strip()
-                if not line:
-                    continue
-                if len(line) > MAX_VALUE_BYTES:
-                    reason = f"job is {len(line)} bytes, over the {MAX_VALUE_BYTES} a record may carry"
-                    raise ConfigError(f"{path}:{n}", f"{reason}; {stopped}")
-                try:
-                    orjson.loads(line)
-                except orjson.JSONDecodeError as exc:
-                    raise ConfigError(f"{path}:{n}", f"not JSON: {exc}; {stopped}") from None
-                yield line
-        return
+                if line:
+                    yield n, line
+    except OSError as exc:
+        raise ConfigError("--file", f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _check_file(path: Path) -> int:
+    """Every line of `path` checked as the service will read it, before any is submitted;
+    the number of jobs. ConfigError naming the first bad line."""
+    from consumer.runtime.outcomes import MAX_VALUE_BYTES
+
+    stopped = "nothing was submitted"
+    count = 0
+    for n, line in _file_lines(path):
+        where = f"{path}:{n}"
+        if len(line) > MAX_VALUE_BYTES:
+            reason = f"job is {len(line)} bytes, over the {MAX_VALUE_BYTES} a record may carry"
+            raise ConfigError(where, f"{reason}; {stopped}")
+        try:
+            orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(where, f"not JSON: {exc}; {stopped}") from None
+        problem = _refused(where, line, stopped)
+        if problem is not None:
+            raise problem
+        count += 1
+    if count == 0:
+        raise ConfigError("--file", f"{path} holds no jobs; nothing was submitted")
+    return count
+
+
+def _one_job(args: argparse.Namespace) -> bytes:
+    """The job `--tier`, `--prompt`, `--var` ... describe, checked as the service will read it."""
     if not args.tier or args.prompt is None:
         raise ConfigError("submit", "give --file FILE, or --tier and --prompt")
     variables: dict[str, str] = {}
@@ -53,8 +84,11 @@ def _jobs_from_args(args: argparse.Namespace) -> Iterator[bytes]:
         job["batch"] = True
     if args.offline:
         job["mode"] = "offline"
-    print(job["id"])
-    yield orjson.dumps(job)
+    value = orjson.dumps(job)
+    problem = _refused("submit", value, "nothing was submitted")
+    if problem is not None:
+        raise problem
+    return value
 
 
 def _key_of(value: bytes) -> bytes | None:
@@ -70,7 +104,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from consumer.kafka.clients import submit_jobs
 
     configure_logging("WARNING", kafka_level="CRITICAL")
+    # every job checked before Kafka is asked anything: a refused one leaves the topic untouched
+    jobs: Iterable[bytes]
+    if args.file:
+        path = Path(args.file)
+        _check_file(path)
+        jobs = (line for _, line in _file_lines(path))
+    else:
+        job = _one_job(args)
+        jobs = [job]
     settings = kafka_settings(args)
+    if not args.file:
+        print(orjson.loads(job)["id"])
     started = time.monotonic()
     last = [0.0]
 
@@ -87,7 +132,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         await ensure_topics(settings)
-        return await submit_jobs(settings, _jobs_from_args(args), progress=progress, key_of=_key_of)
+        return await submit_jobs(settings, jobs, progress=progress, key_of=_key_of)
 
     n = asyncio.run(go())
     if args.file:
@@ -123,6 +168,40 @@ def cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_readable(flag: str, name: str) -> None:
+    """ConfigError naming `flag` when the file `name` cannot be read (- is stdin)."""
+    if name == "-":
+        return
+    try:
+        with Path(name).open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(flag, f"cannot read {name}: {exc.strerror or exc}") from None
+
+
+def _check_writable(flag: str, name: str) -> None:
+    """ConfigError naming `flag` when the file `name` cannot be written (checked before the
+    run, so its outcomes are not lost at the end)."""
+    try:
+        with Path(name).open("ab"):
+            pass
+    except OSError as exc:
+        raise ConfigError(flag, f"cannot write {name}: {exc.strerror or exc}") from None
+
+
+def _options(text: str | None) -> dict[str, Any] | None:
+    """`--options`: a JSON object, or None when not given; ConfigError naming it otherwise."""
+    if not text:
+        return None
+    try:
+        options = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError("--options", f"not JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise ConfigError("--options", f"must be a JSON object, got {type(options).__name__}")
+    return options
+
+
 def cmd_map(args: argparse.Namespace) -> int:
     from consumer.client import (
         Client,
@@ -140,6 +219,12 @@ def cmd_map(args: argparse.Namespace) -> int:
             raise ConfigError("--total", "--collect RUN_ID needs --total N (the run's number of inputs)")
     elif not args.tier or not (args.inputs or args.inputs_jsonl):
         raise ConfigError("map", "give --tier T and --inputs FILE or --inputs-jsonl FILE, or --collect")
+    else:
+        flag = "--inputs" if args.inputs else "--inputs-jsonl"
+        _check_readable(flag, args.inputs or args.inputs_jsonl)
+    options = _options(args.options)
+    if args.out:
+        _check_writable("--out", args.out)
     bar = ProgressBar(sys.stderr)
 
     def write(outcomes: Any) -> None:
@@ -163,7 +248,7 @@ def cmd_map(args: argparse.Namespace) -> int:
                     read_inputs(path, jsonl=bool(args.inputs_jsonl)),
                     prompt=args.prompt,
                     batch=args.batch,
-                    options=orjson.loads(args.options) if args.options else None,
+                    options=options,
                     mode=args.mode,
                     run_id=args.run_id,
                     on_progress=bar,
@@ -181,7 +266,7 @@ def cmd_map(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
-    except (ValueError, orjson.JSONDecodeError) as exc:
+    except ValueError as exc:
         bar.close()
         print(f"promptbus map: {exc}", file=sys.stderr)
         return 2

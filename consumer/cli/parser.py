@@ -9,7 +9,15 @@ from collections.abc import Callable
 from typing import Any
 
 
-class CommandParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr, exit 2."""
+
+    def error(self, message: str) -> Any:
+        """Print `message` in one line naming the command, and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class CommandParser(OneLineParser):
     """A subcommand's parser whose options, with `load`, are added on first use.
 
     `load(parser)` runs once, before the parser first parses or formats its help, so a

@@ -49,15 +49,17 @@ def _cost_text(t: dict[str, Any]) -> str:
     fraction = saving.saved_fraction
     if fraction is not None:
         how = "measured on verified jobs" if saving.measured else "estimate from prompt lengths"
-        text += (
-            f"; batching saved {fraction:.0%} of tokens ({saving.batched} batched vs "
-            f"{saving.alone} alone, {how})"
-        )
+        counts = f"({saving.batched} batched vs {saving.alone} alone, {how})"
+        if fraction >= 0:
+            text += f"; batching saved {fraction:.0%} of tokens {counts}"
+        else:  # a saving below zero reads as a cost
+            text += f"; batching cost {-fraction:.0%} more tokens than asking alone {counts}"
     return text
 
 
 def format_stats(merged: dict[str, Any]) -> str:
-    lines = [
+    lines = [f"group {merged['group']}:"] if "group" in merged else []
+    lines += [
         f"instances: {merged['instances_live']} live, {merged['instances_seen']} seen",
         f"items in: {merged['items_in']}   results: {merged['results']}   in flight: {merged['inflight']}",
         "dead letters: "
@@ -84,9 +86,15 @@ def format_stats(merged: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: how a section names snapshots whose instance did not record its group (older versions)
+UNRECORDED_GROUP = "(not recorded)"
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
+    """The merged snapshots of one consumer group (PROMPTBUS_GROUP_ID or --group), or of every
+    group on the cluster with --all-groups, one section per group."""
     from consumer.kafka.clients import read_latest
-    from consumer.runtime.stats import merge_snapshots, read_snapshot
+    from consumer.runtime.stats import by_group, merge_snapshots, read_snapshot
 
     configure_logging("WARNING", kafka_level="CRITICAL")
     settings = kafka_settings(args)
@@ -96,11 +104,20 @@ def cmd_stats(args: argparse.Namespace) -> int:
             snapshots.append(read_snapshot(value))
         except ValueError as exc:  # the topic may hold what another tool wrote
             print(f"promptbus stats: skipped record {key!r}, not a stats snapshot: {exc}", file=sys.stderr)
-    merged = merge_snapshots(snapshots, now_s=time.time(), live_within_s=3 * settings.stats_interval_s + 5)
+    groups = by_group(snapshots)
+    wanted = list(groups) if args.all_groups else [args.group or settings.group_id]
+    now_s, live_within_s = time.time(), 3 * settings.stats_interval_s + 5
+    sections = {}
+    for group in wanted:
+        merged = merge_snapshots(groups.get(group, []), now_s=now_s, live_within_s=live_within_s)
+        sections[group] = {"group": group or UNRECORDED_GROUP, **merged}
     if args.json:
-        print(orjson.dumps(merged, option=orjson.OPT_INDENT_2).decode())
+        shown: Any = {"groups": list(sections.values())} if args.all_groups else sections[wanted[0]]
+        print(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode())
+    elif not sections:
+        print("no promptbus instance has published stats on this cluster")
     else:
-        print(format_stats(merged))
+        print("\n\n".join(format_stats(merged) for merged in sections.values()))
     return 0
 
 
@@ -108,5 +125,10 @@ def add_stats_command(sub: Any) -> None:
     """`stats`."""
     stats = sub.add_parser("stats", help="items, requests, requests saved by batching, 429s, limits")
     stats.add_argument("--json", action="store_true")
+    which = stats.add_mutually_exclusive_group()
+    which.add_argument("--group", help="the consumer group shown (default: PROMPTBUS_GROUP_ID)")
+    which.add_argument(
+        "--all-groups", action="store_true", help="every group on the cluster, one section each"
+    )
     add_bootstrap(stats)
     stats.set_defaults(func=cmd_stats)
