@@ -403,3 +403,19 @@ def test_submit_run_results_stats_through_the_cli(kafka_bootstrap: str, tmp_path
             code = service.terminate(timeout_s=60) if service.alive() else None
             service.ensure_stopped()
     assert code == 0, service.log_tail()
+
+
+@pytest.mark.integration
+def test_stats_and_results_before_any_topic_exists(kafka_bootstrap: str) -> None:
+    """A cluster no instance has published to yet: nothing to show, said plainly, exit 0."""
+    env = service_env(kafka_bootstrap, partitions=1)  # fresh topic names, none created
+    stats = cli("stats", env=env)
+    assert stats.returncode == 0 and "Traceback" not in stats.stderr, stats.stderr[-2000:]
+    assert stats.stdout.splitlines()[:2] == [
+        f"group {env['PROMPTBUS_GROUP_ID']}:",
+        "instances: 0 live, 0 seen",
+    ]
+    every = cli("stats", "--all-groups", env=env)
+    assert every.stdout.strip() == "no promptbus instance has published stats on this cluster", every.stderr
+    results = cli("results", env=env)
+    assert (results.returncode, results.stdout, results.stderr) == (0, "", "")
