@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from consumer.core.errors import ConfigError
 from consumer.kafka.admin import ensure_topics, max_record_bytes
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.clients import read_latest
@@ -23,7 +22,7 @@ from consumer.kafka.intake import JobIntake, KafkaIntake
 from consumer.kafka.publisher import SidePublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
 from consumer.providers.base import CompletionProvider
-from consumer.providers.factory import build_batch_provider, build_provider, make_http_client
+from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.metrics import MetricsServer, build_app, register_otel_metrics
@@ -100,17 +99,11 @@ class Service:
     sink: OutcomeSink
 
 
-def validate_keys(tier_file: TierFile, *, strict: bool = True) -> list[str]:
-    """Every tier that names an API key env var must find it set. Strict: raise ConfigError."""
-    problems = []
+def validate_config(tier_file: TierFile) -> None:
+    """Everything building the service refuses in the tier file, before anything is built:
+    ConfigError naming the first bad key (`promptbus run` and `check-config` both ask)."""
     for name, tier in tier_file.tiers.items():
-        try:
-            tier.require_api_key(name)
-        except ConfigError as problem:
-            if strict:
-                raise
-            problems.append(str(problem))
-    return problems
+        check_tier(name, tier)
 
 
 async def build_tiers(
@@ -249,7 +242,7 @@ async def run_service(
     stop = stop or asyncio.Event()
     edges = edges if edges is not None else KafkaEdges()
     instance = instance_id()
-    stats = ServiceStats(instance=instance)
+    stats = ServiceStats(instance=instance, group=settings.group_id)
     async with contextlib.AsyncExitStack() as parts:
         telemetry = Telemetry(tracer_provider)
         parts.callback(telemetry.shutdown)

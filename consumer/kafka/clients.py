@@ -75,6 +75,10 @@ async def read_topic(
     Without `follow`, stop at the end offsets seen at start.
     """
     partitions = await topic_partitions(settings, topic)
+    if not partitions:
+        # a topic not made yet holds nothing; and a consumer stopped straight after its start
+        # has aiokafka's coordinator raise CancelledError from its clean-up
+        return
     consumer = AIOKafkaConsumer(
         isolation_level="read_committed",
         enable_auto_commit=False,
@@ -84,8 +88,6 @@ async def read_topic(
     try:
         await consumer.start()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        if not tps:
-            return
         consumer.assign(tps)
         if from_beginning:
             await consumer.seek_to_beginning(*tps)

@@ -3,7 +3,9 @@
 Each dead letter picked by the filter (`ReplayFilter`: kinds, tier, failed at or after a time)
 becomes one job record: the dead letter's parsed `job` as JSON, or, when the job was never
 parsed, the original bytes from `raw`. Its key is the job id, and the header
-`promptbus-replay-of: topic/partition/offset` names the dead letter it came from.
+`promptbus-replay-of: topic/partition/offset` names the dead letter it came from. A job
+that admission would refuse again for its own content (not a job, its template and variables
+do not fit: `consumer.core.content`) is skipped as `still_invalid`, with the dead letter's words.
 
 The command keeps its place in a consumer group of its own (`<group>.replay`, partitions
 assigned by hand, so no rebalance wait): it reads from the committed positions up to the end
@@ -34,6 +36,8 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer
 
+from consumer.core.content import check_job
+from consumer.core.errors import JobError
 from consumer.kafka.clients import job_producer, topic_partitions
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
@@ -149,6 +153,10 @@ def plan_replay(
         return Skip("no_input", at, "it holds no copy of the input (left out for size; see its message)")
     if flt.tier is not None and (job is None or job.get("tier") != flt.tier):
         return Skip("tier", at)
+    try:
+        check_job(payload)  # admission's own-content check: the same words as the dead letter
+    except JobError as exc:
+        return Skip("still_invalid", at, f"it would be dead-lettered again: {exc.kind.value}: {exc}")
     job_id = dead.get("id")
     if not isinstance(job_id, str) and job is not None and isinstance(job.get("id"), str):
         job_id = job["id"]

@@ -80,6 +80,14 @@ def base_url_for(tier_name: str, tier: TierConfig) -> str:
     return base_url
 
 
+def check_tier(tier_name: str, tier: TierConfig) -> None:
+    """What building the tier's adapters refuses, checked without building them: ConfigError
+    naming the key (its API key env var set, its structured mode, its base URL)."""
+    tier.require_api_key(tier_name)
+    structured_mode_for(tier_name, tier)
+    base_url_for(tier_name, tier)
+
+
 def build_provider(tier_name: str, tier: TierConfig, client: aiohttp.ClientSession) -> CompletionProvider:
     """The online adapter for a tier. Its `name` is the provider name (openai, anthropic, openai_compat)."""
     key = tier.require_api_key(tier_name)

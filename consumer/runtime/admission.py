@@ -7,8 +7,10 @@ record's original bytes) and routes an admitted job. The checks, in order:
     2. it decodes as a Job (UTF-8 JSON of the job schema: `invalid_job`);
     3. its tier is configured (`unknown_tier`);
     4. `mode: offline` only where the tier enables it and offline processing runs (`invalid_job`);
-    5. its template renders and its options are valid (`template_error` / `invalid_job`);
-       an Anthropic tier's chat job has a message besides system ones (`invalid_job`).
+    5. its own content can be asked: its template renders, its response_format can be
+       checked (`template_error` / `invalid_job`; `consumer.core.content`, which the CLI
+       checks too); an Anthropic tier's chat job has a message besides system ones
+       (`invalid_job`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from consumer.core.completion import ChatMessage
+from consumer.core.content import job_content
 from consumer.core.errors import ErrorKind, JobError
 from consumer.core.jobs import Job, decode_job
-from consumer.core.output import output_format
-from consumer.core.templates import render_and_split
 from consumer.kafka.intake import InRecord
 from consumer.kafka.sink import Ticket
 from consumer.runtime.context import JobContext
@@ -87,32 +87,31 @@ class Admission:
     def _context(
         self, job: Job, ticket: Ticket, tier: TierRuntime, record: InRecord, now_s: float
     ) -> JobContext:
-        options = {**tier.config.options, **job.options}
-        batchable = None
-        if job.messages is not None:
-            messages = tuple(ChatMessage(m.role, m.content) for m in job.messages)
-            text = job.messages[-1].content
-            if tier.config.provider == "anthropic" and all(m.role == "system" for m in messages):
-                # Anthropic takes system text apart from the messages and refuses a call
-                # without one; in a Message Batches submission it would fail every member
-                raise JobError(
-                    ErrorKind.INVALID_JOB,
-                    f"tier '{tier.name}' (anthropic) needs a user or assistant message; "
-                    "this job has only system messages",
-                )
-        else:
-            assert job.prompt is not None
-            variables = job.variables or {}
-            rendered, batchable = render_and_split(job.prompt, variables)
-            messages = (ChatMessage("user", rendered),)
-            text = variables.get(batchable.variable, rendered) if batchable else rendered
+        content = job_content(job, tier.config.options)
+        if tier.config.provider == "anthropic" and all(m.role == "system" for m in content.messages):
+            # Anthropic takes system text apart from the messages and refuses a call
+            # without one; in a Message Batches submission it would fail every member
+            raise JobError(
+                ErrorKind.INVALID_JOB,
+                f"tier '{tier.name}' (anthropic) needs a user or assistant message; "
+                "this job has only system messages",
+            )
         deadline_s = None
         if job.deadline is not None:
             deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
-        wanted = output_format(options) if "response_format" in options else None
         trace = self._start_trace(job, record.headers)
         return JobContext(
-            job, ticket, tier, now_s, text, messages, options, deadline_s, batchable, trace, wanted
+            job,
+            ticket,
+            tier,
+            now_s,
+            content.text,
+            content.messages,
+            content.options,
+            deadline_s,
+            content.batchable,
+            trace,
+            content.output_format,
         )
 
 

@@ -85,6 +85,8 @@ class ServiceStats:
     """Everything `promptbus stats` shows, for one instance."""
 
     instance: str
+    #: the consumer group the instance serves: `promptbus stats` shows one group at a time
+    group: str = ""
     started_at_s: float = field(default_factory=time.time)
     items_in: int = 0
     results: int = 0
@@ -107,6 +109,7 @@ class ServiceStats:
     def snapshot(self) -> dict[str, Any]:
         return {
             "instance": self.instance,
+            "group": self.group,
             "started_at": self.started_at_s,
             "updated_at": time.time(),
             "items_in": self.items_in,
@@ -139,6 +142,7 @@ class _Snapshot(BaseModel):
     """The fields `merge_snapshots` reads, with their types (others are kept as they are)."""
 
     updated_at: float = 0.0
+    group: str = ""
     items_in: int = 0
     results: int = 0
     dropped_late: int = 0
@@ -155,6 +159,20 @@ def read_snapshot(value: bytes) -> dict[str, Any]:
     Raises ValueError naming what is wrong (the topic may hold what another tool wrote).
     """
     return checked_json_object(value, _Snapshot, what="stats snapshot")
+
+
+def group_of(snapshot: dict[str, Any]) -> str:
+    """The consumer group a snapshot's instance served ("" when its instance did not say)."""
+    group = snapshot.get("group", "")
+    return group if isinstance(group, str) else ""
+
+
+def by_group(snapshots: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The snapshots per consumer group, groups in name order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for snap in snapshots:
+        groups.setdefault(group_of(snap), []).append(snap)
+    return dict(sorted(groups.items()))
 
 
 def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_within_s: float) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`promptbus local-model ...` argument handling, with the subparser shaped as cli.py wires it."""
+"""`promptbus local-model ...` argument handling, the subparser shaped as cli/local_model.py has it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .conftest import free_port, require_server_installed
 
 
 def parser() -> argparse.ArgumentParser:
-    # the shape cli.py uses: a `local-model` subparser handed to add_arguments
+    # the shape consumer/cli/local_model.py uses: a `local-model` subparser handed to add_arguments
     root = argparse.ArgumentParser(prog="promptbus")
     sub = root.add_subparsers(dest="command", required=True)
     lm = sub.add_parser("local-model")

@@ -93,6 +93,53 @@ def test_check_config_accepts_the_example_and_run_refuses_a_missing_key(tmp_path
     assert "tiers.a.api_key_env" in proc.stderr and "PB_SURELY_UNSET_KEY" in proc.stderr
 
 
+#: tier files `run` refuses: check-config must refuse each the same way (one validation)
+BAD_TIER_FILES = {
+    "base_url not a URL": (
+        {"tiers": {"t": {"provider": "openai_compat", "model": "m", "base_url": "not a url"}}},
+        "tiers.t.base_url: must be an http(s) URL with a host, got 'not a url'",
+    ),
+    "base_url ftp": (
+        {"tiers": {"t": {"provider": "openai_compat", "model": "m", "base_url": "ftp://x/v1"}}},
+        "tiers.t.base_url: must be an http(s) URL with a host, got 'ftp://x/v1'",
+    ),
+    "API key unset": (
+        {"tiers": {"t": {"provider": "openai", "model": "m", "api_key_env": "PB_SURELY_UNSET_KEY"}}},
+        "tiers.t.api_key_env",
+    ),
+    "anthropic structured mode": (
+        {
+            "tiers": {
+                "t": {
+                    "provider": "anthropic",
+                    "model": "m",
+                    "api_key_env": "PB_DEMO_KEY",
+                    "batching": {"structured": "json_object"},
+                }
+            }
+        },
+        "tiers.t.batching.structured: anthropic supports",
+    ),
+    "unknown key": ({"tiers": {"t": {"provider": "openai", "model": "m", "typo": 1}}}, "tiers.t.typo"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TIER_FILES))
+def test_check_config_refuses_what_run_refuses_in_the_same_words(tmp_path: Path, case: str) -> None:
+    tiers, expected = BAD_TIER_FILES[case]
+    path = tmp_path / "tiers.yaml"
+    path.write_text(yaml.safe_dump(tiers))
+    # an unreachable broker: run must refuse the file before it contacts Kafka
+    env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "PB_DEMO_KEY": "x"}
+    check = cli("check-config", "--config", str(path), env=env)
+    run = cli("run", "--config", str(path), env=env, timeout=90)
+    assert check.returncode == run.returncode == 2, (check.stderr, run.stderr)
+    assert check.stderr.startswith(f"promptbus: config error: {expected}"), check.stderr
+    assert run.stderr.strip().splitlines()[-1] == check.stderr.strip(), run.stderr
+    assert "cannot reach Kafka" not in run.stderr and "Traceback" not in run.stderr
+    assert check.stdout == ""
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "reason"),
     [
@@ -129,20 +176,121 @@ def test_run_with_its_metrics_port_taken_exits_2_naming_it(kafka_bootstrap: str)
     assert f"config error: PROMPTBUS_METRICS_PORT: cannot listen on 127.0.0.1:{port}" in proc.stderr
 
 
-def test_commands_that_cannot_reach_kafka_say_so_in_one_line() -> None:
+def test_commands_that_cannot_reach_kafka_say_so_in_one_line(tmp_path: Path) -> None:
+    """An unreachable broker is the environment failing, not bad input: exit 1 (a supervisor
+    starts the command again later), one line, no traceback."""
     env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "PB_DEMO_KEY": "x"}
-    for command in (["run", "--config", str(ROOT / "examples" / "tiers.yaml")], ["stats"], ["results"]):
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("a\nb\n")
+    for command in (
+        ["run", "--config", str(ROOT / "examples" / "tiers.yaml")],
+        ["stats"],
+        ["results"],
+        ["submit", "--tier", "small", "--prompt", "hi"],
+        ["map", "--tier", "small", "--inputs", str(inputs), "--timeout-s", "5"],
+        ["replay", "--dlq"],
+    ):
         proc = cli(*command, env=env, timeout=90)
         assert proc.returncode == 1, (command, proc.stderr[-2000:])
         assert proc.stderr.strip().splitlines()[-1].startswith("promptbus: cannot reach Kafka:"), proc.stderr
         assert "Traceback" not in proc.stderr
+        if command[0] != "run":  # run logs its start first
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """Bad input per subcommand: the arguments, and what the one line on stderr must say."""
+    missing = str(tmp / "missing.jsonl")
+    empty = tmp / "empty.jsonl"
+    empty.write_text("")
+    not_json = tmp / "not-json.jsonl"
+    not_json.write_text('{"id": "a", "tier": "small", "prompt": "hi"}\n{oops\n')
+    bad_field = tmp / "bad-field.jsonl"
+    bad_field.write_text('{"id": "a", "tier": "small", "prompt": 5}\n')
+    bad_template = tmp / "bad-template.jsonl"
+    bad_template.write_text('{"id": "a", "tier": "small", "prompt": "x ${a}", "variables": {"b": "1"}}\n')
+    inputs = tmp / "inputs.txt"
+    inputs.write_text("a\n")
+    directory = str(tmp)  # a path that exists and cannot be read as a file
+    return {
+        "check-config missing file": (["check-config", "--config", missing], "--config: cannot read"),
+        "check-config unreadable": (["check-config", "--config", directory], "Is a directory"),
+        "check-config no file": (["check-config"], "--config: no tier file given"),
+        "run missing file": (["run", "--config", missing], "--config: cannot read"),
+        "submit missing file": (["submit", "--file", missing], "--file: cannot read"),
+        "submit unreadable": (["submit", "--file", directory], "--file: cannot read"),
+        "submit empty file": (["submit", "--file", str(empty)], "holds no jobs; nothing was submitted"),
+        "submit bad JSON line": (["submit", "--file", str(not_json)], f"{not_json}:2: not JSON"),
+        "submit bad field": (
+            ["submit", "--file", str(bad_field)],
+            f"{bad_field}:1: invalid_job: field 'prompt'",
+        ),
+        "submit bad template file": (
+            ["submit", "--file", str(bad_template)],
+            f"{bad_template}:1: template_error: missing variable 'a'; unknown variable 'b'",
+        ),
+        "submit missing variables": (
+            ["submit", "--tier", "t", "--prompt", "x ${a} ${b}", "--batch"],
+            "submit: template_error: missing variables 'a', 'b'; nothing was submitted",
+        ),
+        "submit bad --var": (
+            ["submit", "--tier", "t", "--prompt", "x", "--var", "a"],
+            "--var: expected name=value",
+        ),
+        "submit nothing": (["submit"], "give --file FILE, or --tier and --prompt"),
+        "map missing inputs": (["map", "--tier", "t", "--inputs", missing], "--inputs: cannot read"),
+        "map unreadable inputs": (
+            ["map", "--tier", "t", "--inputs-jsonl", directory],
+            "--inputs-jsonl: cannot read",
+        ),
+        "map bad JSON line": (["map", "--tier", "t", "--inputs-jsonl", str(not_json)], "not JSON"),
+        "map empty inputs": (["map", "--tier", "t", "--inputs", str(empty)], "empty list, nothing to map"),
+        "map bad --options": (
+            ["map", "--tier", "t", "--inputs", str(inputs), "--options", "{oops"],
+            "--options: not JSON",
+        ),
+        "map --options not an object": (
+            ["map", "--tier", "t", "--inputs", str(inputs), "--options", "[1]"],
+            "--options: must be a JSON object, got list",
+        ),
+        "map bad --mode": (
+            ["map", "--tier", "t", "--inputs", str(inputs), "--mode", "soon"],
+            "unknown mode 'soon'",
+        ),
+        "map bad --timeout-s": (["map", "--timeout-s", "soon"], "argument --timeout-s: invalid float value"),
+        "map --out unwritable": (
+            ["map", "--tier", "t", "--inputs", str(inputs), "--out", str(tmp / "no" / "out.jsonl")],
+            "--out: cannot write",
+        ),
+        "map --collect without --total": (["map", "--collect", "r"], "--collect RUN_ID needs --total N"),
+        "replay without --dlq": (["replay"], "give --dlq"),
+        "replay bad --kind": (["replay", "--dlq", "--kind", "nope"], "--kind: unknown error kind 'nope'"),
+        "replay bad --since": (["replay", "--dlq", "--since", "yesterday"], "--since: not an RFC 3339 time"),
+        "stats unknown flag": (["stats", "--bogus"], "unrecognized arguments: --bogus"),
+        "results bad flag value": (
+            ["results", "--follow=yes"],
+            "argument --follow: ignored explicit argument",
+        ),
+        "simulate bad --port": (["simulate", "--port", "soon"], "argument --port: invalid int value"),
+        "local-model unknown command": (["local-model", "start"], "invalid choice: 'start'"),
+        "unknown command": (["frobnicate"], "invalid choice: 'frobnicate'"),
+    }
+
+
+def test_every_command_turns_bad_input_into_one_line_and_exit_2(tmp_path: Path) -> None:
+    # an unreachable broker: bad input must be refused before Kafka is asked anything
+    env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "PB_DEMO_KEY": "x"}
+    for case, (args, says) in _bad_inputs(tmp_path).items():
+        proc = cli(*args, env=env, timeout=90)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, (case, proc.returncode, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, (case, proc.stderr[-2000:])
+        assert len(lines) == 1 and says in lines[0], (case, proc.stderr)
+        assert lines[0].startswith("promptbus"), (case, lines[0])
 
 
 @pytest.mark.integration
-def test_submit_stops_at_a_line_no_record_can_carry(kafka_bootstrap: str, tmp_path: Path) -> None:
-    from consumer.kafka.clients import read_topic
-    from consumer.settings import load_settings
-
+def test_submit_refuses_a_file_with_a_line_no_record_can_carry(kafka_bootstrap: str, tmp_path: Path) -> None:
     env = service_env(kafka_bootstrap, partitions=1)
     lines = [
         orjson.dumps({"id": "before", "tier": "small", "prompt": "hi"}),
@@ -154,18 +302,20 @@ def test_submit_stops_at_a_line_no_record_can_carry(kafka_bootstrap: str, tmp_pa
     proc = cli("submit", "--file", str(path), env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"config error: {path}:2: job is {len(lines[1])} bytes, over the" in proc.stderr
-    assert "the lines before it were submitted, none from it on" in proc.stderr
+    assert "nothing was submitted" in proc.stderr
 
-    async def submitted() -> list[bytes | None]:
-        settings = load_settings(
-            jobs_topic=env["PROMPTBUS_JOBS_TOPIC"], kafka_bootstrap_servers=kafka_bootstrap
-        )
-        return [
-            key
-            async for key, _ in read_topic(settings, settings.jobs_topic, from_beginning=True, follow=False)
-        ]
+    async def topics() -> set[str]:
+        from aiokafka import AIOKafkaConsumer
 
-    assert asyncio.run(submitted()) == [b"before"]
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap)
+        await consumer.start()
+        try:
+            return set(await consumer.topics())
+        finally:
+            await consumer.stop()
+
+    # the whole file is checked before Kafka is asked anything: not even the topic was made
+    assert env["PROMPTBUS_JOBS_TOPIC"] not in asyncio.run(topics())
 
 
 def test_bad_yaml_and_missing_file_are_clear_errors(tmp_path: Path) -> None:
@@ -241,7 +391,31 @@ def test_submit_run_results_stats_through_the_cli(kafka_bootstrap: str, tmp_path
             assert merged["tiers"]["small"]["requests_saved"] > 0
             text = cli("stats", env=env).stdout
             assert "items in: 13" in text and "saved=" in text
+            # the group asked about only: another group's stats are not this one's
+            group = env["PROMPTBUS_GROUP_ID"]
+            assert merged["group"] == group and text.startswith(f"group {group}:\n")
+            other = orjson.loads(cli("stats", "--json", "--group", f"{group}-other", env=env).stdout)
+            assert (other["group"], other["instances_seen"], other["items_in"]) == (f"{group}-other", 0, 0)
+            assert other["tiers"] == {}
+            every = orjson.loads(cli("stats", "--json", "--all-groups", env=env).stdout)["groups"]
+            assert [g["items_in"] for g in every if g["group"] == group] == [13]
         finally:
             code = service.terminate(timeout_s=60) if service.alive() else None
             service.ensure_stopped()
     assert code == 0, service.log_tail()
+
+
+@pytest.mark.integration
+def test_stats_and_results_before_any_topic_exists(kafka_bootstrap: str) -> None:
+    """A cluster no instance has published to yet: nothing to show, said plainly, exit 0."""
+    env = service_env(kafka_bootstrap, partitions=1)  # fresh topic names, none created
+    stats = cli("stats", env=env)
+    assert stats.returncode == 0 and "Traceback" not in stats.stderr, stats.stderr[-2000:]
+    assert stats.stdout.splitlines()[:2] == [
+        f"group {env['PROMPTBUS_GROUP_ID']}:",
+        "instances: 0 live, 0 seen",
+    ]
+    every = cli("stats", "--all-groups", env=env)
+    assert every.stdout.strip() == "no promptbus instance has published stats on this cluster", every.stderr
+    results = cli("results", env=env)
+    assert (results.returncode, results.stdout, results.stderr) == (0, "", "")

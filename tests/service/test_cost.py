@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from consumer.cli import format_stats
+from consumer.cli.stats import format_stats
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.runtime.stats import merge_snapshots

@@ -70,15 +70,28 @@ def plan(value: bytes, flt: ReplayFilter | None = None, *, timestamp_ms: int = 0
 
 
 def test_a_never_parsed_job_is_replayed_as_its_original_bytes() -> None:
-    original = b'{"id": "j-1", "tier": "small", "promt": "typo"}'
+    # dead-lettered as invalid_job by an older service, a job today's admission takes
+    original = b'{"id": "j-1", "tier": "small", "prompt": "hi"}'
     decision = plan(dead_letter("invalid_job", raw=original))
     assert isinstance(decision, Replay)
     assert decision.record.value == original and decision.record.topic == "jobs"
     assert decision.record.key == b"j-1", "the id read from the bytes keys the record"
     assert decision.record.headers == ((REPLAY_HEADER, b"dlq/0/7"),)
+
+
+def test_a_job_admission_would_refuse_again_is_skipped_with_its_reason() -> None:
+    typo = plan(dead_letter("invalid_job", raw=b'{"id": "j-1", "tier": "small", "promt": "typo"}'))
+    assert isinstance(typo, Skip) and typo.reason == "still_invalid"
+    assert typo.problem is not None and "it would be dead-lettered again: invalid_job: " in typo.problem
     not_json = plan(dead_letter("invalid_job", raw=b"\xff\xfe"))
-    assert (
-        isinstance(not_json, Replay) and not_json.record.value == b"\xff\xfe" and not_json.record.key is None
+    assert isinstance(not_json, Skip) and not_json.problem == (
+        "it would be dead-lettered again: invalid_job: not UTF-8 (byte 0)"
+    )
+    broken = plan(
+        dead_letter("template_error", job_value=job(1, batch=False, prompt="Say ${missing}:\n${text}"))
+    )
+    assert isinstance(broken, Skip) and broken.problem == (
+        "it would be dead-lettered again: template_error: missing variable 'missing'"
     )
 
 
@@ -210,10 +223,13 @@ async def test_replay_republishes_one_kind_once_and_the_service_answers_it(kafka
         dlq_end = await _end_offsets(settings, settings.dlq_topic)
         dead = _dead_letters_by_id(await _records_between(settings, {}, dlq_end))
 
-        # Dry run, as the operator runs it: lists all nine, produces and commits nothing
+        # Dry run, as the operator runs it: lists the five that can succeed, says why the four
+        # whose own content admission refuses cannot, produces and commits nothing
         code, out, err = await _cli(env, "replay", "--dlq", "--dry-run")
         assert code == 0, err
-        assert "would replay 9 dead letters: invalid_job=1, template_error=3, unknown_tier=5" in out
+        assert "would replay 5 dead letters: unknown_tier=5" in out
+        assert "skipped 4: still_invalid=4" in out
+        assert err.count("not replayable: ") == 4 and "template_error: missing variable 'missing'" in err
         for j in unknown:
             assert f"would replay {j['id']} (unknown_tier) from {dead[j['id']][1]}" in out
         assert await _end_offsets(settings, settings.jobs_topic) == jobs_end, "a dry run produced"

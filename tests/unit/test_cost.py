@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from consumer.cli import format_stats
+from consumer.cli.stats import format_stats
 from consumer.core.completion import Usage
 from consumer.core.cost import BatchSaving, Pricing, alone_input_estimate, alone_output_estimate, cost_usd
 from consumer.core.errors import ConfigError
@@ -134,6 +134,12 @@ def test_tokens_and_cost_in_stats_text_and_metrics() -> None:
     text = format_stats(merge_snapshots([snap], now_s=snap["updated_at"], live_within_s=10.0))
     assert "tier small tokens: in=1500 out=40 cached_in=1200 cache_write=0 cost=$0.0123 deduped=0" in text
     assert "batching saved 75% of tokens (250 batched vs 1000 alone, estimate from prompt lengths)" in text
+    # a batching that cost more tokens than asking alone says so, never "saved -153%"
+    t.batched_tokens, t.alone_tokens_estimate = 253, 100
+    snap = read_snapshot(orjson.dumps(stats.snapshot()))
+    text = format_stats(merge_snapshots([snap], now_s=snap["updated_at"], live_within_s=10.0))
+    assert "batching cost 153% more tokens than asking alone (253 batched vs 100 alone, estimate" in text
+    assert "saved -" not in text
     body = TestClient(build_app(stats, lambda: True)).get("/metrics").text
     samples = {
         s.name: s.value

@@ -10,9 +10,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from consumer.cli import format_stats
+from consumer.cli.stats import format_stats
 from consumer.runtime.metrics import register_otel_metrics
-from consumer.runtime.stats import ServiceStats, merge_snapshots, read_snapshot
+from consumer.runtime.stats import ServiceStats, by_group, merge_snapshots, read_snapshot
 
 
 def snapshot(instance: str, updated_at: float, **tier: Any) -> dict[str, Any]:
@@ -200,3 +200,21 @@ def test_the_circuit_per_tier_in_stats_text_and_metrics() -> None:
     }
     assert samples[("promptbus_tier_circuit_open", "down")] == 1
     assert samples[("promptbus_tier_circuit_open", "up")] == 0
+
+
+def test_a_snapshot_names_its_group_and_stats_are_shown_per_group() -> None:
+    mine = ServiceStats(instance="a", group="orders")
+    mine.items_in = 3
+    theirs = ServiceStats(instance="b", group="other")
+    theirs.items_in = 40
+    theirs.tier("big")
+    older = read_snapshot(orjson.dumps({"items_in": 7, "updated_at": 1.0}))  # before groups were recorded
+    snaps = [read_snapshot(orjson.dumps(s.snapshot())) for s in (mine, theirs)] + [older]
+    assert snaps[0]["group"] == "orders"
+    groups = by_group(snaps)
+    assert list(groups) == ["", "orders", "other"]
+    merged = merge_snapshots(groups["orders"], now_s=snaps[0]["updated_at"], live_within_s=10.0)
+    assert merged["items_in"] == 3 and merged["instances_seen"] == 1 and "big" not in merged["tiers"]
+    text = format_stats({"group": "orders", **merged})
+    assert text.splitlines()[:2] == ["group orders:", "instances: 1 live, 1 seen"]
+    assert "items in: 3 " in text

@@ -1,142 +1,24 @@
-"""Adaptive batch size from evidence, and answer-agreement accounting, pure.
+"""The batch size of a (tier, batch key) decided from its evidence, and the map of them per key.
 
-Prompt batching must never make a tier worse. The batch size of a (tier, batch key) is
-therefore the largest size its measurements support, not a guess that waits to be
-refuted. The rule, for one key:
-
-Sizes. The sizes tried are the LEVELS 1, 2, 4, 8, ... up to `max_items` (the last level is
-`max_items` itself). Evidence from a request of n items counts for the largest level <= n:
-a window that flushed with 3 items speaks for 2, never for 4.
-
-Evidence per level, all of it measured:
-
-- SHAPE: the items of batched answers judged (`record`), and how many were in a fully valid
-  (COMPLETE) answer; an invalid answer (MISSING, MALFORMED, TRUNCATED, UNEXPECTED) counts
-  all its items as failed.
-- AGREEMENT: batched answers compared with the same job asked alone (`record_agreement`,
-  fed by `batching.verify_fraction`), and how many agreed.
-- SPEED: seconds spent in requests of the level and the items they answered, requests and
-  tokens (`record_speed`), for size 1 (ordinary requests, verification requests included)
-  as for every batched level. A batched request whose answer was discarded answered nothing
-  and still costs its time.
-
-Counts halve once they pass a bound (`MAX_SAMPLES`, `MAX_SPEED_REQUESTS`), so old evidence
-fades and memory stays bounded.
-
-Judging a level L >= 2 (p = `min_agreement`; "proven" uses the lower end, at
-`confidence` (one-sided), of the Wilson score interval of the success rate, so one lucky
-answer proves nothing: at p 0.8 and 90 % it takes 7 agreeing answers out of 7):
-
-- PROVEN: the Wilson lower bound of its shape rate and (when measured) of its agreement
-  rate is at least p. A level in use stops being proven with the first answers that pull
-  the bound below p, and is left at once.
-- FAILED: the Wilson upper bound of either rate is below p (it is known to be worse). Only
-  a failed level backs its probes off and loses its trust.
-- SUPPORTED: not failed, and proven or within the TRUSTED sizes. Trusted: the sizes the
-  configuration vouches for without measurement -- up to `batching.initial_items` when it
-  is set, else up to `max_items` when agreement is not measured (`verify_fraction` 0: the
-  operator asked for batching and only the shape can be checked), else only size 1.
-- WORTH IT: batching at L is kept unless it is SLOWER and SAVES NOTHING the provider
-  charges for. Slower: seconds per answered item at L are at least those of size 1 (judged
-  once L has a request and size 1 has `MIN_SINGLE_REQUESTS`). Charges saved: a provider
-  that limits requests (the tier has learnt a request budget from rate-limit headers, see
-  `pacing.BudgetPacer`) is paid in requests, and batching saves while its measured requests
-  per answered item are below those of single requests (L items in one valid answer: 1/L);
-  a provider that charges per token (openai, anthropic; `batching.charges`) is paid in
-  tokens, and batching saves while its measured tokens per answered item are below those
-  of single requests (the prompt prefix is sent once, the batch instruction and JSON
-  envelope are added), assumed so until tokens are counted; a local openai_compat server
-  without a request budget charges nothing per request or token, so there only speed counts.
-
-The size in use is the largest level L such that every level from 2 to L is supported and
-L is worth it; else 1 (ordinary requests, DESIGN.md rule 5). It is recomputed after every
-report, so it grows as soon as a level is proven and shrinks as soon as one fails.
-
-Probes. Evidence for a size the key does not use has to be sampled: a share
-`probe_fraction` of the key's jobs goes out at the PROBE size, the smallest level above the
-size in use that is not established (supported and worth it) -- or, while batching with
-speed reported, at size 1 when size 1 has too few speed samples and speed is what decides.
-`size_at` counts jobs: once the share has built up a probe's worth of jobs it answers the
-probe size for as many calls as the probe takes. A probe whose level still looks failed,
-or slower without saving anything, makes the next probe of that level `PROBE_BACKOFF`
-times further away (up to `MAX_PROBE_GAP`); a level that becomes established starts
-afresh. With verification on, the jobs of a probe batch are verified like any other, which
-is how agreement at a size not in use is measured.
-
-Ordinary requests (size 1) are never judged by shape or agreement (DESIGN.md rule 5).
-
-Remembered evidence. What a key measured outlives the process: `export()` gives its
-evidence and probe gaps as plain JSON-ready data, `restore()` takes them back into a new
-tracker of the same key, which then starts at the size that evidence supports, with the
-probe backoff it had reached, instead of at size 1 with nothing known. Levels are matched
-by size; one the new tracker does not have (another `max_items`) is left out. `changes`
-counts the reports, so a caller can tell which trackers learnt something since it last
-exported them.
-
-`AdaptiveSizes` holds one `AdaptiveBatchSize` per key, e.g. (tier, batch key).
-`AgreementStats` counts compared/agreed answers per tier and batch size for stats and
-metrics. `answers_agree` compares a batched with a single answer; `choose_verified` picks
-the batched jobs that are also asked alone (`batching.verify_fraction`).
-
-How the runtime uses it (per tier; key = (tier name, batch key)):
-
-1. for every job routed to a collection window at `now_s`: ``n = sizes.size_at(key, now_s,
-   request_limited=...)``; the window the job opens (if it opens one) holds at most n
-   (n == 1: ordinary requests). Asked once per job: that is how probes count their share;
-2. for every `Step` with a `verdict`: ``sizes.record(key, step.verdict.kind.value,
-   len(req.members), now_s)``;
-3. for every answered provider request (batched, ordinary or verification):
-   ``sizes.record_speed(key, len(req.members), answered, elapsed_s, now_s, tokens=...)``;
-4. with `verify_fraction` > 0, for the members a batched request of n items answered, if
-   ``sizes.wants_verification(key, n)`` (after step 3's report of that request):
-   ``choose_verified(members, verify_fraction, rng)``; publish the batched answers as
-   usual, send each chosen job's own ordinary request, compare with
-   `answers_agree(batched, single.text)`, then ``agreement.record(tier, size, agreed,
-   compared)`` and ``sizes.record_agreement(key, agreed, compared, size, now_s)``;
-5. stats and metrics: ``sizes.snapshot()`` (size per key), ``sizes.explain()`` (why) and
-   ``agreement.as_dict()``; call ``sizes.expire(now_s, idle_s)`` now and then so departed
-   batch keys are forgotten.
-
-Nothing here reads a clock, sleeps or logs I/O: every time is an explicit `now_s`
-(monotonic seconds), randomness comes from an injected `random.Random`.
+The size in use is the largest level whose every level from 2 up is supported by measured
+evidence (or trusted by the configuration) and worth it; else 1, ordinary requests. A share
+of the jobs probes the next level so evidence keeps coming in. docs/batching-adaptive.md
+states the rule in full and how the runtime calls these objects.
 """
 
 from __future__ import annotations
 
-import math
-import random
-import re
 import statistics
-import unicodedata
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-import orjson
-
-from consumer.core.packing import AnswerKind, strip_code_fence
-
-__all__ = [
-    "DEFAULT_CONFIDENCE",
-    "DEFAULT_MIN_AGREEMENT",
-    "DEFAULT_PROBE_FRACTION",
-    "INVALID_KINDS",
-    "VALID_KIND",
-    "AdaptiveBatchSize",
-    "AdaptiveSizes",
-    "AgreementCount",
-    "AgreementStats",
-    "answers_agree",
-    "choose_verified",
-    "levels_for",
-    "normalize_answer",
-    "wilson_bounds",
-]
-
-#: the verdict kind of a fully valid batched answer
-VALID_KIND = AnswerKind.COMPLETE.value
-#: verdict kinds that count against the batch size: every other one
-INVALID_KINDS = frozenset(kind.value for kind in AnswerKind if kind is not AnswerKind.COMPLETE)
+from consumer.core.adaptive.evidence import (
+    INVALID_KINDS,
+    VALID_KIND,
+    LevelEvidence,
+    levels_for,
+    wilson_bounds,
+)
 
 #: success rate (shape and agreement) a size must show (settings default too)
 DEFAULT_MIN_AGREEMENT = 0.8
@@ -150,132 +32,12 @@ MIN_SINGLE_REQUESTS = 3
 PROBE_BACKOFF = 4.0
 #: ... up to this many times the first distance
 MAX_PROBE_GAP = 256.0
-#: shape and agreement counts halve past this many items (old evidence fades)
-MAX_SAMPLES = 256.0
-#: speed sums halve past this many requests
-MAX_SPEED_REQUESTS = 64.0
 
 K = TypeVar("K", bound=Hashable)
-T = TypeVar("T")
-
-
-def wilson_bounds(successes: float, trials: float, z: float) -> tuple[float, float]:
-    """The Wilson score interval (low, high) of a success rate, `z` standard errors wide.
-
-    With no trials nothing is known: (0.0, 1.0).
-    """
-    if trials <= 0:
-        return 0.0, 1.0
-    p = min(1.0, max(0.0, successes / trials))
-    z2 = z * z
-    centre = p + z2 / (2 * trials)
-    spread = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials))
-    denominator = 1 + z2 / trials
-    # clamped around p: at p = 0 or 1 rounding would otherwise put a bound past the rate
-    low = max(0.0, (centre - spread) / denominator)
-    high = min(1.0, (centre + spread) / denominator)
-    return min(p, low), max(p, high)
-
-
-def levels_for(max_items: int) -> tuple[int, ...]:
-    """The sizes tried: 1, 2, 4, ... below `max_items`, then `max_items`."""
-    levels = [1]
-    while levels[-1] * 2 < max_items:
-        levels.append(levels[-1] * 2)
-    if levels[-1] != max_items:
-        levels.append(max_items)
-    return tuple(levels)
-
-
-class _Evidence:
-    """What was measured at one level (see the module docstring)."""
-
-    __slots__ = (
-        "agreed",
-        "answered",
-        "compared",
-        "judged",
-        "requests",
-        "seconds",
-        "token_items",
-        "tokens",
-        "valid",
-    )
-
-    def __init__(self) -> None:
-        self.valid = self.judged = 0.0
-        self.agreed = self.compared = 0.0
-        self.seconds = self.answered = self.requests = 0.0
-        self.tokens = self.token_items = 0.0
-
-    def add_shape(self, valid: float, judged: float) -> None:
-        self.valid += valid
-        self.judged += judged
-        if self.judged > MAX_SAMPLES:
-            self.valid /= 2
-            self.judged /= 2
-
-    def add_agreement(self, agreed: float, compared: float) -> None:
-        self.agreed += agreed
-        self.compared += compared
-        if self.compared > MAX_SAMPLES:
-            self.agreed /= 2
-            self.compared /= 2
-
-    def add_speed(self, answered: float, elapsed_s: float, tokens: float) -> None:
-        self.seconds += elapsed_s
-        self.answered += answered
-        self.requests += 1
-        if tokens > 0:
-            self.tokens += tokens
-            self.token_items += answered
-        if self.requests > MAX_SPEED_REQUESTS:
-            for name in ("seconds", "answered", "requests", "tokens", "token_items"):
-                setattr(self, name, getattr(self, name) / 2)
-
-    def seconds_per_item(self) -> float | None:
-        """Seconds per answered item; inf when requests answered nothing; None before any."""
-        if self.requests == 0:
-            return None
-        return self.seconds / self.answered if self.answered > 0 else math.inf
-
-    def items_per_s(self) -> float | None:
-        spi = self.seconds_per_item()
-        if spi is None:
-            return None
-        return 0.0 if math.isinf(spi) else (1.0 / spi if spi > 0 else math.inf)
-
-    def requests_per_item(self) -> float | None:
-        """Requests per answered item; inf when requests answered nothing; None before any."""
-        if self.requests == 0:
-            return None
-        return self.requests / self.answered if self.answered > 0 else math.inf
-
-    def tokens_per_item(self) -> float | None:
-        return self.tokens / self.token_items if self.token_items > 0 else None
-
-    def export(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    @classmethod
-    def restored(cls, state: Mapping[str, Any]) -> _Evidence:
-        """Evidence from `export()`'s data; ValueError naming the field that is not a
-        non-negative number, or a count above its total."""
-        evidence = cls()
-        for name in cls.__slots__:
-            value = state.get(name, 0.0)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-            setattr(evidence, name, float(value))
-        for part, whole in (("valid", "judged"), ("agreed", "compared"), ("token_items", "answered")):
-            count, total = getattr(evidence, part), getattr(evidence, whole)
-            if count > total:
-                raise ValueError(f"{part} ({count:g}) exceeds {whole} ({total:g})")
-        return evidence
 
 
 class AdaptiveBatchSize:
-    """The batch size of one (tier, batch key), decided from evidence; see the module docstring.
+    """The batch size of one (tier, batch key), decided from evidence (docs/batching-adaptive.md).
 
     max_items: the tier's `batching.max_items`; the size never exceeds it.
     trusted: sizes up to this are supported until evidence says otherwise (1..max_items).
@@ -316,7 +78,7 @@ class AdaptiveBatchSize:
         self.per_token = per_token
         self._z = statistics.NormalDist().inv_cdf(confidence)
         self.levels = levels_for(max_items)
-        self._evidence = {level: _Evidence() for level in self.levels}
+        self._evidence = {level: LevelEvidence() for level in self.levels}
         #: the provider limits requests (the tier learnt a request budget)
         self.request_limited = False
         self._credit = 0.0
@@ -329,7 +91,7 @@ class AdaptiveBatchSize:
         self.probes = 0
         #: last time anything was reported or asked (for `AdaptiveSizes.expire`)
         self.last_used_s: float | None = None
-        #: reports counted so far, restored evidence included (see "Remembered evidence")
+        #: reports counted so far, restored evidence included ("Remembered evidence" in the docs)
         self.changes = 0
         self._target: int | None = None
         self._size = self._decide()
@@ -359,7 +121,7 @@ class AdaptiveBatchSize:
 
     def size_at(self, now_s: float, *, request_limited: bool | None = None) -> int:
         """The size for a job routed at `now_s`: the size in use, or the probe size while a
-        probe runs. Asked once per job (see the module docstring).
+        probe runs. Asked once per job: that is how probes count their share.
 
         request_limited: whether the provider limits requests (None: as last told).
         """
@@ -443,7 +205,7 @@ class AdaptiveBatchSize:
     # --- remembering ----------------------------------------------------------------------
 
     def export(self) -> dict[str, Any]:
-        """The evidence and probe gaps per level, JSON-ready (see "Remembered evidence")."""
+        """The evidence and probe gaps per level, JSON-ready (restored by `restore`)."""
         return {
             "levels": {
                 str(level): {
@@ -465,7 +227,7 @@ class AdaptiveBatchSize:
         levels = state.get("levels")
         if not isinstance(levels, Mapping):
             raise ValueError("levels must be an object of level -> evidence")
-        evidence: dict[int, _Evidence] = {}
+        evidence: dict[int, LevelEvidence] = {}
         gaps: dict[int, float] = {}
         backed_off: set[int] = set()
         for name, data in levels.items():
@@ -475,7 +237,7 @@ class AdaptiveBatchSize:
             if level not in self._evidence:
                 continue  # another max_items: that size is not tried here
             try:
-                evidence[level] = _Evidence.restored(data)
+                evidence[level] = LevelEvidence.restored(data)
             except ValueError as problem:
                 raise ValueError(f"level {level}: {problem}") from None
             gap = data.get("gap", 1.0)
@@ -699,131 +461,3 @@ class AdaptiveSizes(Generic[K]):
 
     def __iter__(self) -> Iterator[K]:
         return iter(self._sizes)
-
-
-# --- agreement accounting ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AgreementCount:
-    """Batched answers compared with the same job asked alone, and how many agreed."""
-
-    compared: int = 0
-    agreed: int = 0
-
-    @property
-    def rate(self) -> float | None:
-        """agreed / compared, None before anything was compared."""
-        return self.agreed / self.compared if self.compared else None
-
-    def plus(self, agreed: int, compared: int) -> AgreementCount:
-        """A new count with these added."""
-        return AgreementCount(self.compared + compared, self.agreed + agreed)
-
-
-class AgreementStats:
-    """Agreement counts per tier and batch size (for `promptbus stats` and metrics)."""
-
-    def __init__(self) -> None:
-        self._counts: dict[str, dict[int, AgreementCount]] = {}
-
-    def record(self, tier: str, size: int, agreed: int, compared: int) -> AgreementCount:
-        """Add `agreed` of `compared` answers of requests of `size` items; returns the new count."""
-        if not 0 <= agreed <= compared:
-            raise ValueError(f"need 0 <= agreed ({agreed}) <= compared ({compared})")
-        per_size = self._counts.setdefault(tier, {})
-        count = per_size.get(size, AgreementCount()).plus(agreed, compared)
-        per_size[size] = count
-        return count
-
-    def count(self, tier: str, size: int | None = None) -> AgreementCount:
-        """The count of one tier and size, or of the whole tier when `size` is None."""
-        per_size = self._counts.get(tier, {})
-        if size is not None:
-            return per_size.get(size, AgreementCount())
-        total = AgreementCount()
-        for c in per_size.values():
-            total = total.plus(c.agreed, c.compared)
-        return total
-
-    def rate(self, tier: str, size: int | None = None) -> float | None:
-        """Agreement rate of one tier (and size), None before anything was compared."""
-        return self.count(tier, size).rate
-
-    def snapshot(self) -> dict[str, dict[int, AgreementCount]]:
-        """tier -> size -> count (copies; sizes in ascending order)."""
-        return {tier: dict(sorted(per.items())) for tier, per in self._counts.items()}
-
-    def as_dict(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """JSON-ready snapshot: tier -> str(size) -> {compared, agreed, rate}."""
-        return {
-            tier: {
-                str(size): {"compared": c.compared, "agreed": c.agreed, "rate": c.rate}
-                for size, c in per.items()
-            }
-            for tier, per in self.snapshot().items()
-        }
-
-
-# --- comparing answers -----------------------------------------------------------------------
-
-_SPACES = re.compile(r"\s+")
-
-
-def normalize_answer(text: str) -> str:
-    """Case-folded, punctuation removed (any Unicode P* character), whitespace collapsed."""
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    kept = "".join(" " if unicodedata.category(ch).startswith("P") else ch for ch in folded)
-    return _SPACES.sub(" ", kept).strip()
-
-
-def _canonical(value: Any) -> Any:
-    """A parsed JSON value in comparable form: strings normalized, numbers as floats."""
-    if isinstance(value, bool) or value is None:
-        return ("const", value)  # True must not equal 1
-    if isinstance(value, int | float):
-        return ("num", float(value))
-    if isinstance(value, str):
-        return ("str", normalize_answer(value))
-    if isinstance(value, list):
-        return ("list", tuple(_canonical(v) for v in value))
-    if isinstance(value, Mapping):
-        return ("obj", frozenset((normalize_answer(str(k)), _canonical(v)) for k, v in value.items()))
-    return ("str", normalize_answer(str(value)))
-
-
-def _comparable(text: str) -> Any:
-    stripped = strip_code_fence(text)
-    try:
-        return _canonical(orjson.loads(stripped))
-    except orjson.JSONDecodeError:
-        # plain text compares like a JSON string: '"Positive."' agrees with 'positive'
-        return ("str", normalize_answer(text))
-
-
-def answers_agree(a: str, b: str) -> bool:
-    """True when two answers say the same: equal after `normalize_answer`, or, when they are
-    JSON (optionally in a code fence), equal as parsed JSON with strings normalized the
-    same way (key order, spacing and number format do not matter; true is not 1).
-    """
-    return bool(_comparable(a) == _comparable(b))
-
-
-def choose_verified(members: Sequence[T], fraction: float, rng: random.Random) -> list[T]:
-    """The members (jobs of one batched request) to ask alone as well, in input order.
-
-    Picks floor(fraction * n) members, plus one more with probability equal to the
-    remainder, so the expected share is exactly `fraction` even for small batches
-    (fraction 0.1 of 4 members: one member in 2 requests of 5, none in the others).
-    """
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"fraction must be within 0..1, got {fraction}")
-    n = len(members)
-    if n == 0 or fraction == 0.0:
-        return []
-    exact = fraction * n
-    count = math.floor(exact)
-    if count < n and rng.random() < exact - count:
-        count += 1
-    picked = sorted(rng.sample(range(n), count))
-    return [members[i] for i in picked]

@@ -1,0 +1,50 @@
+"""`promptbus run` (the service) and `promptbus check-config` (its configuration, checked)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+from consumer.cli.environment import add_bootstrap, check_kafka, configure_logging, load_config
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the service until SIGTERM/SIGINT."""
+    from consumer.app import run_service
+
+    configure_logging(args.log_level)
+    settings, tier_file = load_config(args)
+    check_kafka(settings)
+    return asyncio.run(run_service(settings, tier_file))
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Validate the tier file and the environment as `run` does; print the tiers."""
+    _, tier_file = load_config(args)
+    for name, tier in tier_file.tiers.items():
+        flags = []
+        if tier.batching.enabled:
+            flags.append(f"batching max_items={tier.batching.max_items}")
+        if tier.offline.enabled:
+            flags.append("offline")
+        print(f"tier {name}: {tier.provider} {tier.model} limiter={tier.limiter.algorithm} {' '.join(flags)}")
+    print(f"ok: {len(tier_file.tiers)} tier(s)")
+    return 0
+
+
+def add_run_command(sub: Any) -> None:
+    """`run`."""
+    run = sub.add_parser("run", help="run the service until SIGTERM/SIGINT (graceful drain)")
+    run.add_argument("--config", help="tier file (YAML); default PROMPTBUS_CONFIG")
+    run.add_argument("--log-level", default=os.environ.get("PROMPTBUS_LOG_LEVEL", "INFO"))
+    add_bootstrap(run)
+    run.set_defaults(func=cmd_run)
+
+
+def add_check_config_command(sub: Any) -> None:
+    """`check-config`."""
+    check = sub.add_parser("check-config", help="validate a tier file")
+    check.add_argument("--config", help="tier file (YAML); default PROMPTBUS_CONFIG")
+    check.set_defaults(func=cmd_check_config)

@@ -1,0 +1,134 @@
+"""`promptbus stats`: the latest snapshot of every instance, merged, and its text form."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from consumer.cli.environment import add_bootstrap, configure_logging, kafka_settings
+from consumer.core.cost import BatchSaving
+
+
+def _budget_text(tier: dict[str, Any]) -> str:
+    """The provider budgets the limiter paces by, when it learnt any."""
+    parts = []
+    if tier.get("budget_requests_per_s"):
+        parts.append(f"{tier['budget_requests_per_s']:g} req/s")
+    if tier.get("budget_tokens_per_s"):
+        parts.append(f"{tier['budget_tokens_per_s']:g} tokens/s")
+    return f" paced at {' and '.join(parts)}" if parts else ""
+
+
+def _circuit_text(tier: dict[str, Any]) -> str:
+    """Whether the tier's provider answers: the circuit's state, outages so far, held requests."""
+    opened, held = tier.get("circuit_opened", 0), tier.get("held_requests", 0)
+    history = f" (opened {opened}x, {held} requests held)" if opened else ""
+    if tier.get("circuit_open"):
+        return f"OPEN for {tier.get('outage_s', 0):g} s: provider unreachable, jobs held" + history
+    return "closed" + history
+
+
+def _cost_text(t: dict[str, Any]) -> str:
+    """A tier's tokens, cost, dedupe and what batching saved (measured, or an estimate)."""
+    text = (
+        f"in={int(t.get('input_tokens', 0))} out={int(t.get('output_tokens', 0))} "
+        f"cached_in={int(t.get('cached_input_tokens', 0))} cache_write={int(t.get('cache_write_tokens', 0))} "
+        f"cost=${float(t.get('cost_usd', 0.0)):.4f} deduped={int(t.get('deduped', 0))}"
+    )
+    saving = BatchSaving.from_counts(
+        verify_batched_tokens=int(t.get("verify_batched_tokens", 0)),
+        verify_alone_tokens=int(t.get("verify_alone_tokens", 0)),
+        batched_tokens=int(t.get("batched_tokens", 0)),
+        alone_tokens_estimate=int(t.get("alone_tokens_estimate", 0)),
+    )
+    fraction = saving.saved_fraction
+    if fraction is not None:
+        how = "measured on verified jobs" if saving.measured else "estimate from prompt lengths"
+        counts = f"({saving.batched} batched vs {saving.alone} alone, {how})"
+        if fraction >= 0:
+            text += f"; batching saved {fraction:.0%} of tokens {counts}"
+        else:  # a saving below zero reads as a cost
+            text += f"; batching cost {-fraction:.0%} more tokens than asking alone {counts}"
+    return text
+
+
+def format_stats(merged: dict[str, Any]) -> str:
+    lines = [f"group {merged['group']}:"] if "group" in merged else []
+    lines += [
+        f"instances: {merged['instances_live']} live, {merged['instances_seen']} seen",
+        f"items in: {merged['items_in']}   results: {merged['results']}   in flight: {merged['inflight']}",
+        "dead letters: "
+        + (", ".join(f"{k}={v}" for k, v in sorted(merged["dead_letters"].items())) or "none"),
+    ]
+    for name, t in sorted(merged["tiers"].items()):
+        lines.append(
+            f"tier {name}: requests={t.get('provider_requests', 0)} batched={t.get('batched_requests', 0)} "
+            f"saved={t.get('requests_saved', 0)} reasks={t.get('reasks', 0)} splits={t.get('splits', 0)} "
+            f"retries={t.get('retries', 0)} 429s={t.get('rate_limited', 0)} limit={t.get('limit', 0)} "
+            f"batch_size={t.get('batch_size', 0)}" + _budget_text(t)
+        )
+        if t.get("batch_size_reason"):
+            # the adaptive rule's own words: the size in use and the evidence for it
+            lines.append(f"tier {name} batch {t['batch_size_reason']}")
+        lines.append(f"tier {name} circuit: " + _circuit_text(t))
+        lines.append(f"tier {name} tokens: " + _cost_text(t))
+    for name, per_size in sorted(merged.get("agreement", {}).items()):
+        parts = [
+            f"size {size}: {c['agreed']}/{c['compared']}"
+            for size, c in sorted(per_size.items(), key=lambda kv: int(kv[0]))
+        ]
+        lines.append(f"tier {name} agreement (batched vs alone): " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+#: how a section names snapshots whose instance did not record its group (older versions)
+UNRECORDED_GROUP = "(not recorded)"
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """The merged snapshots of one consumer group (PROMPTBUS_GROUP_ID or --group), or of every
+    group on the cluster with --all-groups, one section per group."""
+    from consumer.kafka.clients import read_latest
+    from consumer.runtime.stats import by_group, merge_snapshots, read_snapshot
+
+    configure_logging("WARNING", kafka_level="CRITICAL")
+    settings = kafka_settings(args)
+    snapshots = []
+    for key, value in asyncio.run(read_latest(settings, settings.stats_topic)).items():
+        try:
+            snapshots.append(read_snapshot(value))
+        except ValueError as exc:  # the topic may hold what another tool wrote
+            print(f"promptbus stats: skipped record {key!r}, not a stats snapshot: {exc}", file=sys.stderr)
+    groups = by_group(snapshots)
+    wanted = list(groups) if args.all_groups else [args.group or settings.group_id]
+    now_s, live_within_s = time.time(), 3 * settings.stats_interval_s + 5
+    sections = {}
+    for group in wanted:
+        merged = merge_snapshots(groups.get(group, []), now_s=now_s, live_within_s=live_within_s)
+        sections[group] = {"group": group or UNRECORDED_GROUP, **merged}
+    if args.json:
+        shown: Any = {"groups": list(sections.values())} if args.all_groups else sections[wanted[0]]
+        print(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode())
+    elif not sections:
+        print("no promptbus instance has published stats on this cluster")
+    else:
+        print("\n\n".join(format_stats(merged) for merged in sections.values()))
+    return 0
+
+
+def add_stats_command(sub: Any) -> None:
+    """`stats`."""
+    stats = sub.add_parser("stats", help="items, requests, requests saved by batching, 429s, limits")
+    stats.add_argument("--json", action="store_true")
+    which = stats.add_mutually_exclusive_group()
+    which.add_argument("--group", help="the consumer group shown (default: PROMPTBUS_GROUP_ID)")
+    which.add_argument(
+        "--all-groups", action="store_true", help="every group on the cluster, one section each"
+    )
+    add_bootstrap(stats)
+    stats.set_defaults(func=cmd_stats)
