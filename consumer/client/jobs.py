@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from consumer.core.content import job_content
 from consumer.core.errors import JobError
 from consumer.core.jobs import Job, Message, validation_message
 from consumer.core.templates import placeholders, render, split_batchable
@@ -184,11 +185,11 @@ def check_jobs(jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             parsed = Job.model_validate({"id": "probe", **job})
         except ValidationError as exc:
             raise ValueError(f"job {i}: {validation_message(exc)}") from None
+        try:
+            job_content(parsed)  # admission's own content check: the same words as its dead letter
+        except JobError as exc:
+            raise ValueError(f"job {i}: {exc}") from None
         if parsed.prompt is not None:
-            try:
-                render(parsed.prompt, parsed.variables or {})
-            except JobError as exc:
-                raise ValueError(f"job {i}: {exc}") from None
             if parsed.batch and split_batchable(parsed.prompt) is None:
                 raise ValueError(f"job {i}: {_not_batchable(parsed.prompt)}")
         elif parsed.batch:
