@@ -120,9 +120,9 @@ def test_bad_values_name_their_key(extra: dict[str, object], where: str) -> None
     assert where in str(err.value)
 
 
-def test_tokens_and_cost_in_stats_text_and_metrics() -> None:
+async def test_tokens_and_cost_in_stats_text_and_metrics() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
     from prometheus_client.parser import text_string_to_metric_families
-    from starlette.testclient import TestClient
 
     from consumer.runtime.metrics import build_app
 
@@ -134,7 +134,8 @@ def test_tokens_and_cost_in_stats_text_and_metrics() -> None:
     text = format_stats(merge_snapshots([snap], now_s=snap["updated_at"], live_within_s=10.0))
     assert "tier small tokens: in=1500 out=40 cached_in=1200 cache_write=0 cost=$0.0123 deduped=0" in text
     assert "batching saved 75% of tokens (250 batched vs 1000 alone, estimate from prompt lengths)" in text
-    body = TestClient(build_app(stats, lambda: True)).get("/metrics").text
+    async with TestClient(TestServer(build_app(stats, lambda: True))) as client:
+        body = await (await client.get("/metrics")).text()
     samples = {
         s.name: s.value
         for family in text_string_to_metric_families(body)
