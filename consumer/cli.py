@@ -535,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "simulate",
         help="run the fake provider server (OpenAI + Anthropic wire formats)",
-        load=module_command("consumer.testing.simulator"),
+        load=module_command("consumer.testing.simulator_entry"),
     )
     sub.add_parser(
         "local-model",

@@ -13,6 +13,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from consumer.testing.simulator_entry import MISSING_EXTRA
+
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR_STACK = {"starlette", "uvicorn", "httptools"}
 
@@ -65,3 +67,27 @@ def test_the_service_starts_its_endpoints_without_the_simulator_stack() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr[-2000:]
+
+
+def _simulate(block: str, *args: str) -> subprocess.CompletedProcess[str]:
+    probe = block + f"import consumer.cli\nsys.exit(consumer.cli.main({['simulate', *args]!r}))\n"
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+def test_simulate_without_the_extra_names_it_in_one_line() -> None:
+    for args in ((), ("--port", "0"), ("--help",)):
+        out = _simulate(BLOCK_SIMULATOR_STACK, *args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.splitlines() == [MISSING_EXTRA], (args, out.stderr)
+        assert out.stdout == ""
+    assert "pip install 'promptbus[simulator]'" in MISSING_EXTRA
+
+
+def test_simulate_raises_an_import_error_that_is_not_the_extra() -> None:
+    block = "import sys\nsys.modules['consumer.testing.simulator.cache'] = None\n"
+    out = _simulate(block, "--port", "0")
+    assert out.returncode == 1
+    assert "ModuleNotFoundError" in out.stderr and "consumer.testing.simulator.cache" in out.stderr
+    assert MISSING_EXTRA not in out.stderr
