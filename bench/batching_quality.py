@@ -66,8 +66,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from consumer import localmodel
 from consumer.core.adaptive import AdaptiveBatchSize, answers_agree, choose_verified, normalize_answer
 from consumer.core.completion import ChatMessage, CompletionRequest

@@ -35,13 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from consumer.client import AsyncClient
 from consumer.kafka.clients import read_topic
 from consumer.settings import Settings
+from consumer.testing.harness import InProcessService, service_env, settings_from_env, tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
-from tests.service.harness import InProcessService, service_env, settings_from_env, tier_file_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "Classify the sentiment of the text.\nTEXT:\n${text}"
@@ -92,7 +90,7 @@ def time_cli(args: list[str], env: dict[str, str]) -> float:
     started = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "consumer.cli", *args],
-        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -18,12 +18,9 @@ import platform
 import random
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from consumer.core.jobs import Job, decode_job
 from consumer.core.plan import Member, PlannedRequest, RequestPlan

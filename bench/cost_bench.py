@@ -35,12 +35,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from consumer.core.cost import BatchSaving
+from consumer.testing.harness import MemoryBus
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer
 
-from consumer.core.cost import BatchSaving  # noqa: E402
-from consumer.testing.simulator import SimulatorConfig, SimulatorServer  # noqa: E402
-from tests.service.harness import MemoryBus  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "claude-sonnet-4-5"
 PRICING = {

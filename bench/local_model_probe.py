@@ -38,8 +38,6 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from consumer import localmodel
 from consumer.core.packing import AnswerKind, answer_schema, batch_max_tokens, pack, parse_answer
 

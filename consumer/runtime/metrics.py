@@ -6,23 +6,18 @@ Both read `ServiceStats` when they are collected, so counters have one source of
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import socket
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
+import orjson
+from aiohttp import web
 from opentelemetry.metrics import CallbackOptions, Observation
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from consumer.core.errors import ConfigError
 from consumer.runtime.stats import ServiceStats
@@ -164,54 +159,73 @@ def register_otel_metrics(meter_provider: Any, stats: ServiceStats) -> None:
         create("promptbus." + ".".join(metric.path), [observe(metric)], description=metric.help)
 
 
-def build_app(stats: ServiceStats, is_ready: Callable[[], bool]) -> Starlette:
+def _json(value: Any, status: int = 200) -> web.Response:
+    """A compact JSON body typed `application/json` (no charset parameter: JSON is UTF-8)."""
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
+
+
+def build_app(stats: ServiceStats, is_ready: Callable[[], bool]) -> web.Application:
+    """The endpoints: `/metrics` (Prometheus text exposition of `stats`), `/healthz` (200 while
+    the process serves) and `/readyz` (200 once `is_ready()`, else 503). GET and HEAD each."""
     registry = CollectorRegistry()
     registry.register(StatsCollector(stats))
 
-    async def metrics(_: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def healthz(_: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+    async def healthz(_: web.Request) -> web.Response:
+        return _json({"status": "ok"})
 
-    async def readyz(_: Request) -> Response:
+    async def readyz(_: web.Request) -> web.Response:
         ready = is_ready()
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+        return _json({"ready": ready}, status=200 if ready else 503)
 
-    return Starlette(
-        routes=[Route("/metrics", metrics), Route("/healthz", healthz), Route("/readyz", readyz)]
+    # "/metrics/" is redirected to "/metrics", as scrapers configured either way expect
+    trailing = web.normalize_path_middleware(
+        append_slash=False, remove_slash=True, redirect_class=web.HTTPTemporaryRedirect
     )
+    app = web.Application(middlewares=[trailing])
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+#: how long stop() waits for a scrape in progress; the endpoints answer at once
+_SHUTDOWN_TIMEOUT_S = 1.0
 
 
 class MetricsServer:
-    """uvicorn in the current loop; `stop()` shuts it down."""
+    """The endpoints served by aiohttp in the current loop; `stop()` shuts them down."""
 
-    def __init__(self, app: Starlette, port: int, host: str = "0.0.0.0") -> None:
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        )
-        self._task: asyncio.Task[None] | None = None
+    def __init__(self, app: web.Application, port: int, host: str = "0.0.0.0") -> None:
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+        self._host = host
+        self._port = port
+        self._started = False
 
     async def start(self) -> None:
         """Listen and serve. Raises ConfigError when the address cannot be listened on.
 
-        The socket is bound here, not by uvicorn: uvicorn answers a failed bind with
-        `sys.exit(1)` inside its task, which tore the service's start-up down half way and
-        left it hanging in its clean-up, deaf to SIGTERM.
+        The socket is bound here, before anything is set up, so a port in use or not allowed
+        is one config error naming the address, and nothing is left to clean up.
         """
-        config = self._server.config
         try:
-            family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-            listener = socket.create_server((config.host, config.port), family=family)
+            family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+            listener = socket.create_server((self._host, self._port), family=family)
         except OSError as exc:
-            where = f"{config.host}:{config.port}"
+            where = f"{self._host}:{self._port}"
             raise ConfigError("PROMPTBUS_METRICS_PORT", f"cannot listen on {where}: {exc.strerror}") from None
-        self._task = asyncio.create_task(self._server.serve(sockets=[listener]), name="promptbus-metrics")
-        while not self._server.started and not self._task.done():  # noqa: ASYNC110 - uvicorn offers no event
-            await asyncio.sleep(0.01)
+        try:
+            await self._runner.setup()
+            self._started = True
+            await web.SockSite(self._runner, listener).start()
+        except BaseException:
+            listener.close()
+            raise
 
     async def stop(self) -> None:
-        self._server.should_exit = True
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Stop listening, close connections, wait a bounded time for a scrape in progress."""
+        if self._started:
+            self._started = False
+            await self._runner.cleanup()

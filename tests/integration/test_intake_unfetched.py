@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 
 from consumer.kafka.intake import InRecord, KafkaIntake
 from consumer.kafka.records import TopicPartition
-from tests.service.harness import service_env, settings_from_env
+from consumer.testing.harness import service_env, settings_from_env
 
 pytestmark = pytest.mark.integration
 

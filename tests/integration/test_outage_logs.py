@@ -13,18 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.integration.private_broker import private_broker
-from tests.service.harness import (
-    ServiceProcess,
+from consumer.testing.harness import (
     create_topics,
-    job,
     produce,
     service_env,
     settings_from_env,
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
+from tests.integration.private_broker import private_broker
+from tests.service.harness import ServiceProcess, job
 
 pytestmark = pytest.mark.integration
 

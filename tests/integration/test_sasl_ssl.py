@@ -19,9 +19,10 @@ import orjson
 import pytest
 import yaml
 
+from consumer.testing.harness import service_env, tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 from tests.integration.private_broker import PrivateKafka, private_broker
-from tests.service.harness import ROOT, ServiceProcess, service_env, tier_file_dict
+from tests.service.harness import ROOT, ServiceProcess
 
 pytestmark = pytest.mark.integration
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 
 from consumer import localmodel
-from tests.service.harness import (
+from consumer.testing.harness import (
     InProcessService,
-    job,
     produce,
     service_env,
     settings_from_env,
     tier_file_dict,
     wait_for_outcomes,
 )
+from tests.service.harness import job
 
 pytestmark = pytest.mark.integration
 

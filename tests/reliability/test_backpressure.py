@@ -18,9 +18,7 @@ from typing import Any
 
 import pytest
 
-from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.reliability.support import OutcomeFollower, mixed_jobs
-from tests.service.harness import (
+from consumer.testing.harness import (
     InProcessService,
     create_topics,
     produce,
@@ -29,6 +27,8 @@ from tests.service.harness import (
     settings_from_env,
     tier_file_dict,
 )
+from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
+from tests.reliability.support import OutcomeFollower, mixed_jobs
 
 pytestmark = pytest.mark.integration
 

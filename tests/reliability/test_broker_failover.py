@@ -18,6 +18,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from consumer.kafka.connection import client_kwargs
 from consumer.settings import Settings
+from consumer.testing.harness import (
+    create_topics,
+    produce,
+    read_outcomes,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+)
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 from tests.conftest import LocalKafka
 from tests.reliability.support import (
@@ -27,15 +35,7 @@ from tests.reliability.support import (
     mixed_jobs,
     stop_gracefully,
 )
-from tests.service.harness import (
-    ServiceProcess,
-    create_topics,
-    produce,
-    read_outcomes,
-    service_env,
-    settings_from_env,
-    tier_file_dict,
-)
+from tests.service.harness import ServiceProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 

@@ -33,6 +33,14 @@ from consumer.kafka.connection import client_kwargs
 from consumer.kafka.intake import KafkaIntake
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
+from consumer.testing.harness import (
+    create_topics,
+    produce,
+    read_outcomes,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+)
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 from tests.reliability.support import (
     OutcomeFollower,
@@ -41,16 +49,7 @@ from tests.reliability.support import (
     mixed_jobs,
     stop_gracefully,
 )
-from tests.service.harness import (
-    ServiceProcess,
-    create_topics,
-    job,
-    produce,
-    read_outcomes,
-    service_env,
-    settings_from_env,
-    tier_file_dict,
-)
+from tests.service.harness import ServiceProcess, job
 
 pytestmark = pytest.mark.integration
 

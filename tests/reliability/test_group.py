@@ -15,6 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from consumer.testing.harness import (
+    create_topics,
+    read_outcomes,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+)
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 from tests.reliability.support import (
     JobStream,
@@ -26,14 +33,7 @@ from tests.reliability.support import (
     outcome_ids_in,
     stop_gracefully,
 )
-from tests.service.harness import (
-    ServiceProcess,
-    create_topics,
-    read_outcomes,
-    service_env,
-    settings_from_env,
-    tier_file_dict,
-)
+from tests.service.harness import ServiceProcess
 
 pytestmark = pytest.mark.integration
 

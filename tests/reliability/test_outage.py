@@ -22,8 +22,9 @@ import httpx
 import pytest
 
 from consumer.localmodel import free_port
+from consumer.testing.harness import KafkaBus, tier_file_dict
 from consumer.testing.simulator import answer_for
-from tests.service.harness import KafkaBus, job, tier_file_dict
+from tests.service.harness import job
 
 pytestmark = pytest.mark.slow
 

@@ -12,16 +12,16 @@ import asyncio
 
 import pytest
 
-from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import (
+from consumer.testing.harness import (
     InProcessService,
-    job,
     produce,
     service_env,
     settings_from_env,
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
+from tests.service.harness import job
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from consumer.providers.fake import FakeProvider, text_completion
-from tests.service.harness import tier_file_dict
+from consumer.testing.harness import tier_file_dict
 
 
 async def test_an_anthropic_chat_job_with_only_system_messages_is_dead_lettered_at_intake(

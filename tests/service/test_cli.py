@@ -14,8 +14,9 @@ import orjson
 import pytest
 import yaml
 
+from consumer.testing.harness import service_env, tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.service.harness import ROOT, ServiceProcess, produce_raw, service_env, tier_file_dict
+from tests.service.harness import ROOT, ServiceProcess, produce_raw
 
 PROMPTBUS = [sys.executable, "-m", "consumer.cli"]
 
@@ -163,8 +164,8 @@ def test_a_bad_environment_setting_is_named_by_check_config_and_run(
 
 @pytest.mark.integration
 def test_run_with_its_metrics_port_taken_exits_2_naming_it(kafka_bootstrap: str) -> None:
-    """uvicorn answered a failed bind with sys.exit inside its task: start-up stopped half way
-    and the process hung in its clean-up, deaf to SIGTERM (the cli timeout would fail this)."""
+    """A metrics address that cannot be listened on stops start-up at once with one config
+    line; the process must not hang in its clean-up (the cli timeout would fail this)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -36,17 +36,16 @@ from consumer.client import (
 )
 from consumer.core.templates import render
 from consumer.settings import Settings
-from consumer.testing.simulator import SimulatorConfig, answer_for, extract_input, run_simulator
-from tests.reliability.support import logs_of
-from tests.service.harness import (
-    ROOT,
+from consumer.testing.harness import (
     InProcessService,
-    ServiceProcess,
     read_outcomes,
     service_env,
     settings_from_env,
     tier_file_dict,
 )
+from consumer.testing.simulator import SimulatorConfig, answer_for, extract_input, run_simulator
+from tests.reliability.support import logs_of
+from tests.service.harness import ROOT, ServiceProcess
 
 PROMPTBUS = [sys.executable, "-m", "consumer.cli"]
 TEMPLATE = "Classify the sentiment of the text.\nTEXT:\n${text}"

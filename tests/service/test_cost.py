@@ -15,6 +15,7 @@ from consumer.cli.stats import format_stats
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.runtime.stats import merge_snapshots
+from consumer.testing.harness import tier_file_dict
 from consumer.testing.simulator import (
     SimulatorConfig,
     SimulatorServer,
@@ -23,7 +24,6 @@ from consumer.testing.simulator import (
     extract_input,
     parse_batch_items,
 )
-from tests.service.harness import tier_file_dict
 
 #: about 1,500 tokens (4 characters each), ending with the data-marker line
 INSTRUCTION = ("Label the sentiment of the review as positive or negative. " * 102)[:6000] + "\nTEXT:\n"

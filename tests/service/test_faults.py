@@ -15,16 +15,16 @@ from opentelemetry.trace import NoOpTracer, NoOpTracerProvider
 
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.providers.fake import FakeProvider, text_completion
-from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for, extract_input
-from tests.service.harness import (
+from consumer.testing.harness import (
     InProcessService,
-    job,
     produce,
     service_env,
     settings_from_env,
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for, extract_input
+from tests.service.harness import job
 
 STORM = SimulatorConfig(
     seed=7,

@@ -9,17 +9,16 @@ import time
 import pytest
 
 from consumer.kafka.clients import read_topic
-from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import (
+from consumer.testing.harness import (
     InProcessService,
-    job,
     produce,
-    produce_raw,
     service_env,
     settings_from_env,
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
+from tests.service.harness import job, produce_raw
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,9 @@ from typing import Any
 
 import orjson
 
+from consumer.testing.harness import tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import (
-    job,
-    tier_file_dict,
-)
+from tests.service.harness import job
 
 
 async def test_thousand_mixed_jobs_each_get_their_own_answer(make_bus: Callable[..., Any]) -> None:

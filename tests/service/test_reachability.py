@@ -83,8 +83,9 @@ async def test_the_service_checks_each_tier_once_at_start_and_still_starts(
 ) -> None:
     """One tier on the simulator, one on a port nothing listens on: one WARNING, for that tier;
     the reachable tier's jobs are answered all the same."""
+    from consumer.testing.harness import tier_file_dict
     from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-    from tests.service.harness import job, tier_file_dict
+    from tests.service.harness import job
 
     bus = make_bus(partitions=1)
     dead_url = f"http://127.0.0.1:{free_port()}/v1"

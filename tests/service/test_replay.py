@@ -33,11 +33,8 @@ from consumer.kafka.connection import client_kwargs
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.kafka.replay import REPLAY_HEADER, Replay, ReplayFilter, Skip, plan_replay, replay_dead_letters
 from consumer.settings import Settings
-from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import (
-    ROOT,
+from consumer.testing.harness import (
     InProcessService,
-    job,
     produce,
     read_outcomes,
     service_env,
@@ -45,6 +42,8 @@ from tests.service.harness import (
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
+from tests.service.harness import ROOT, job
 
 DLQ_TP = TopicPartition("dlq", 0)
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)

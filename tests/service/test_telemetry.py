@@ -16,15 +16,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from consumer.telemetry import meter_provider_from_env
-from consumer.testing.simulator import SimulatorConfig, SimulatorServer
-from tests.service.harness import (
+from consumer.testing.harness import (
     InProcessService,
-    job,
     service_env,
     settings_from_env,
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer
+from tests.service.harness import job
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ def test_build_parser_imports_no_web_stack() -> None:
 def test_simulate_options_load_when_parsed() -> None:
     args = build_parser().parse_args(["simulate", "--port", "0", "--faults", "5xx=0.5"])
     assert args.port == 0 and args.faults == "5xx=0.5"
-    assert args.func.__module__ == "consumer.testing.simulator"
+    assert args.func.__module__ == "consumer.testing.simulator_entry"
 
 
 def test_local_model_options_load_when_parsed() -> None:

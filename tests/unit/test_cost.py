@@ -120,9 +120,9 @@ def test_bad_values_name_their_key(extra: dict[str, object], where: str) -> None
     assert where in str(err.value)
 
 
-def test_tokens_and_cost_in_stats_text_and_metrics() -> None:
+async def test_tokens_and_cost_in_stats_text_and_metrics() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
     from prometheus_client.parser import text_string_to_metric_families
-    from starlette.testclient import TestClient
 
     from consumer.runtime.metrics import build_app
 
@@ -140,7 +140,8 @@ def test_tokens_and_cost_in_stats_text_and_metrics() -> None:
     text = format_stats(merge_snapshots([snap], now_s=snap["updated_at"], live_within_s=10.0))
     assert "batching cost 153% more tokens than asking alone (253 batched vs 100 alone, estimate" in text
     assert "saved -" not in text
-    body = TestClient(build_app(stats, lambda: True)).get("/metrics").text
+    async with TestClient(TestServer(build_app(stats, lambda: True))) as client:
+        body = await (await client.get("/metrics")).text()
     samples = {
         s.name: s.value
         for family in text_string_to_metric_families(body)

@@ -10,7 +10,7 @@ import pytest
 from consumer.core.completion import Completion, Usage
 from consumer.providers.base import BatchItemResult, BatchStatus
 from consumer.runtime.offline import outcome_records, read_batch_record
-from tests.service.harness import service_env, settings_from_env
+from consumer.testing.harness import service_env, settings_from_env
 
 
 def _member(i: int, options: dict[str, Any]) -> dict[str, Any]:

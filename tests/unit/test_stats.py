@@ -175,9 +175,9 @@ def test_the_reason_flows_from_the_tier_runtime_into_a_readable_snapshot() -> No
     assert f"tier small batch {reason}" in format_stats(merged).splitlines()
 
 
-def test_the_circuit_per_tier_in_stats_text_and_metrics() -> None:
+async def test_the_circuit_per_tier_in_stats_text_and_metrics() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
     from prometheus_client.parser import text_string_to_metric_families
-    from starlette.testclient import TestClient
 
     from consumer.runtime.metrics import build_app
 
@@ -192,7 +192,8 @@ def test_the_circuit_per_tier_in_stats_text_and_metrics() -> None:
     )
     assert expected in text
     assert "tier up circuit: closed" in text
-    body = TestClient(build_app(stats, lambda: True)).get("/metrics").text
+    async with TestClient(TestServer(build_app(stats, lambda: True))) as client:
+        body = await (await client.get("/metrics")).text()
     samples = {
         (s.name, s.labels.get("tier")): s.value
         for family in text_string_to_metric_families(body)
