@@ -15,6 +15,13 @@ topic it was read from. Lanes are ranked (0 = the highest, the first lane of the
 So an urgent lane takes every slot it can use, and a lower lane with work waiting still gets
 at least its `min_share` of the tier's requests whenever the higher lanes would take them
 all: nothing starves. Pure: the caller passes `now_s` and performs the grant.
+
+`LaneWindows` keeps the collection windows (`consumer.core.window`) of lanes apart where
+sharing would delay a job: a window holding a job of a lane with `max_wait_ms` flushes at most
+that long after its first member (and waits at most that long for a next one). Jobs of
+different lanes share a window, and so a packed prompt, only when their lanes flush by the
+same wait, so neither waits longer than it would alone; the request then waits for its slot
+in the more urgent lane (`pack_lane`), so the other is not delayed there either.
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ from __future__ import annotations
 import collections
 import heapq
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Hashable
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
+
+from consumer.core.window import BatchKey, CollectionWindows, Flush, WindowLimits
 
 __all__ = [
     "DEFAULT_LANE_NAME",
@@ -31,6 +41,7 @@ __all__ = [
     "SHARE_WINDOW_S",
     "Lane",
     "LaneScheduler",
+    "LaneWindows",
     "pack_lane",
 ]
 
@@ -183,3 +194,54 @@ class LaneScheduler(Generic[T]):
             if deficit >= 1.0 and deficit > owed_most:  # behind by a whole slot at least
                 owed, owed_most = queue, deficit
         return owed if owed is not None else first
+
+
+class LaneWindows(Generic[T]):
+    """Collection windows apart by lane wait (`Lane.max_wait_ms`): the same interface as
+    `CollectionWindows`, with each item's lane."""
+
+    def __init__(self) -> None:
+        self._by_wait: dict[float | None, CollectionWindows[T]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(w) for w in self._by_wait.values())
+
+    def add(
+        self,
+        key: BatchKey,
+        item: T,
+        *,
+        lane: Lane | None,
+        input_chars: int,
+        partition: Hashable,
+        limits: WindowLimits,
+        now_s: float,
+    ) -> list[Flush[T]]:
+        """Put `item` in the window of its key among its lane wait's windows (see
+        `CollectionWindows.add`); a lane's max_wait_ms caps the tier's waits."""
+        wait_ms = lane.max_wait_ms if lane is not None else None
+        windows = self._by_wait.get(wait_ms)
+        if windows is None:
+            windows = self._by_wait[wait_ms] = CollectionWindows()
+        if wait_ms is not None and wait_ms < limits.max_wait_ms:
+            limits = replace(limits, max_wait_ms=wait_ms, window_ms=min(limits.window_ms, wait_ms))
+        return windows.add(
+            key, item, input_chars=input_chars, partition=partition, limits=limits, now_s=now_s
+        )
+
+    def due(self, now_s: float, *, can_still_join: Callable[[BatchKey], bool]) -> list[Flush[T]]:
+        """The windows due at `now_s` (`CollectionWindows.due`)."""
+        return [f for w in self._by_wait.values() for f in w.due(now_s, can_still_join=can_still_join)]
+
+    def next_deadline_s(self) -> float | None:
+        """The earliest time a window becomes due by time alone, or None without windows."""
+        due = [d for w in self._by_wait.values() if (d := w.next_deadline_s()) is not None]
+        return min(due) if due else None
+
+    def drain_partitions(self, partitions: Collection[Hashable]) -> list[T]:
+        """Remove and return the items read from `partitions` (revoked); others stay."""
+        return [i for w in self._by_wait.values() for i in w.drain_partitions(partitions)]
+
+    def drain_all(self) -> list[Flush[T]]:
+        """Close every window (shutdown)."""
+        return [f for w in self._by_wait.values() for f in w.drain_all()]

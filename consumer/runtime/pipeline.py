@@ -30,8 +30,8 @@ from typing import Any, Protocol
 
 from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.errors import ErrorKind
-from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
-from consumer.core.window import BatchKey, CollectionWindows, Flush, batch_key_for
+from consumer.core.lanes import DEFAULT_LANE_NAME, Lane, LaneWindows
+from consumer.core.window import BatchKey, Flush, batch_key_for
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import OutcomeSink
@@ -106,7 +106,7 @@ class Pipeline:
             name: PlanRunner(tier, outcomes, stats, telemetry, rng=rng, clock=clock, spawn=self._spawn)
             for name, tier in tiers.items()
         }
-        self._windows: CollectionWindows[JobContext] = CollectionWindows()
+        self._windows: LaneWindows[JobContext] = LaneWindows()
         outcomes.reroute = lambda ctx: self._route(ctx, self._clock(), counted=True)
         self._plans: set[asyncio.Task[None]] = set()
         # each lane pauses its own partitions at its own bound (no lanes: one on the jobs topic)
@@ -237,6 +237,7 @@ class Pipeline:
         flushes = self._windows.add(
             key,
             ctx,
+            lane=ctx.lane,
             input_chars=len(ctx.input),
             partition=ctx.source.tp,
             limits=tier.limits_for(key, now_s),

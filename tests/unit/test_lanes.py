@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer.core.errors import ConfigError
-from consumer.core.lanes import DEFAULT_MIN_SHARE, Lane, LaneScheduler, pack_lane
+from consumer.core.lanes import DEFAULT_MIN_SHARE, Lane, LaneScheduler, LaneWindows, pack_lane
+from consumer.core.window import BatchKey, WindowLimits
 from consumer.settings import lane_topic, parse_tier_file
 
 TIERS = {"small": {"provider": "openai", "model": "m"}}
@@ -161,3 +162,47 @@ def test_share_is_measured_over_a_sliding_window() -> None:
     assert 3 <= sum(x.startswith("b") for x in first if x) <= 5
     assert s.granted("bulk", 3.9) == sum(x.startswith("b") for x in first if x)
     assert s.granted("bulk", 100.0) == 0  # all expired
+
+
+# ---------------------------------------------------------------- windows
+KEY = BatchKey("small", "Classify:\n", "text", "{}", "online")
+LIMITS = WindowLimits(max_items=10, max_input_chars=10_000, window_ms=100, max_wait_ms=2000)
+FAST = Lane("interactive", "t.i", rank=0, max_wait_ms=50)
+
+
+def _never(_key: BatchKey) -> bool:
+    return True  # something could still join: only time flushes
+
+
+def test_a_window_holding_a_fast_lane_job_flushes_by_that_lanes_max_wait() -> None:
+    w: LaneWindows[str] = LaneWindows()
+    for n in range(2):  # a new member every 40 ms: the tier's window_ms alone would keep it open
+        assert w.add(KEY, f"i{n}", lane=FAST, input_chars=5, partition=0, limits=LIMITS, now_s=n * 0.04) == []
+    assert w.next_deadline_s() == pytest.approx(0.05)
+    assert w.due(0.049, can_still_join=_never) == []
+    (flush,) = w.due(0.05, can_still_join=_never)
+    assert flush.items == ("i0", "i1")
+    assert flush.reason == "max_wait"
+
+
+def test_lanes_with_different_waits_never_share_a_window() -> None:
+    w: LaneWindows[str] = LaneWindows()
+    w.add(KEY, "bulk-0", lane=BULK, input_chars=5, partition=0, limits=LIMITS, now_s=0.0)
+    w.add(KEY, "int-0", lane=FAST, input_chars=5, partition=0, limits=LIMITS, now_s=0.01)
+    w.add(KEY, "std-0", lane=STANDARD, input_chars=5, partition=0, limits=LIMITS, now_s=0.02)
+    assert len(w) == 3
+    fast = w.due(0.061, can_still_join=_never)
+    assert [f.items for f in fast] == [("int-0",)]  # the bulk window is not pulled forward
+    # standard and bulk flush by the same wait: they share a window, due by the tier's timing
+    (slow,) = w.due(0.121, can_still_join=_never)
+    assert slow.items == ("bulk-0", "std-0") and slow.reason == "window"
+    assert w.next_deadline_s() is None
+
+
+def test_drains_reach_every_lane_window() -> None:
+    w: LaneWindows[str] = LaneWindows()
+    w.add(KEY, "a", lane=FAST, input_chars=5, partition=1, limits=LIMITS, now_s=0.0)
+    w.add(KEY, "b", lane=BULK, input_chars=5, partition=2, limits=LIMITS, now_s=0.0)
+    w.add(KEY, "c", lane=None, input_chars=5, partition=1, limits=LIMITS, now_s=0.0)
+    assert sorted(w.drain_partitions({1})) == ["a", "c"]
+    assert [f.items for f in w.drain_all()] == [("b",)]
