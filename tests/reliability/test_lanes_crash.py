@@ -53,7 +53,8 @@ async def test_two_lanes_survive_three_kills(kafka_bootstrap: str, tmp_path: Pat
             )
     dups = duplicate_count(outcomes.results)
     print(
-        f"{guarantee}, two lanes, 3 SIGKILLs: {len(every)} jobs, {dups} duplicates; outcomes at kills {at_kill}"
+        f"{guarantee}, two lanes, 3 SIGKILLs: {len(every)} jobs, {dups} duplicates; "
+        f"outcomes at kills {at_kill}"
     )
     if guarantee == "exactly_once":
         assert outcomes.duplicates() == {}, f"duplicates visible to read_committed: {outcomes.duplicates()}"
