@@ -11,7 +11,7 @@ import random
 import signal
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -56,11 +56,15 @@ class ServiceEdges(Protocol):
     memory (tests run the whole service on it without a broker).
     """
 
-    async def ensure_topics(self, settings: Settings) -> dict[str, str]: ...
+    async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]: ...
 
     async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]: ...
 
-    def intake(self, settings: Settings, client_id: str, owned: Assignment) -> ServiceIntake: ...
+    def intake(
+        self, settings: Settings, client_id: str, owned: Assignment, topics: Sequence[str] = ()
+    ) -> ServiceIntake:
+        """The consumer-group member reading `topics` (the lanes'; none: the jobs topic)."""
+        ...
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any: ...
 
@@ -72,14 +76,16 @@ class ServiceEdges(Protocol):
 class KafkaEdges:
     """The real edges: aiokafka's admin client, consumer and producers."""
 
-    async def ensure_topics(self, settings: Settings) -> dict[str, str]:
-        return await ensure_topics(settings)
+    async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]:
+        return await ensure_topics(settings, lane_topics=lane_topics)
 
     async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]:
         return await max_record_bytes(settings, topics)
 
-    def intake(self, settings: Settings, client_id: str, owned: Assignment) -> KafkaIntake:
-        return KafkaIntake(settings, client_id=client_id, assignment=owned)
+    def intake(
+        self, settings: Settings, client_id: str, owned: Assignment, topics: Sequence[str] = ()
+    ) -> KafkaIntake:
+        return KafkaIntake(settings, client_id=client_id, assignment=owned, topics=topics)
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any:
         return kafka_producer_factory(settings, client_id)(transactional_id=transactional_id)
@@ -253,7 +259,9 @@ async def run_service(
         if meter_provider is not None:
             register_otel_metrics(meter_provider, stats)
 
-        report = await edges.ensure_topics(settings)
+        lanes = tier_file.lane_list(settings.jobs_topic, settings.max_inflight)
+        lane_topics = [lane.topic for lane in lanes]
+        report = await edges.ensure_topics(settings, lane_topics)
         for topic, state in report.items():
             log.info("topic %s: %s", topic, state)
         outputs = [settings.results_topic, settings.dlq_topic]
@@ -276,7 +284,7 @@ async def run_service(
         client_id = f"promptbus-{instance}"
         # the owned partitions' state, one object for the intake and the sink
         owned = Assignment()
-        intake = edges.intake(settings, client_id, owned)
+        intake = edges.intake(settings, client_id, owned, lane_topics)
 
         def make_producer(*, transactional_id: str | None) -> Any:
             return edges.producer(settings, client_id, transactional_id)
@@ -292,7 +300,16 @@ async def run_service(
             settings, tier_file, outcomes, side_producer, make_producer, instance, clients, limits
         )
         pipeline = Pipeline(
-            settings, tiers, intake, sink, outcomes, stats, telemetry, offline=collector, rng=random.Random()
+            settings,
+            tiers,
+            intake,
+            sink,
+            outcomes,
+            stats,
+            telemetry,
+            offline=collector,
+            lanes=lanes,
+            rng=random.Random(),
         )
         stats_key = instance.encode()
         publishers = [

@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from consumer.core.cost import Pricing
 from consumer.core.errors import ConfigError, JobError
+from consumer.core.lanes import DEFAULT_LANE_NAME, DEFAULT_MIN_SHARE, Lane
 from consumer.core.output import output_format
 
 ProviderName = Literal["openai", "anthropic", "openai_compat"]
@@ -287,10 +288,95 @@ class TierConfig(_Strict):
         return key
 
 
+class LaneConfig(_Strict):
+    """One lane of the tier file (`consumer.core.lanes`): a job topic and its priority, which
+    is its place in the `lanes` mapping (the first is the highest)."""
+
+    topic: str = Field(min_length=1, description="the Kafka topic this lane's jobs are read from")
+    min_share: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="the share of each tier's requests this lane keeps while it has work waiting; "
+        "unset: 0 for the first lane (it wins every slot no other lane is owed), else "
+        "DEFAULT_MIN_SHARE (0.05)",
+    )
+    max_inflight: int | None = Field(
+        None, ge=1, description="records of this lane held before its partitions pause; unset: "
+        "PROMPTBUS_MAX_INFLIGHT"
+    )
+    max_wait_ms: float | None = Field(
+        None,
+        gt=0,
+        description="a collection window holding a job of this lane flushes at most this long "
+        "after the job arrived; unset: the tier's batching.max_wait_ms",
+    )
+
+
 class TierFile(_Strict):
     tiers: dict[str, TierConfig] = Field(
         min_length=1, description="tier name -> its configuration; a job names its tier"
     )
+    lanes: dict[str, LaneConfig] | None = Field(
+        None,
+        min_length=1,
+        description="lane name -> its job topic and share, highest priority first; unset: one lane "
+        "on PROMPTBUS_JOBS_TOPIC",
+    )
+
+    @model_validator(mode="after")
+    def _check_lanes(self) -> TierFile:
+        if not self.lanes:
+            return self
+        topics = [lane.topic for lane in self.lanes.values()]
+        for name, lane in self.lanes.items():
+            if topics.count(lane.topic) > 1:
+                raise ValueError(f"lanes.{name}.topic: {lane.topic} is the topic of another lane too")
+        shares = sum(_min_share(lane, rank) for rank, lane in enumerate(self.lanes.values()))
+        if shares >= 1.0:
+            raise ValueError(
+                f"lanes: the min_share of all lanes add up to {shares:g} (lanes below the first "
+                f"default to {DEFAULT_MIN_SHARE}); they must add up to less than 1"
+            )
+        return self
+
+    def lane_list(self, jobs_topic: str, max_inflight: int) -> tuple[Lane, ...]:
+        """The service's lanes, highest first: those of the tier file, or one lane named
+        `default` on `jobs_topic` (PROMPTBUS_JOBS_TOPIC). `max_inflight`: the service's
+        PROMPTBUS_MAX_INFLIGHT, the bound of a lane that names none."""
+        if not self.lanes:
+            return (Lane(DEFAULT_LANE_NAME, jobs_topic, max_inflight=max_inflight),)
+        return tuple(
+            Lane(
+                name,
+                lane.topic,
+                rank=rank,
+                min_share=_min_share(lane, rank),
+                max_inflight=lane.max_inflight if lane.max_inflight is not None else max_inflight,
+                max_wait_ms=lane.max_wait_ms,
+            )
+            for rank, (name, lane) in enumerate(self.lanes.items())
+        )
+
+
+def _min_share(lane: LaneConfig, rank: int) -> float:
+    if lane.min_share is not None:
+        return lane.min_share
+    return 0.0 if rank == 0 else DEFAULT_MIN_SHARE
+
+
+def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) -> str:
+    """The topic a producer publishes a job of `lane` to (`submit --lane`, the client's
+    `lane=`): that lane's topic in the tier file; `jobs_topic` when no lane is named. An
+    unknown lane, or a lane named without a tier file that has lanes, is a ConfigError."""
+    if lane is None:
+        return jobs_topic
+    lanes = tier_file.lanes if tier_file is not None else None
+    if not lanes:
+        raise ConfigError("--lane", f"lane {lane!r} is unknown: the tier file configures no lanes")
+    if lane not in lanes:
+        raise ConfigError("--lane", f"lane {lane!r} is unknown (lanes: {', '.join(lanes)})")
+    return lanes[lane].topic
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:

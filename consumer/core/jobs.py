@@ -253,6 +253,10 @@ class Result(_Frozen):
         description="The job whose identical request answered this one (tier dedupe); "
         "null when this job's own request did.",
     )
+    lane: StrictStr | None = Field(
+        default=None,
+        description="The lane whose topic the job was read from (`default` without lanes).",
+    )
 
 
 class DeadLetter(_Frozen):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -32,12 +33,13 @@ class TopicSpec:
         return cfg
 
 
-def topic_specs(settings: Settings) -> list[TopicSpec]:
-    """Every topic promptbus reads or writes. batches, stats and batching are compacted
-    (latest per key)."""
+def topic_specs(settings: Settings, lane_topics: Sequence[str] = ()) -> list[TopicSpec]:
+    """Every topic promptbus reads or writes; `lane_topics`: the lanes' job topics, made like
+    the jobs topic. batches, stats and batching are compacted (latest per key)."""
     p, r = settings.topic_partitions, settings.topic_replication
+    jobs = list(dict.fromkeys([settings.jobs_topic, *lane_topics]))
     return [
-        TopicSpec(settings.jobs_topic, p, r),
+        *(TopicSpec(topic, p, r) for topic in jobs),
         TopicSpec(settings.results_topic, p, r),
         TopicSpec(settings.dlq_topic, p, r),
         TopicSpec(settings.batches_topic, 1, r, compacted=True),
@@ -60,9 +62,12 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], timeo
     log.warning("topics %s still have partitions without a leader after %.0f s", topics, timeout_s)
 
 
-async def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> dict[str, str]:
-    """Create missing topics; return {topic: "created" | "exists"} for the startup report."""
-    specs = specs if specs is not None else topic_specs(settings)
+async def ensure_topics(
+    settings: Settings, specs: list[TopicSpec] | None = None, *, lane_topics: Sequence[str] = ()
+) -> dict[str, str]:
+    """Create missing topics (`topic_specs` unless `specs` are given); return
+    {topic: "created" | "exists"} for the startup report."""
+    specs = specs if specs is not None else topic_specs(settings, lane_topics)
     admin = AIOKafkaAdminClient(**client_kwargs(settings))
     await admin.start()
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -117,11 +117,19 @@ class _Listener(ConsumerRebalanceListener):
 
 
 class KafkaIntake:
-    """aiokafka consumer in a group on the jobs topic, manual commits, read_committed."""
+    """aiokafka consumer in a group on the job topics (every lane's), manual commits,
+    read_committed. topics: the lanes' topics (None: the jobs topic)."""
 
-    def __init__(self, settings: Settings, *, client_id: str, assignment: Assignment | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        client_id: str,
+        assignment: Assignment | None = None,
+        topics: Sequence[str] | None = None,
+    ) -> None:
         self.group_id = settings.group_id
-        self._topic = settings.jobs_topic
+        self._topics = list(topics) if topics else [settings.jobs_topic]
         self._consumer = AIOKafkaConsumer(
             group_id=settings.group_id,
             client_id=client_id,
@@ -147,7 +155,7 @@ class KafkaIntake:
 
     async def start(self, handler: RebalanceHandler) -> None:
         self._listener = _Listener(handler, self._forget_positions, self._load_done)
-        self._consumer.subscribe([self._topic], listener=self._listener)
+        self._consumer.subscribe(self._topics, listener=self._listener)
         await self._consumer.start()
 
     def rejoin(self) -> None:
@@ -159,7 +167,7 @@ class KafkaIntake:
         if self._listener is None:
             return  # not started: the first join assigns afresh anyway
         log.info("rejoining group %s for a new assignment", self.group_id)
-        self._consumer.subscribe([self._topic], listener=self._listener)
+        self._consumer.subscribe(self._topics, listener=self._listener)
 
     async def stop(self) -> None:
         await self._consumer.stop()

@@ -8,6 +8,7 @@ from typing import Any
 
 from consumer.core.completion import ChatMessage
 from consumer.core.jobs import Job
+from consumer.core.lanes import Lane
 from consumer.core.output import OutputFormat
 from consumer.core.templates import BatchablePrompt
 from consumer.kafka.records import SourceOffset
@@ -26,7 +27,8 @@ class JobContext:
     output_format: what its response_format asks of the output (None: nothing to check);
     dedupe_key: set while the job leads the tier's dedupe table under this key (identical
     jobs wait for its outcome, `delivery.OutcomeWriter` ends them with it);
-    done: an outcome was handed to the sink (or the job was abandoned): nothing more happens.
+    done: an outcome was handed to the sink (or the job was abandoned): nothing more happens;
+    lane: the lane whose topic the job was read from (None: a job not read from a lane).
     """
 
     job: Job
@@ -42,6 +44,7 @@ class JobContext:
     output_format: OutputFormat | None = None
     dedupe_key: str | None = None
     done: bool = field(default=False)
+    lane: Lane | None = None
 
     @property
     def source(self) -> SourceOffset:

@@ -153,6 +153,7 @@ class OutcomeWriter:
             latency_ms=(now_s - ctx.received_s) * 1000.0,
             traceparent=self._telemetry.traceparent(ctx.trace),
             dedupe_of=dedupe_of,
+            lane=ctx.lane.name if ctx.lane is not None else None,
         )
         problem = too_large_result(record, self.limits.results)
         if problem is not None:
@@ -225,6 +226,8 @@ class OutcomeWriter:
                 self.abandon(follower)
 
     def _end(self, ctx: JobContext, record: OutRecord, *, ok: bool) -> None:
+        if ctx.lane is not None:
+            self._stats.lane(ctx.lane.name).ended(self._clock() - ctx.received_s, ok=ok)
         ctx.done = True
         self._telemetry.end_job(ctx.trace, ok=ok)
         self._sink.deliver(ctx.ticket, [record])

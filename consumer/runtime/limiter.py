@@ -6,7 +6,10 @@ A caller acquires a `Token` before a provider call and ends it exactly once:
 429/529/503/timeout — the algorithm shrinks), or `ignore()` (a failure that says nothing
 about load, e.g. a 400). `async with limiter.slot(tokens) as token:` guarantees the end: a
 token the block did not end (it raised, or forgot) ends as `ignore`, so no exception can
-leak a slot and wedge the tier. Waiters are served first-in first-out.
+leak a slot and wedge the tier. A free slot goes to the waiter the lane scheduler names
+(`consumer.core.lanes`): the highest lane with a request waiting, unless a lower lane is owed
+its `min_share`; within a lane the nearest deadline first, then first come, first served (a
+waiter that names no lane waits in the one default lane: first-in first-out).
 
 Three things bound admission: the concurrency limit (AIMD, gradient or fixed) and, once a
 provider has sent rate-limit headers, mirrors of its request bucket (`BudgetPacer`) and of
@@ -24,11 +27,11 @@ estimates (the output, and the tokenizer's own count, are unknown in advance).
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from collections.abc import Callable
 
 from consumer.core.errors import RateLimitHint
+from consumer.core.lanes import DEFAULT_LANE_NAME, Lane, LaneScheduler
 from consumer.core.limit import ConcurrencyLimit
 from consumer.core.pacing import BudgetPacer, TokenBudget
 
@@ -36,6 +39,11 @@ from consumer.core.pacing import BudgetPacer, TokenBudget
 COST_RATIO_SMOOTHING = 0.2
 #: bounds of that ratio (an answer's usage may be missing or odd)
 COST_RATIO_MIN, COST_RATIO_MAX = 0.25, 8.0
+#: the lane of a waiter that names none
+UNLANED = Lane(DEFAULT_LANE_NAME, "")
+
+#: a waiter: the future its token is handed to, and its request's estimated tokens
+_Waiter = tuple["asyncio.Future[Token]", float]
 
 
 class Token:
@@ -81,15 +89,21 @@ class Slot:
     went; whatever it left unended, by an exception or otherwise, ends as `ignore`.
     """
 
-    __slots__ = ("_estimated_tokens", "_limiter", "_token")
+    __slots__ = ("_deadline_s", "_estimated_tokens", "_lane", "_limiter", "_token")
 
-    def __init__(self, limiter: AsyncLimiter, estimated_tokens: float) -> None:
+    def __init__(
+        self, limiter: AsyncLimiter, estimated_tokens: float, lane: Lane | None, deadline_s: float | None
+    ) -> None:
         self._limiter = limiter
         self._estimated_tokens = estimated_tokens
+        self._lane = lane
+        self._deadline_s = deadline_s
         self._token: Token | None = None
 
     async def __aenter__(self) -> Token:
-        self._token = await self._limiter.acquire(self._estimated_tokens)
+        self._token = await self._limiter.acquire(
+            self._estimated_tokens, lane=self._lane, deadline_s=self._deadline_s
+        )
         return self._token
 
     async def __aexit__(self, *_exc: object) -> None:
@@ -114,8 +128,8 @@ class AsyncLimiter:
         self._cost_ratio = 1.0  # actual / estimated tokens of answered requests, smoothed
         self._inflight = 0
         self._seq = 0
-        #: (future, estimated tokens) per waiter, oldest first
-        self._waiters: collections.deque[tuple[asyncio.Future[Token], float]] = collections.deque()
+        #: the waiters, by lane (`consumer.core.lanes`)
+        self._waiters: LaneScheduler[_Waiter] = LaneScheduler()
         self._paused_until_s = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None
         self._wake_at_s = 0.0  # loop time the pending timer fires
@@ -222,15 +236,24 @@ class AsyncLimiter:
         self._tokens.admit(self._seq, estimated_tokens * self._cost_ratio, now_s)
         return Token(self, now_s, self._seq, estimated_tokens)
 
-    def slot(self, estimated_tokens: float = 0.0) -> Slot:
-        """An async context manager around `acquire` that always ends its token (see `Slot`)."""
-        return Slot(self, estimated_tokens)
+    def waiting_in(self, lane: str) -> int:
+        """Requests of `lane` waiting for a slot."""
+        return self._waiters.waiting(lane)
 
-    async def acquire(self, estimated_tokens: float = 0.0) -> Token:
-        """Wait for a slot: first come, first served; a released slot is handed to the oldest waiter.
+    def slot(
+        self, estimated_tokens: float = 0.0, *, lane: Lane | None = None, deadline_s: float | None = None
+    ) -> Slot:
+        """An async context manager around `acquire` that always ends its token (see `Slot`)."""
+        return Slot(self, estimated_tokens, lane, deadline_s)
+
+    async def acquire(
+        self, estimated_tokens: float = 0.0, *, lane: Lane | None = None, deadline_s: float | None = None
+    ) -> Token:
+        """Wait for a slot; a released slot is handed to the waiter the lane scheduler names.
 
         estimated_tokens: the request's tokens as the caller estimates them (paces a token
-        budget; 0 when unknown).
+        budget; 0 when unknown); lane: the lane the request is scheduled in (None: the one
+        default lane); deadline_s: the nearest deadline of its jobs, on the limiter's clock.
         """
         if (
             self._inflight < self.limit
@@ -240,8 +263,8 @@ class AsyncLimiter:
         ):
             return self._admit(estimated_tokens)
         fut: asyncio.Future[Token] = asyncio.get_running_loop().create_future()
-        waiter = (fut, estimated_tokens)
-        self._waiters.append(waiter)
+        waiter: _Waiter = (fut, estimated_tokens)
+        self._waiters.push(waiter, lane if lane is not None else UNLANED, deadline_s)
         self._wake()  # a slot may be free with nothing in flight to release it (after a pause)
         try:
             return await fut
@@ -252,8 +275,8 @@ class AsyncLimiter:
                 token = fut.result()
                 self.note_budget(None, token, rejected=True)
                 token.ignore()
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
+            else:
+                self._waiters.discard(waiter)
             raise
 
     def _release(self, started_s: float, *, dropped: bool, sample: bool) -> None:
@@ -264,18 +287,22 @@ class AsyncLimiter:
         self._wake()
 
     def _wake(self) -> None:
-        """Hand free slots to the oldest waiters (none while paused or while a budget is short)."""
+        """Hand free slots to the waiters the lane scheduler names (none while paused or while
+        a budget is short for the one whose turn it is)."""
         while self._waiters and self._inflight < self.limit:
             if self.paused_for_s > 0:
                 self._wake_in(self.paused_for_s)
                 return
-            fut, estimated_tokens = self._waiters[0]
+            now_s = self._clock()
+            waiter = self._waiters.peek(now_s)
+            assert waiter is not None
+            fut, estimated_tokens = waiter
             if fut.done():  # cancelled while waiting
-                self._waiters.popleft()
+                self._waiters.discard(waiter)
                 continue
             wait_s = self._budget_wait_s(estimated_tokens)
             if wait_s > 0:
                 self._wake_in(wait_s)
                 return
-            self._waiters.popleft()
+            self._waiters.pop(now_s)
             fut.set_result(self._admit(estimated_tokens))

@@ -83,6 +83,45 @@ def _per_tier(field: str) -> Samples:
     return lambda s: [((tier,), getattr(ts, field)) for tier, ts in sorted(s.tiers.items())]
 
 
+def _per_lane(field: str) -> Samples:
+    return lambda s: [((lane,), getattr(ls, field)) for lane, ls in sorted(s.lanes.items())]
+
+
+def _lane_outcomes(s: ServiceStats) -> list[tuple[tuple[str, ...], float]]:
+    return [
+        ((lane, outcome), n)
+        for lane, ls in sorted(s.lanes.items())
+        for outcome, n in (("result", ls.results), ("dead_letter", ls.dead_letters))
+    ]
+
+
+#: per lane (`consumer.core.lanes`), beside the per-tier figures
+LANE_METRICS: tuple[_Metric, ...] = (
+    _Metric(("lane", "jobs"), "Jobs of the lane with an outcome", True, ("lane", "outcome"), _lane_outcomes),
+    _Metric(
+        ("lane", "latency_seconds"),
+        "Seconds from read to outcome, summed over the lane's jobs (over lane_jobs_total: the mean)",
+        True,
+        ("lane",),
+        _per_lane("latency_s_total"),
+    ),
+    _Metric(
+        ("lane", "inflight"),
+        "Input records of the lane not yet committable",
+        False,
+        ("lane",),
+        _per_lane("inflight"),
+    ),
+    _Metric(
+        ("lane", "paused"),
+        "1 while the lane's partitions are paused by its max_inflight",
+        False,
+        ("lane",),
+        _per_lane("paused"),
+    ),
+)
+
+
 def _agreement(field: str) -> Samples:
     return lambda s: [
         ((tier, str(size)), getattr(count, field))
@@ -127,6 +166,7 @@ METRICS: tuple[_Metric, ...] = (
         _Metric(("tier", name), text, False, ("tier",), _per_tier(name))
         for name, text in _TIER_GAUGES.items()
     ),
+    *LANE_METRICS,
 )
 
 

@@ -119,9 +119,11 @@ class AnswerResults:
         latency_ms: float,
         traceparent: str | None = None,
         dedupe_of: str | None = None,
+        lane: str | None = None,
     ) -> OutRecord:
         """One job's Result record; `dedupe_of`: the job whose request answered it (dedupe):
-        such a job's usage is zero, since no request of its own was sent."""
+        such a job's usage is zero, since no request of its own was sent; `lane`: the lane it
+        was read from."""
         tp = source.tp
         value = {
             "id": job.id,
@@ -139,6 +141,7 @@ class AnswerResults:
             "source": {"topic": tp.topic, "partition": tp.partition, "offset": source.offset},
             "completed_at": self._completed_at,
             "dedupe_of": dedupe_of,
+            "lane": lane,
         }
         return OutRecord(self._topic, job.id.encode(), orjson.dumps(value), _headers(source, traceparent))
 

@@ -15,8 +15,8 @@ One asyncio task runs this loop; it owns no decision of its own. Step by step fo
     5. outcomes (`delivery.py`): each result or dead letter -> the sink, which makes it durable
        and commits the input offset (`kafka/sink.py`).
 
-Around that the loop keeps intake within `max_inflight` (pause / resume), drains on stop and
-hands revoked partitions back.
+Around that the loop keeps each lane's intake within its `max_inflight` (pause / resume,
+`lanes.py`), drains on stop and hands revoked partitions back.
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ from typing import Any, Protocol
 
 from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.errors import ErrorKind
-from consumer.core.window import BatchKey, CollectionWindows, Flush, batch_key_for
+from consumer.core.lanes import DEFAULT_LANE_NAME, Lane, LaneWindows
+from consumer.core.window import BatchKey, Flush, batch_key_for
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import OutcomeSink
 from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.lanes import LaneGate
 from consumer.runtime.plans import PlanRunner
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
@@ -81,6 +83,7 @@ class Pipeline:
         telemetry: Telemetry,
         *,
         offline: OfflineJobs | None = None,
+        lanes: tuple[Lane, ...] = (),
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -103,13 +106,12 @@ class Pipeline:
             name: PlanRunner(tier, outcomes, stats, telemetry, rng=rng, clock=clock, spawn=self._spawn)
             for name, tier in tiers.items()
         }
-        self._windows: CollectionWindows[JobContext] = CollectionWindows()
+        self._windows: LaneWindows[JobContext] = LaneWindows()
         outcomes.reroute = lambda ctx: self._route(ctx, self._clock(), counted=True)
         self._plans: set[asyncio.Task[None]] = set()
-        self._paused = False
-        # resume well below the pause point, so the pause does not flap with every ack and a
-        # resumed poll can take a full batch
-        self._resume_at = settings.max_inflight - max(1, min(MAX_POLL_RECORDS, settings.max_inflight // 4))
+        # each lane pauses its own partitions at its own bound (no lanes: one on the jobs topic)
+        lanes = lanes or (Lane(DEFAULT_LANE_NAME, settings.jobs_topic, max_inflight=settings.max_inflight),)
+        self._lanes = LaneGate(lanes, intake, sink, stats, max_poll_records=MAX_POLL_RECORDS)
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
 
@@ -128,21 +130,21 @@ class Pipeline:
                 next_due = self._windows.next_deadline_s()
                 if next_due is not None:
                     timeout_s = max(0.0, min(timeout_s, next_due - self._clock()))
-                # never take more than max_inflight allows: the pause below only stops the next poll
-                inflight = self._sink.inflight()
-                room = self._settings.max_inflight - inflight
-                if room <= 0 or (self._paused and inflight > self._resume_at):
+                # never take more than a lane's max_inflight allows: the pause below only stops
+                # the next poll
+                room = self._lanes.room()
+                if room <= 0:
                     # full: wait for outcomes to free room rather than in a poll of paused
                     # partitions (aiokafka heartbeats on its own; a poll comes soon enough)
                     records: Iterable[InRecord] = ()
-                    await self._sink.wait_for_room(self._resume_at + 1, timeout_s)
+                    await self._sink.wait_for_room(self._lanes.wait_target(), timeout_s)
                 else:
                     records = await self._intake.poll(timeout_s, min(MAX_POLL_RECORDS, room))
                 now_s = self._clock()
                 for record in records:
                     self._take(record, now_s)
                 self._dispatch(self._windows.due(now_s, can_still_join=self._can_still_join))
-                self._apply_backpressure()
+                self._lanes.apply()
                 self._refresh_gauges()
         finally:
             await self._drain()
@@ -195,6 +197,7 @@ class Pipeline:
             if isinstance(admitted, Rejection):
                 self._outcomes.reject(ticket, admitted)
             else:
+                admitted.lane = self._lanes.lane_of(record.source.topic)
                 self._route(admitted, now_s)
         except Exception:
             # a bug on one record must not stop the service (restarted, it would meet the same
@@ -234,6 +237,7 @@ class Pipeline:
         flushes = self._windows.add(
             key,
             ctx,
+            lane=ctx.lane,
             input_chars=len(ctx.input),
             partition=ctx.source.tp,
             limits=tier.limits_for(key, now_s),
@@ -279,22 +283,7 @@ class Pipeline:
         self._plans.add(task)
         task.add_done_callback(self._plans.discard)
 
-    # ------------------------------------------------------------------ backpressure
-    def _apply_backpressure(self) -> None:
-        inflight = self._sink.inflight()
-        if not self._paused and inflight >= self._settings.max_inflight:
-            self._intake.pause(self._intake.assignment())
-            self._paused = True
-            log.info(
-                "backpressure: %d items in flight >= max_inflight %d; partitions paused",
-                inflight,
-                self._settings.max_inflight,
-            )
-        elif self._paused and inflight <= self._resume_at:
-            self._intake.resume(self._intake.assignment())
-            self._paused = False
-            log.info("backpressure released: %d items in flight", inflight)
-
+    # ------------------------------------------------------------------ gauges
     def _refresh_gauges(self) -> None:
         now_s = self._clock()
         if now_s >= self._next_expire_s:

@@ -39,6 +39,7 @@ from consumer.core.circuit import Admit, is_outage
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest, Usage, prompt_cache_key
 from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost_usd
 from consumer.core.errors import ErrorKind, ProviderError, RateLimited, ServerError
+from consumer.core.lanes import Lane, pack_lane
 from consumer.core.output import response_format_schema
 from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
@@ -147,7 +148,10 @@ class PlanRunner:
                 request = self.build_request(req, key)
             # while waiting for a slot the deadline may pass or the circuit open
             wanted = functools.partial(self._still_wanted, plan, req, probe)
-            answer = await self.call(request, traces, still_wanted=wanted, probe=probe)
+            lane, deadline_s = _schedule_of(req)
+            answer = await self.call(
+                request, traces, still_wanted=wanted, probe=probe, lane=lane, deadline_s=deadline_s
+            )
             if answer is None:
                 if probe:
                     self.tier.circuit.probe_abandoned()
@@ -183,6 +187,8 @@ class PlanRunner:
         *,
         still_wanted: Callable[[], bool] | None = None,
         probe: bool = False,
+        lane: Lane | None = None,
+        deadline_s: float | None = None,
     ) -> Completion | ProviderError | None:
         """One provider call under the tier's limiter: the completion or the ProviderError.
 
@@ -190,9 +196,10 @@ class PlanRunner:
         becomes a retryable ServerError (which says nothing to the circuit). None:
         `still_wanted` said no once the slot was granted. The limiter token ends exactly once
         whatever happens (`AsyncLimiter.slot`). probe: this call is the open circuit's probe.
+        lane, deadline_s: where the request waits for its slot (`consumer.core.lanes`).
         """
         tier = self.tier
-        async with tier.limiter.slot(request.estimated_tokens()) as token:
+        async with tier.limiter.slot(request.estimated_tokens(), lane=lane, deadline_s=deadline_s) as token:
             if still_wanted is not None and not still_wanted():
                 return None
             with self._telemetry.provider_call(tier.name, traces) as span:
@@ -402,7 +409,7 @@ class PlanRunner:
         if tier.circuit.open:
             return  # while the provider is down only the probe goes out
         request = self.ordinary_request(ctx)
-        answer = await self.call(request, [ctx.trace])
+        answer = await self.call(request, [ctx.trace], lane=ctx.lane)
         self._count_verification()
         if not isinstance(answer, Completion):
             return  # a failed verification says nothing about agreement
@@ -471,6 +478,15 @@ class PlanRunner:
 
 def _ctx(member: Member) -> JobContext:
     return cast(JobContext, member.ref)  # every Member a runner makes refers to its JobContext
+
+
+def _schedule_of(req: PlannedRequest) -> tuple[Lane | None, float | None]:
+    """Where a request waits for its tier's slot: the lane of its most urgent job (a request
+    is as urgent as its most urgent member) and its members' nearest deadline."""
+    ctxs = [_ctx(m) for m in req.members]
+    lanes = [c.lane for c in ctxs if c.lane is not None]
+    deadlines = [c.deadline_s for c in ctxs if c.deadline_s is not None]
+    return (pack_lane(lanes) if lanes else None), (min(deadlines) if deadlines else None)
 
 
 def _note_answer(tier: TierRuntime, token: Token, completion: Completion) -> None:

@@ -81,6 +81,38 @@ class TierStats:
 
 
 @dataclass
+class LaneStats:
+    """Counters and gauges of one lane (`consumer.core.lanes`): its jobs' outcomes, their
+    latency from read to outcome, and its backpressure."""
+
+    results: int = 0
+    dead_letters: int = 0
+    #: seconds from read to outcome, summed over the lane's results and dead letters
+    latency_s_total: float = 0.0
+    #: the longest of them since start
+    latency_s_max: float = 0.0
+    # gauges
+    inflight: int = 0
+    #: 1 while the lane's partitions are paused by its in-flight bound
+    paused: int = 0
+
+    def ended(self, latency_s: float, *, ok: bool) -> None:
+        """One of the lane's jobs has its outcome."""
+        if ok:
+            self.results += 1
+        else:
+            self.dead_letters += 1
+        self.latency_s_total += latency_s
+        self.latency_s_max = max(self.latency_s_max, latency_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        ended = self.results + self.dead_letters
+        d["latency_s_mean"] = round(self.latency_s_total / ended, 6) if ended else 0.0
+        return d
+
+
+@dataclass
 class ServiceStats:
     """Everything `promptbus stats` shows, for one instance."""
 
@@ -97,6 +129,7 @@ class ServiceStats:
     inflight: int = 0
     paused_partitions: int = 0
     tiers: dict[str, TierStats] = field(default_factory=dict)
+    lanes: dict[str, LaneStats] = field(default_factory=dict)
     #: batched answers compared with the same job asked alone, per tier and batch size
     agreement: AgreementStats = field(default_factory=AgreementStats)
 
@@ -105,6 +138,12 @@ class ServiceStats:
         if ts is None:
             ts = self.tiers[name] = TierStats()
         return ts
+
+    def lane(self, name: str) -> LaneStats:
+        ls = self.lanes.get(name)
+        if ls is None:
+            ls = self.lanes[name] = LaneStats()
+        return ls
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -120,6 +159,7 @@ class ServiceStats:
             "inflight": self.inflight,
             "paused_partitions": self.paused_partitions,
             "tiers": {name: ts.as_dict() for name, ts in sorted(self.tiers.items())},
+            "lanes": {name: ls.as_dict() for name, ls in sorted(self.lanes.items())},
             "agreement": self.agreement.as_dict(),
         }
 
@@ -131,6 +171,9 @@ _OWN_GAUGES = {"limit", "inflight", "paused_s"}
 _SHARED_GAUGES = {"batch_size", "budget_requests_per_s", "budget_tokens_per_s", "circuit_open", "outage_s"}
 #: text that goes with a shared gauge: taken from the live instance that has its largest value
 _GAUGE_TEXTS = {"batch_size_reason": "batch_size"}
+#: a lane's gauges are each instance's own (summed over live instances); its largest latency is
+#: the largest of any instance; its mean is worked out from the sums
+_LANE_GAUGES = {"inflight", "paused"}
 
 
 class _AgreementCount(BaseModel):
@@ -150,6 +193,7 @@ class _Snapshot(BaseModel):
     inflight: int = 0
     dead_letters: dict[str, int] = {}
     tiers: dict[str, dict[str, float | str]] = {}
+    lanes: dict[str, dict[str, float]] = {}
     agreement: dict[str, dict[str, _AgreementCount]] = {}
 
 
@@ -190,6 +234,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         "skipped_done": 0,
         "inflight": 0,
         "tiers": {},
+        "lanes": {},
         "agreement": {},
     }
     for snap in snapshots:
@@ -220,6 +265,8 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
                         agg.setdefault(k, 0)
                 else:
                     agg[k] = agg.get(k, 0) + v
+        for name, ls in snap.get("lanes", {}).items():
+            _merge_lane(total["lanes"].setdefault(name, {}), ls, live=live)
         for name, per_size in snap.get("agreement", {}).items():
             tier_agreement = total["agreement"].setdefault(name, {})
             for size, count in per_size.items():
@@ -229,5 +276,30 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
     for per_size in total["agreement"].values():
         for count in per_size.values():
             count["rate"] = round(count["agreed"] / count["compared"], 4) if count["compared"] else None
+    for agg in total["lanes"].values():
+        ended = agg.get("results", 0) + agg.get("dead_letters", 0)
+        agg["latency_s_mean"] = round(agg.get("latency_s_total", 0.0) / ended, 6) if ended else 0.0
     total["dead_letters"] = dict(total["dead_letters"])
     return total
+
+
+def _merge_lane(agg: dict[str, float], ls: dict[str, float], *, live: bool) -> None:
+    for k, v in ls.items():
+        if k == "latency_s_mean":
+            continue
+        if k == "latency_s_max":
+            agg[k] = max(agg.get(k, 0.0), v)
+        elif k in _LANE_GAUGES:
+            agg[k] = agg.get(k, 0) + (v if live else 0)
+        else:
+            agg[k] = agg.get(k, 0) + v
+
+
+def format_lanes(merged: dict[str, Any]) -> list[str]:
+    """`promptbus stats` lines of the merged snapshot's lanes, one per lane."""
+    return [
+        f"lane {name}: results={ls.get('results', 0)} dead_letters={ls.get('dead_letters', 0)} "
+        f"latency_mean={ls.get('latency_s_mean', 0.0):.3f}s latency_max={ls.get('latency_s_max', 0.0):.3f}s "
+        f"in_flight={ls.get('inflight', 0)} paused={ls.get('paused', 0)}"
+        for name, ls in sorted(merged.get("lanes", {}).items())
+    ]

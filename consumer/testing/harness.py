@@ -232,8 +232,10 @@ class KafkaBus:
     def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
         return InProcessService(self.settings, tier_file, **kwargs)
 
-    async def produce(self, jobs: Iterable[dict[str, Any] | bytes]) -> int:
-        return await produce(self.settings, jobs)
+    async def produce(self, jobs: Iterable[dict[str, Any] | bytes], *, topic: str | None = None) -> int:
+        """Produce to the jobs topic, or to `topic` (a lane's)."""
+        settings = self.settings if topic is None else self.settings.model_copy(update={"jobs_topic": topic})
+        return await produce(settings, jobs)
 
     async def outcomes(self) -> Outcomes:
         return await read_outcomes(self.settings)
@@ -275,7 +277,8 @@ class MemoryBus:
     def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
         return InProcessService(self.settings, tier_file, edges=self.edges, **kwargs)
 
-    async def produce(self, jobs: Iterable[dict[str, Any] | bytes]) -> int:
+    async def produce(self, jobs: Iterable[dict[str, Any] | bytes], *, topic: str | None = None) -> int:
+        """Append to the jobs topic, or to `topic` (a lane's)."""
         n = 0
         for j in jobs:
             value = j if isinstance(j, bytes) else orjson.dumps(j)
@@ -283,7 +286,7 @@ class MemoryBus:
             with contextlib.suppress(Exception):
                 jid = orjson.loads(value).get("id")
                 key = jid.encode() if isinstance(jid, str) else None
-            self.broker.append(self.settings.jobs_topic, key, value)
+            self.broker.append(topic or self.settings.jobs_topic, key, value)
             n += 1
         return n
 

@@ -88,9 +88,15 @@ class MemoryBroker:
 class MemoryIntake:
     """A `JobIntake` on the memory broker: one member that owns every partition."""
 
-    def __init__(self, broker: MemoryBroker, settings: Settings, owned: Assignment | None = None) -> None:
+    def __init__(
+        self,
+        broker: MemoryBroker,
+        settings: Settings,
+        owned: Assignment | None = None,
+        topics: Sequence[str] | None = None,
+    ) -> None:
         self._broker = broker
-        self._topic = settings.jobs_topic
+        self._topics = list(topics) if topics else [settings.jobs_topic]
         self.group_id = settings.group_id
         #: the owned partitions' fetch positions (shared with the sink, as the real intake's)
         self.owned = owned if owned is not None else Assignment()
@@ -102,7 +108,9 @@ class MemoryIntake:
     async def start(self, handler: RebalanceHandler) -> None:
         self._handler = handler
         committed = self._broker.committed.setdefault(self.group_id, {})
-        partitions = {TopicPartition(self._topic, p) for p in range(len(self._broker.topic(self._topic)))}
+        partitions = {
+            TopicPartition(topic, p) for topic in self._topics for p in range(len(self._broker.topic(topic)))
+        }
         for tp in partitions:
             state = self.owned.assign(tp)
             state.fetched_to, state.done_read = committed.get(tp, 0), True
@@ -258,9 +266,9 @@ class MemoryEdges:
 
     broker: MemoryBroker
 
-    async def ensure_topics(self, settings: Settings) -> dict[str, str]:
+    async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]:
         names = [
-            settings.jobs_topic,
+            *dict.fromkeys([settings.jobs_topic, *lane_topics]),
             settings.results_topic,
             settings.dlq_topic,
             settings.stats_topic,
@@ -276,8 +284,10 @@ class MemoryEdges:
 
         return dict.fromkeys(topics, MAX_MESSAGE_BYTES)
 
-    def intake(self, settings: Settings, client_id: str, owned: Assignment) -> MemoryIntake:
-        return MemoryIntake(self.broker, settings, owned)
+    def intake(
+        self, settings: Settings, client_id: str, owned: Assignment, topics: Sequence[str] = ()
+    ) -> MemoryIntake:
+        return MemoryIntake(self.broker, settings, owned, topics)
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> MemoryProducer:
         return MemoryProducer(self.broker)

@@ -36,7 +36,7 @@ JOBS = 200
 MAX_INFLIGHT = 20
 SAMPLE_INTERVAL_S = 0.01
 FINISH_WAIT_S = 120.0
-#: the pipeline's INFO lines when it pauses and resumes the partitions
+#: the lane gate's INFO lines when it pauses and resumes the partitions
 PAUSE_LOG = "backpressure: "
 RESUME_LOG = "backpressure released"
 
@@ -64,7 +64,7 @@ async def run_backpressure(
     jobs_n: int = JOBS,
 ) -> BackpressureRun:
     """Run jobs_n jobs through an in-process service with max_inflight; sample stats."""
-    caplog.set_level(logging.INFO, logger="consumer.runtime.pipeline")
+    caplog.set_level(logging.INFO, logger="consumer.runtime.lanes")
     env = service_env(kafka_bootstrap, partitions=4, PROMPTBUS_MAX_INFLIGHT=max_inflight)
     settings = settings_from_env(env)
     await create_topics(settings)
@@ -94,7 +94,7 @@ async def run_backpressure(
             final = service.stats_snapshot()
 
     outcomes = await read_outcomes(settings)
-    messages = [r.getMessage() for r in caplog.records if r.name == "consumer.runtime.pipeline"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "consumer.runtime.lanes"]
     return BackpressureRun(
         jobs=jobs,
         results=outcomes.results,

@@ -1,0 +1,92 @@
+"""Lanes end to end (the in-memory edges and the real broker): a bulk backlog pauses only its
+own lane, interactive jobs overtake it, results carry their lane, stats count per lane."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
+from tests.service.harness import job, tier_file_dict
+
+BULK_JOBS = 300
+BULK_MAX_INFLIGHT = 20
+INTERACTIVE_JOBS = 10
+
+
+def lane_tiers(base_url: str, jobs_topic: str) -> dict[str, Any]:
+    """Two requests at a time at most; interactive on its own topic, bulk on the jobs topic."""
+    tiers = tier_file_dict(base_url + "/v1", batching=False)
+    tiers["tiers"]["small"]["limiter"] = {"algorithm": "fixed", "initial": 2, "min": 1, "max": 2}
+    tiers["lanes"] = {
+        "interactive": {"topic": jobs_topic + ".interactive", "max_wait_ms": 50},
+        "bulk": {"topic": jobs_topic, "min_share": 0.1, "max_inflight": BULK_MAX_INFLIGHT},
+    }
+    return tiers
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return condition()
+
+
+async def test_a_bulk_backlog_pauses_only_its_lane_and_interactive_jobs_overtake_it(
+    make_bus: Callable[..., Any],
+) -> None:
+    bus = make_bus(partitions=2)
+    jobs_topic = bus.settings.jobs_topic
+    bulk = [job(i, batch=False) for i in range(BULK_JOBS)]
+    interactive = [{**job(i, batch=False), "id": f"int-{i}"} for i in range(INTERACTIVE_JOBS)]
+    with run_simulator(SimulatorConfig(latency_ms=50, capacity=2, seed=11)) as base_url:
+        async with bus.service(lane_tiers(base_url, jobs_topic)) as svc:
+            await bus.produce(bulk)
+            lanes = svc.stats.lanes
+            peak_bulk = 0
+
+            def bulk_paused() -> bool:
+                nonlocal peak_bulk
+                peak_bulk = max(peak_bulk, lanes["bulk"].inflight)
+                return lanes["bulk"].paused == 1
+
+            assert await _until(bulk_paused, 30), svc.stats_snapshot()["lanes"]
+            await bus.produce(interactive, topic=jobs_topic + ".interactive")
+            int_ids = {j["id"] for j in interactive}
+            outcomes = await bus.wait_for_outcomes(int_ids, timeout_s=30)
+            assert int_ids <= set(outcomes.results), "an interactive job has no result"
+            bulk_done = sum(1 for j in bulk if j["id"] in outcomes.results)
+            assert bulk_done < BULK_JOBS, "the bulk backlog drained before the interactive jobs were answered"
+            assert lanes["interactive"].paused == 0
+            assert await _until(bulk_paused, 0)  # still paused: only its own lane
+            all_ids = {j["id"] for j in bulk} | int_ids
+            outcomes = await bus.wait_for_outcomes(all_ids, timeout_s=90)
+            snapshot = svc.stats_snapshot()
+    assert set(outcomes.results) == all_ids and not outcomes.dead
+    for j in bulk + interactive:
+        (r,) = outcomes.results[j["id"]]
+        assert r["output"] == answer_for(j["variables"]["text"])
+        assert r["lane"] == ("interactive" if j["id"].startswith("int-") else "bulk")
+    # the interactive jobs waited for at most a few requests, not for the backlog
+    assert max(outcomes.results[i][0]["latency_ms"] for i in int_ids) < 3000
+    # a poll takes at most the room left under the bound
+    assert peak_bulk <= BULK_MAX_INFLIGHT
+    assert snapshot["lanes"]["interactive"]["results"] == INTERACTIVE_JOBS
+    assert snapshot["lanes"]["bulk"]["results"] == BULK_JOBS
+    assert snapshot["lanes"]["bulk"]["paused"] == 0 and snapshot["lanes"]["bulk"]["inflight"] == 0
+
+
+async def test_without_lanes_results_carry_the_default_lane(make_bus: Callable[..., Any]) -> None:
+    bus = make_bus(partitions=2)
+    jobs = [job(i, batch=i % 2 == 0) for i in range(20)]
+    with run_simulator(SimulatorConfig(latency_ms=5, seed=12)) as base_url:
+        async with bus.service(tier_file_dict(base_url + "/v1")) as svc:
+            await bus.produce(jobs)
+            outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=30)
+            snapshot = svc.stats_snapshot()
+    assert {r[0]["lane"] for r in outcomes.results.values()} == {"default"}
+    assert snapshot["lanes"]["default"]["results"] == len(jobs)
