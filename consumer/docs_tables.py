@@ -25,7 +25,7 @@ from pydantic import AliasChoices
 from consumer import schemas
 from consumer.settings import Settings
 
-__all__ = ["DEFAULT_PATH", "TABLES", "environment_table", "main", "render", "tier_file_table"]
+__all__ = ["DEFAULT_PATH", "TABLES", "environment_table", "lane_table", "main", "render", "tier_file_table"]
 
 #: docs/configuration.md at the repository root.
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -90,16 +90,26 @@ def _table(header: str, rows: list[str]) -> str:
     return "\n".join([header, "| --- | --- | --- | --- |", *rows]) + "\n"
 
 
-def tier_file_table() -> str:
-    """Every key of a tier (`tiers.NAME.KEY`), its type, default and description."""
+def _tier_file_rows(model: str) -> str:
+    """Every key of one tier-file model (`$defs[model]`), its type, default and description."""
     schema = json.loads(schemas.generate()["tier_file.schema.json"])
     defs = schema["$defs"]
     lines = [
         f"| `{'.'.join(path)}` | {_cell(_type(prop))} | {_cell(_default(prop))} "
         f"| {_cell(prop.get('description', ''))} |"
-        for path, prop in _rows(defs["TierConfig"], defs, ())
+        for path, prop in _rows(defs[model], defs, ())
     ]
     return _table("| key | type | default | what |", lines)
+
+
+def tier_file_table() -> str:
+    """Every key of a tier (`tiers.NAME.KEY`), its type, default and description."""
+    return _tier_file_rows("TierConfig")
+
+
+def lane_table() -> str:
+    """Every key of a lane (`lanes.NAME.KEY`), its type, default and description."""
+    return _tier_file_rows("LaneConfig")
 
 
 def _env_names(path: tuple[str, ...]) -> str:
@@ -136,6 +146,7 @@ def environment_table() -> str:
 #: marker name -> the function that writes its table.
 TABLES: dict[str, Callable[[], str]] = {
     "tier-file": tier_file_table,
+    "lanes": lane_table,
     "environment": environment_table,
 }
 
