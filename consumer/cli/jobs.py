@@ -13,8 +13,16 @@ from typing import Any
 
 import orjson
 
-from consumer.cli.environment import add_bootstrap, configure_logging, kafka_settings, load_settings
+from consumer.cli.environment import (
+    add_bootstrap,
+    check_kafka,
+    configure_logging,
+    kafka_settings,
+    load_settings,
+    load_tier_file,
+)
 from consumer.core.errors import ConfigError
+from consumer.settings import lane_topic
 
 
 def _refused(where: str, value: bytes, stopped: str) -> ConfigError | None:
@@ -113,7 +121,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         job = _one_job(args)
         jobs = [job]
-    settings = kafka_settings(args)
+    settings = load_settings(args)
+    if args.lane:
+        topic = lane_topic(load_tier_file(args), args.lane, settings.jobs_topic)
+        settings = settings.model_copy(update={"jobs_topic": topic})
+    check_kafka(settings)
     if not args.file:
         print(orjson.loads(job)["id"])
     started = time.monotonic()
@@ -236,7 +248,10 @@ def cmd_map(args: argparse.Namespace) -> int:
             sys.stdout.flush()
 
     try:
-        with Client(load_settings(args)) as client:
+        settings = load_settings(args)
+        if args.config:
+            settings = settings.model_copy(update={"config": args.config})
+        with Client(settings) as client:
             if args.collect:
                 outcomes = client.collect(
                     args.collect, args.total, since=args.since, timeout_s=args.timeout_s, on_progress=bar
@@ -250,6 +265,7 @@ def cmd_map(args: argparse.Namespace) -> int:
                     batch=args.batch,
                     options=options,
                     mode=args.mode,
+                    lane=args.lane,
                     run_id=args.run_id,
                     on_progress=bar,
                     timeout_s=args.timeout_s,
@@ -290,6 +306,8 @@ def add_submit_command(sub: Any) -> None:
     submit.add_argument("--offline", action="store_true", help="mode offline (provider Batch API)")
     submit.add_argument("--id", help="job id (default: random)")
     submit.add_argument("--file", help="JSONL file, one job per line")
+    submit.add_argument("--lane", help="publish to this lane's topic (the tier file's lanes)")
+    submit.add_argument("--config", help="with --lane: the tier file (YAML); default PROMPTBUS_CONFIG")
     add_bootstrap(submit)
     submit.set_defaults(func=cmd_submit)
 
@@ -317,6 +335,8 @@ def add_map_command(sub: Any) -> None:
     m.add_argument("--batch", action="store_true", help="the jobs may share a prompt (batchable template)")
     m.add_argument("--options", metavar="JSON", help="provider options, e.g. '{\"max_tokens\": 8}'")
     m.add_argument("--mode", default="online", help="online (default) or offline (provider Batch API)")
+    m.add_argument("--lane", help="publish to this lane's topic (the tier file's lanes)")
+    m.add_argument("--config", help="with --lane: the tier file (YAML); default PROMPTBUS_CONFIG")
     m.add_argument("--run-id", help="run id (default: random, with the start time); job ids: RUN_ID-INDEX")
     m.add_argument("--timeout-s", type=float, help="stop waiting after S seconds (exit 3; nothing cancelled)")
     m.add_argument("--out", metavar="FILE", help="write the outcomes here instead of stdout")

@@ -22,7 +22,8 @@ from consumer.client.jobs import (
 from consumer.client.outcomes import MapError, MapTimeout, Outcome, ProgressCallback
 from consumer.client.reader import OutcomeReader
 from consumer.client.tracker import RunTracker
-from consumer.settings import Settings, load_settings
+from consumer.core.errors import ConfigError
+from consumer.settings import Settings, lane_topic, load_settings, load_tier_file
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,9 @@ class AsyncClient:
 
     `AsyncClient(settings=None, **overrides)`: the service's settings from the environment,
     or `settings`, with `overrides` (Settings field names, e.g. `kafka_bootstrap_servers`,
-    `jobs_topic`) on top. `async with AsyncClient() as client:` closes it at the end.
+    `jobs_topic`, `config`) on top. `async with AsyncClient() as client:` closes it at the end.
+    A `lane=` of `map` is looked up in the tier file (`config`, PROMPTBUS_CONFIG): its jobs go
+    to that lane's topic.
     """
 
     def __init__(self, settings: Settings | None = None, **overrides: Any) -> None:
@@ -44,7 +47,7 @@ class AsyncClient:
             self.settings = load_settings(**overrides)
         else:
             self.settings = settings.model_copy(update=overrides) if overrides else settings
-        self._topics_ready = False
+        self._topics_ready: set[str] = set()
         #: start offsets and start time (Unix s) of the runs this client started, for `collect`
         self._starts: dict[str, tuple[dict[Any, int], float]] = {}
 
@@ -58,12 +61,28 @@ class AsyncClient:
         """Forget the runs' start offsets (each call opens and closes its own Kafka clients)."""
         self._starts.clear()
 
-    async def _ensure_topics(self) -> None:
-        if not self._topics_ready:
+    def lane_settings(self, lane: str | None) -> Settings:
+        """The settings whose jobs topic is `lane`'s (the tier file's `lanes`); ValueError for
+        a lane the tier file does not name, or a lane without a tier file."""
+        if lane is None:
+            return self.settings
+        if self.settings.config is None:
+            raise ValueError(
+                f"lane {lane!r}: the lanes' topics are in the tier file: set PROMPTBUS_CONFIG or config="
+            )
+        try:
+            topic = lane_topic(load_tier_file(self.settings.config), lane, self.settings.jobs_topic)
+        except ConfigError as exc:
+            raise ValueError(f"lane: {exc.reason}") from None
+        return self.settings.model_copy(update={"jobs_topic": topic})
+
+    async def _ensure_topics(self, settings: Settings | None = None) -> None:
+        settings = settings or self.settings
+        if settings.jobs_topic not in self._topics_ready:
             from consumer.kafka.admin import ensure_topics
 
-            await ensure_topics(self.settings)
-            self._topics_ready = True
+            await ensure_topics(settings)
+            self._topics_ready.add(settings.jobs_topic)
 
     async def map(
         self,
@@ -74,6 +93,7 @@ class AsyncClient:
         batch: bool = False,
         options: Mapping[str, Any] | None = None,
         mode: str = "online",
+        lane: str | None = None,
         run_id: str | None = None,
         on_progress: ProgressCallback | None = None,
         raise_on_error: bool = False,
@@ -83,12 +103,13 @@ class AsyncClient:
 
         `prompt`: a template whose one `${name}` each string input fills, or whose variables
         each dict input gives; without it each input is the whole prompt. `batch`: the jobs
-        may share a prompt (the template must be batchable). Raises ValueError for bad input
+        may share a prompt (the template must be batchable). `lane`: the jobs go to that lane's
+        topic (the tier file's `lanes`), else to the jobs topic. Raises ValueError for bad input
         (nothing produced), MapError with `raise_on_error` when any input failed, MapTimeout
         when `timeout_s` passes first.
         """
         jobs = prompt_jobs(tier, inputs, prompt, batch, options, mode)
-        return await self._run(jobs, run_id, on_progress, raise_on_error, timeout_s)
+        return await self._run(jobs, lane, run_id, on_progress, raise_on_error, timeout_s)
 
     async def map_chat(
         self,
@@ -97,6 +118,7 @@ class AsyncClient:
         *,
         options: Mapping[str, Any] | None = None,
         mode: str = "online",
+        lane: str | None = None,
         run_id: str | None = None,
         on_progress: ProgressCallback | None = None,
         raise_on_error: bool = False,
@@ -104,12 +126,13 @@ class AsyncClient:
     ) -> list[Outcome]:
         """One chat job per conversation (`[{"role": ..., "content": ...}, ...]`); as `map`."""
         jobs = chat_jobs(tier, conversations, options, mode)
-        return await self._run(jobs, run_id, on_progress, raise_on_error, timeout_s)
+        return await self._run(jobs, lane, run_id, on_progress, raise_on_error, timeout_s)
 
     async def map_jobs(
         self,
         jobs: Sequence[Mapping[str, Any]],
         *,
+        lane: str | None = None,
         run_id: str | None = None,
         on_progress: ProgressCallback | None = None,
         raise_on_error: bool = False,
@@ -118,7 +141,7 @@ class AsyncClient:
         """Whole job dicts (each with its own tier, prompt + variables or messages, batch,
         options, mode, deadline, metadata); job `i` gets the id `RUN_ID-i` (an `id` in the
         dict is dropped). Outcomes in the jobs' order; raises as `map`."""
-        return await self._run(check_jobs(jobs), run_id, on_progress, raise_on_error, timeout_s)
+        return await self._run(check_jobs(jobs), lane, run_id, on_progress, raise_on_error, timeout_s)
 
     async def collect(
         self,
@@ -162,6 +185,7 @@ class AsyncClient:
     async def _run(
         self,
         jobs: list[dict[str, Any]],
+        lane: str | None,
         run_id: str | None,
         on_progress: ProgressCallback | None,
         raise_on_error: bool,
@@ -169,6 +193,7 @@ class AsyncClient:
     ) -> list[Outcome]:
         from consumer.kafka.clients import submit_jobs
 
+        submit_to = self.lane_settings(lane)
         started_at = time.time()
         started = time.monotonic()
         run_id = run_id if run_id is not None else new_run_id(started_at, secrets.token_hex(4))
@@ -176,7 +201,7 @@ class AsyncClient:
         keys = iter([f"{run_id}-{i}".encode() for i in range(len(values))])
         tracker = RunTracker(run_id, len(values))
         # the same as `promptbus submit`: the jobs topic exists before jobs are produced
-        await self._ensure_topics()
+        await self._ensure_topics(submit_to)
         reader = OutcomeReader(self.settings)
         try:
             await reader.open(self._ensure_topics)
@@ -191,7 +216,7 @@ class AsyncClient:
             )
             try:
                 # submit_jobs asks for each value's key once, in order
-                await submit_jobs(self.settings, values, key_of=lambda _value: next(keys))
+                await submit_jobs(submit_to, values, key_of=lambda _value: next(keys))
                 await follow
             finally:
                 if not follow.done():
