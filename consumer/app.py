@@ -275,7 +275,6 @@ async def run_service(
         clients: list[Any] = []
         parts.push_async_callback(_close_all, clients)
         tiers, tier_clients = await build_tiers(tier_file, stats, providers, remembered)
-        remembered.watch(tiers)
         clients.extend(tier_clients)
         for tier in tiers.values():
             parts.push_async_callback(tier.provider.aclose)
@@ -313,7 +312,7 @@ async def run_service(
             SidePublisher(
                 side_producer,
                 settings.batching_topic,
-                remembered.records,
+                lambda: remembered.records(tiers),
                 settings.stats_interval_s,
                 what="batching evidence",
             ),
