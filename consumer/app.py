@@ -22,6 +22,7 @@ from consumer.kafka.clients import read_latest
 from consumer.kafka.intake import JobIntake, KafkaIntake
 from consumer.kafka.publisher import SidePublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
+from consumer.kafka.topicreader import KafkaTopicReader, TopicReader
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, make_http_client
 from consumer.runtime.delivery import OutcomeWriter
@@ -51,7 +52,8 @@ class ServiceIntake(JobIntake, Protocol):
 
 
 class ServiceEdges(Protocol):
-    """The service's edges to Kafka: topics, the jobs intake, producers.
+    """The service's edges to Kafka: topics, the jobs intake, producers, the offline tracker's
+    reader.
 
     `KafkaEdges` is the real one; `consumer.testing.memory.MemoryEdges` keeps everything in
     memory (tests run the whole service on it without a broker).
@@ -64,6 +66,10 @@ class ServiceEdges(Protocol):
     def intake(self, settings: Settings, client_id: str, owned: Assignment) -> ServiceIntake: ...
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any: ...
+
+    def topic_reader(self, settings: Settings, client_id: str, topic: str, group_id: str) -> TopicReader:
+        """`topic` read by one member of `group_id` at a time, from its beginning."""
+        ...
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         """The latest value of every key of a compacted topic."""
@@ -84,6 +90,9 @@ class KafkaEdges:
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any:
         return kafka_producer_factory(settings, client_id)(transactional_id=transactional_id)
+
+    def topic_reader(self, settings: Settings, client_id: str, topic: str, group_id: str) -> KafkaTopicReader:
+        return KafkaTopicReader(settings, topic=topic, group_id=group_id, client_id=client_id)
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         return await read_latest(settings, topic)
@@ -149,14 +158,15 @@ def build_offline(
     outcomes: OutcomeWriter,
     side_producer: Any,
     make_producer: Any,
-    instance: str,
+    make_reader: Callable[[], TopicReader],
     clients: list[Any],
     limits: RecordLimits,
 ) -> tuple[OfflineCollector | None, list[Any]]:
     """Collector and tracker for tiers with offline.enabled (none when no tier allows it).
 
-    Returns the collector (where the pipeline sends offline jobs) and the parts to start and
-    stop in order; the HTTP clients made are added to `clients`.
+    `make_reader`: the tracker's reader of the batches topic. Returns the collector (where the
+    pipeline sends offline jobs) and the parts to start and stop in order; the HTTP clients
+    made are added to `clients`.
     """
     offline_tiers = {n: t for n, t in tier_file.tiers.items() if t.offline.enabled}
     if not offline_tiers:
@@ -177,11 +187,11 @@ def build_offline(
         settings,
         batch_providers,
         tracker_producer,
+        make_reader(),
         poll_s_by_tier={n: t.offline.poll_s for n, t in offline_tiers.items()},
         options_by_tier={n: t.options for n, t in offline_tiers.items()},
         limits=limits,
         transactional=exactly_once,
-        client_id=f"promptbus-{instance}-tracker",
         stats=outcomes.stats,
         pricing_by_tier={n: t.pricing.pricing() for n, t in offline_tiers.items() if t.pricing is not None},
     )
@@ -287,6 +297,11 @@ async def run_service(
         def make_producer(*, transactional_id: str | None) -> Any:
             return edges.producer(settings, client_id, transactional_id)
 
+        def make_batch_reader() -> TopicReader:
+            # its own group: one instance of the service's group tracks at a time
+            group_id = f"{settings.group_id}.batches"
+            return edges.topic_reader(settings, f"{client_id}-tracker", settings.batches_topic, group_id)
+
         sink: OutcomeSink
         if settings.processing_guarantee == "exactly_once":
             sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit, intake.rejoin, owned)
@@ -295,7 +310,7 @@ async def run_service(
         side_producer = make_producer(transactional_id=None)
         outcomes = OutcomeWriter(settings, sink, stats, telemetry, limits)
         collector, offline_parts = build_offline(
-            settings, tier_file, outcomes, side_producer, make_producer, instance, clients, limits
+            settings, tier_file, outcomes, side_producer, make_producer, make_batch_reader, clients, limits
         )
         pipeline = Pipeline(
             settings, tiers, intake, sink, outcomes, stats, telemetry, offline=collector, rng=random.Random()
