@@ -212,12 +212,12 @@ class _ProducerPart:
         await self.producer.stop()
 
 
-#: young-generation collections run after this many net allocations (CPython default 700).
-#: CPython counts allocations minus deallocations of tracked objects, and a job's objects die by
-#: reference counting (60,000 jobs left ~500 objects in cycles): a collection runs once this
-#: many more objects are alive or cyclic garbage than at the last one, which bounds the garbage.
-#: At 20,000 the collections still ran every ~3,000 jobs and walked the in-flight jobs' objects:
-#: 3.5-4 us of CPU per job, ~10% (bench/README.md); at 100,000 none ran in a steady state.
+#: young-generation collections run after this many net allocations of tracked objects
+#: (allocations minus deallocations). A job's objects die by reference counting and almost
+#: none are left in cycles, so the count grows only with what is alive or cyclic garbage: a
+#: collection runs once that many more are, which still bounds the garbage. The threshold is
+#: high enough that a steady service does not collect while its in-flight jobs come and go
+#: (each collection would walk their objects); bench/README.md has the measurements.
 GC_GEN0_THRESHOLD = 100_000
 
 
@@ -226,8 +226,8 @@ def tune_gc() -> None:
 
     Every job allocates many short-lived objects and almost none of them form cycles, while
     the heap holds a large, static part (libraries, clients). With CPython's defaults the
-    collector ran ~40 times per 1,000 jobs and each full pass walked that whole static heap:
-    a quarter of the service's CPU (bench/pipeline_bench.py). Objects alive now move to the
+    collector runs often and each full pass walks that whole static heap, a large share of
+    the service's CPU (bench/pipeline_bench.py measures it). Objects alive now move to the
     permanent generation (`gc.freeze`), and the young generation is collected only when
     `GC_GEN0_THRESHOLD` more objects are alive than at the last collection.
     """
