@@ -21,6 +21,7 @@ from consumer.kafka.clients import read_latest
 from consumer.kafka.intake import JobIntake, KafkaIntake
 from consumer.kafka.publisher import SidePublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink, kafka_producer_factory
+from consumer.kafka.topicreader import KafkaTopicReader, TopicReader
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
 from consumer.runtime.delivery import OutcomeWriter
@@ -50,7 +51,8 @@ class ServiceIntake(JobIntake, Protocol):
 
 
 class ServiceEdges(Protocol):
-    """The service's edges to Kafka: topics, the jobs intake, producers.
+    """The service's edges to Kafka: topics, the jobs intake, producers, the offline tracker's
+    reader.
 
     `KafkaEdges` is the real one; `consumer.testing.memory.MemoryEdges` keeps everything in
     memory (tests run the whole service on it without a broker).
@@ -67,6 +69,10 @@ class ServiceEdges(Protocol):
         ...
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any: ...
+
+    def topic_reader(self, settings: Settings, client_id: str, topic: str, group_id: str) -> TopicReader:
+        """`topic` read by one member of `group_id` at a time, from its beginning."""
+        ...
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         """The latest value of every key of a compacted topic."""
@@ -89,6 +95,9 @@ class KafkaEdges:
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> Any:
         return kafka_producer_factory(settings, client_id)(transactional_id=transactional_id)
+
+    def topic_reader(self, settings: Settings, client_id: str, topic: str, group_id: str) -> KafkaTopicReader:
+        return KafkaTopicReader(settings, topic=topic, group_id=group_id, client_id=client_id)
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         return await read_latest(settings, topic)
@@ -148,14 +157,15 @@ def build_offline(
     outcomes: OutcomeWriter,
     side_producer: Any,
     make_producer: Any,
-    instance: str,
+    make_reader: Callable[[], TopicReader],
     clients: list[Any],
     limits: RecordLimits,
 ) -> tuple[OfflineCollector | None, list[Any]]:
     """Collector and tracker for tiers with offline.enabled (none when no tier allows it).
 
-    Returns the collector (where the pipeline sends offline jobs) and the parts to start and
-    stop in order; the HTTP clients made are added to `clients`.
+    `make_reader`: the tracker's reader of the batches topic. Returns the collector (where the
+    pipeline sends offline jobs) and the parts to start and stop in order; the HTTP clients
+    made are added to `clients`.
     """
     offline_tiers = {n: t for n, t in tier_file.tiers.items() if t.offline.enabled}
     if not offline_tiers:
@@ -176,11 +186,11 @@ def build_offline(
         settings,
         batch_providers,
         tracker_producer,
+        make_reader(),
         poll_s_by_tier={n: t.offline.poll_s for n, t in offline_tiers.items()},
         options_by_tier={n: t.options for n, t in offline_tiers.items()},
         limits=limits,
         transactional=exactly_once,
-        client_id=f"promptbus-{instance}-tracker",
         stats=outcomes.stats,
         pricing_by_tier={n: t.pricing.pricing() for n, t in offline_tiers.items() if t.pricing is not None},
     )
@@ -201,12 +211,12 @@ class _ProducerPart:
         await self.producer.stop()
 
 
-#: young-generation collections run after this many net allocations (CPython default 700).
-#: CPython counts allocations minus deallocations of tracked objects, and a job's objects die by
-#: reference counting (60,000 jobs left ~500 objects in cycles): a collection runs once this
-#: many more objects are alive or cyclic garbage than at the last one, which bounds the garbage.
-#: At 20,000 the collections still ran every ~3,000 jobs and walked the in-flight jobs' objects:
-#: 3.5-4 us of CPU per job, ~10% (bench/README.md); at 100,000 none ran in a steady state.
+#: young-generation collections run after this many net allocations of tracked objects
+#: (allocations minus deallocations). A job's objects die by reference counting and almost
+#: none are left in cycles, so the count grows only with what is alive or cyclic garbage: a
+#: collection runs once that many more are, which still bounds the garbage. The threshold is
+#: high enough that a steady service does not collect while its in-flight jobs come and go
+#: (each collection would walk their objects); bench/README.md has the measurements.
 GC_GEN0_THRESHOLD = 100_000
 
 
@@ -215,8 +225,8 @@ def tune_gc() -> None:
 
     Every job allocates many short-lived objects and almost none of them form cycles, while
     the heap holds a large, static part (libraries, clients). With CPython's defaults the
-    collector ran ~40 times per 1,000 jobs and each full pass walked that whole static heap:
-    a quarter of the service's CPU (bench/pipeline_bench.py). Objects alive now move to the
+    collector runs often and each full pass walks that whole static heap, a large share of
+    the service's CPU (bench/pipeline_bench.py measures it). Objects alive now move to the
     permanent generation (`gc.freeze`), and the young generation is collected only when
     `GC_GEN0_THRESHOLD` more objects are alive than at the last collection.
     """
@@ -276,7 +286,6 @@ async def run_service(
         clients: list[Any] = []
         parts.push_async_callback(_close_all, clients)
         tiers, tier_clients = await build_tiers(tier_file, stats, providers, remembered)
-        remembered.watch(tiers)
         clients.extend(tier_clients)
         for tier in tiers.values():
             parts.push_async_callback(tier.provider.aclose)
@@ -289,6 +298,11 @@ async def run_service(
         def make_producer(*, transactional_id: str | None) -> Any:
             return edges.producer(settings, client_id, transactional_id)
 
+        def make_batch_reader() -> TopicReader:
+            # its own group: one instance of the service's group tracks at a time
+            group_id = f"{settings.group_id}.batches"
+            return edges.topic_reader(settings, f"{client_id}-tracker", settings.batches_topic, group_id)
+
         sink: OutcomeSink
         if settings.processing_guarantee == "exactly_once":
             sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit, intake.rejoin, owned)
@@ -297,7 +311,7 @@ async def run_service(
         side_producer = make_producer(transactional_id=None)
         outcomes = OutcomeWriter(settings, sink, stats, telemetry, limits)
         collector, offline_parts = build_offline(
-            settings, tier_file, outcomes, side_producer, make_producer, instance, clients, limits
+            settings, tier_file, outcomes, side_producer, make_producer, make_batch_reader, clients, limits
         )
         pipeline = Pipeline(
             settings,
@@ -323,7 +337,7 @@ async def run_service(
             SidePublisher(
                 side_producer,
                 settings.batching_topic,
-                remembered.records,
+                lambda: remembered.records(tiers),
                 settings.stats_interval_s,
                 what="batching evidence",
             ),

@@ -17,6 +17,7 @@ from consumer.localmodel.config import (
     DEFAULT_N_CTX,
     DEFAULT_PORT,
     DEFAULT_WAIT_S,
+    DESCRIPTION,
     POLL_INTERVAL_S,
     default_batch_threads,
     default_threads,
@@ -182,7 +183,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _description() -> str:
-    """The first paragraph of `consumer.localmodel`'s docstring."""
-    from consumer import localmodel
-
-    return (localmodel.__doc__ or "").split("\n\n")[0]
+    """What `promptbus local-model` runs (the first line of `consumer.localmodel`'s docstring)."""
+    return DESCRIPTION

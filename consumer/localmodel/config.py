@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: what `promptbus local-model` runs, as its help says it
+DESCRIPTION = "A real local model: llama-cpp-python's OpenAI-compatible server with SmolLM2-135M-Instruct."
+
 #: the model id the server reports (`/v1/models`, a tier file's `model:`), whatever the file path
 MODEL_ALIAS = "smollm2-135m-instruct"
 

@@ -66,9 +66,9 @@ class OutcomeWriter:
         self._telemetry = telemetry
         self.limits = limits
         self._clock = clock
-        #: routes a job afresh (the pipeline's): jobs deduped to a leader whose own deadline
-        #: passed before it was answered are routed again, under their own deadlines
-        self.reroute: Callable[[JobContext], None] | None = None
+        #: jobs deduped to a leader whose own deadline passed before it was answered: they are
+        #: routed again under their own deadlines, by whoever routes jobs (`take_rerouted`)
+        self._rerouted: list[JobContext] = []
 
     @property
     def stats(self) -> ServiceStats:
@@ -78,6 +78,11 @@ class OutcomeWriter:
     @property
     def results_topic(self) -> str:
         return self._settings.results_topic
+
+    def take_rerouted(self) -> list[JobContext]:
+        """The jobs to route again since the last call (the pipeline takes them every turn)."""
+        taken, self._rerouted = self._rerouted, []
+        return taken
 
     def reject(self, ticket: Ticket, rejection: Rejection) -> None:
         """An input that cannot become a job context: dead letter with the original bytes."""
@@ -197,8 +202,8 @@ class OutcomeWriter:
         leader_id, followers = table.settle(key, answer, self._clock())
         expired = answer is None and failure is not None and failure.kind is ErrorKind.DEADLINE_EXCEEDED
         for follower in followers:
-            if expired and self.reroute is not None:
-                self.reroute(follower)  # the leader's deadline is not theirs
+            if expired:
+                self._rerouted.append(follower)  # the leader's deadline is not theirs
             else:
                 self.share(follower, leader_id, answer, failure)
 

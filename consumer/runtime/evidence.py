@@ -12,6 +12,9 @@ itself is never written. Record value: ``{"tier", "instance", "written_at" (unix
 "state"}`` with `state` as `AdaptiveBatchSize.export` gives it. The last writer wins:
 instances measuring the same key replace each other's record, each one a sample of the
 same provider and prompt.
+
+The tiers are built from the evidence (`TierRuntime.build` restores each new key from it);
+the evidence never holds the tiers: a publishing round is handed them (`records(tiers)`).
 """
 
 from __future__ import annotations
@@ -20,22 +23,31 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
-from consumer.core.adaptive import AdaptiveBatchSize
+from consumer.core.adaptive import AdaptiveBatchSize, AdaptiveSizes
 from consumer.core.window import BatchKey
 from consumer.settings import TierConfig
-
-if TYPE_CHECKING:
-    from consumer.runtime.tiers import TierRuntime
 
 log = logging.getLogger(__name__)
 
 #: records published per round at most: a service with many batch keys (one per prompt)
 #: writes the keys that learnt most now and the rest in later rounds
 MAX_RECORDS_PER_ROUND = 256
+
+
+class MeasuredTier(Protocol):
+    """What a publishing round reads of a tier (a `TierRuntime`)."""
+
+    @property
+    def config(self) -> TierConfig: ...
+
+    @property
+    def sizes(self) -> AdaptiveSizes[BatchKey]:
+        """The adaptive batch size of each batch key of the tier."""
+        ...
 
 
 def evidence_key(tier: str, config: TierConfig, key: BatchKey) -> bytes:
@@ -47,7 +59,7 @@ def evidence_key(tier: str, config: TierConfig, key: BatchKey) -> bytes:
 
 class RememberedEvidence:
     """The measurements per record key: read at start, restored into new trackers, and the
-    records of what changed since the last round (for `SidePublisher`).
+    records of what the tiers' trackers learnt since the last round (for `SidePublisher`).
 
     states: record key -> `AdaptiveBatchSize.export` data, the latest known (this instance's
         own once it has published).
@@ -66,7 +78,6 @@ class RememberedEvidence:
         self._per_round = per_round
         #: (tier, batch key) -> the tracker's `changes` when it was last published or restored
         self._published: dict[tuple[str, BatchKey], int] = {}
-        self._tiers: Mapping[str, TierRuntime] = {}
 
     @classmethod
     def read(cls, latest: Mapping[bytes, bytes], *, instance: str = "") -> RememberedEvidence:
@@ -104,16 +115,12 @@ class RememberedEvidence:
         # one line per batch key (there may be one per prompt): debug, the count is logged at start
         log.debug("tier %s: batch size %d from remembered evidence (%s)", tier, size, tracker.reason())
 
-    def watch(self, tiers: Mapping[str, TierRuntime]) -> None:
-        """The tiers whose trackers `records` reports."""
-        self._tiers = tiers
-
-    def records(self) -> list[tuple[bytes, dict[str, Any]]]:
-        """(record key, value) of the trackers that learnt something since their last record:
-        at most `per_round`, those with the most new reports first (the others
-        stay due for the next round)."""
+    def records(self, tiers: Mapping[str, MeasuredTier]) -> list[tuple[bytes, dict[str, Any]]]:
+        """(record key, value) of the `tiers`' trackers that learnt something since their last
+        record: at most `per_round`, those with the most new reports first (the others stay
+        due for the next round)."""
         due: list[tuple[int, str, BatchKey, AdaptiveBatchSize]] = []
-        for name, tier in self._tiers.items():
+        for name, tier in tiers.items():
             for key in list(tier.sizes):
                 tracker = tier.sizes.get(key)
                 learnt = tracker.changes - self._published.get((name, key), 0)
@@ -123,7 +130,7 @@ class RememberedEvidence:
         records = []
         written_at = round(time.time(), 3)
         for _, name, key, tracker in due[: self._per_round]:
-            record_key = evidence_key(name, self._tiers[name].config, key)
+            record_key = evidence_key(name, tiers[name].config, key)
             state = tracker.export()
             self.states[record_key] = state
             self._published[(name, key)] = tracker.changes

@@ -4,10 +4,11 @@
                       `offline.collect_s`), submits them as one provider batch, writes the batch
                       id and its members (the full jobs) to the compacted batches topic, and only
                       when that record is acknowledged lets the members' input offsets commit.
-    BatchTracker      owns polling. It joins its own consumer group on the batches topic (one
-                      partition), so exactly one instance tracks at a time and a restarted or
-                      surviving instance takes over: on assignment it reads the topic from the
-                      beginning (latest record per batch), polls each open batch every `poll_s`,
+    BatchTracker      owns polling. It reads the batches topic (one partition) through a
+                      `TopicReader` of its own consumer group, so exactly one instance tracks at
+                      a time and a restarted or surviving instance takes over: on assignment it
+                      reads the topic from the beginning (latest record per batch), polls each
+                      open batch every `poll_s`,
                       publishes one result or dead letter per member when the batch ends, then a
                       tombstone for the batch. In exactly_once mode those records and the
                       tombstone commit in one transaction.
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
 from consumer.core.completion import CompletionRequest
@@ -35,8 +36,8 @@ from consumer.core.cost import Pricing, cost_usd
 from consumer.core.errors import ErrorKind, JobError, ProviderError
 from consumer.core.jobs import Job, checked_json_object
 from consumer.core.output import output_format
-from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
+from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchItemResult, BatchJob, BatchProvider, BatchRequest, BatchStatus
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
@@ -214,19 +215,22 @@ def batch_record(tier: str, job: BatchJob, members: Sequence[tuple[str, JobConte
 
 
 class BatchTracker:
-    """Polls open provider batches and publishes their outcomes (one instance at a time)."""
+    """Polls open provider batches and publishes their outcomes (one instance at a time).
+
+    reader: the batches topic, read from its beginning whenever this instance is assigned it.
+    """
 
     def __init__(
         self,
         settings: Settings,
         batch_providers: dict[str, BatchProvider],
         producer: AIOKafkaProducer,
+        reader: TopicReader,
         *,
         poll_s_by_tier: dict[str, float],
         options_by_tier: dict[str, dict[str, Any]] | None = None,
         limits: RecordLimits | None = None,
         transactional: bool,
-        client_id: str,
         stats: ServiceStats | None = None,
         pricing_by_tier: dict[str, Pricing] | None = None,
     ) -> None:
@@ -239,35 +243,13 @@ class BatchTracker:
         self._transactional = transactional
         self._poll_s_by_tier = poll_s_by_tier
         self._options_by_tier = options_by_tier or {}
-        self._consumer = AIOKafkaConsumer(
-            group_id=f"{settings.group_id}.batches",
-            client_id=client_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-            **client_kwargs(settings),
-        )
+        self._reader = reader
         self._open: dict[bytes, dict[str, Any]] = {}
         self._next_poll_s: dict[bytes, float] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        from aiokafka import ConsumerRebalanceListener
-
-        tracker = self
-
-        class _Rewind(ConsumerRebalanceListener):
-            async def on_partitions_revoked(self, revoked: Any) -> None:
-                tracker._open.clear()
-
-            async def on_partitions_assigned(self, assigned: Any) -> None:
-                tracker._open.clear()
-                if assigned:
-                    await tracker._consumer.seek_to_beginning(*assigned)
-
-        self._consumer.subscribe([self._settings.batches_topic], listener=_Rewind())
-        await self._consumer.start()
+        await self._reader.start()
         self._task = asyncio.create_task(self._loop(), name="promptbus-batch-tracker")
 
     async def stop(self) -> None:
@@ -275,30 +257,31 @@ class BatchTracker:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._consumer.stop()
+        await self._reader.stop()
 
     async def _loop(self) -> None:
         while True:
-            batch = await self._consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                for r in records:
-                    if r.key is None:
-                        continue
-                    if r.value is None:
-                        self._open.pop(r.key, None)
-                        continue
-                    try:
-                        self._open[r.key] = read_batch_record(r.value)
-                    except ValueError as exc:
-                        # the latest record of this key replaces any earlier one: nothing to track
-                        self._open.pop(r.key, None)
-                        log.error(
-                            "batches topic record %r at offset %d is not a batch record (%s); "
-                            "skipped: its jobs get no outcome from it",
-                            r.key,
-                            r.offset,
-                            exc,
-                        )
+            read = await self._reader.read(timeout_s=0.2)
+            if read.rewound:  # the batches open now are in the records read from here on
+                self._open.clear()
+            for r in read.records:
+                if r.key is None:
+                    continue
+                if r.value is None:
+                    self._open.pop(r.key, None)
+                    continue
+                try:
+                    self._open[r.key] = read_batch_record(r.value)
+                except ValueError as exc:
+                    # the latest record of this key replaces any earlier one: nothing to track
+                    self._open.pop(r.key, None)
+                    log.error(
+                        "batches topic record %r at offset %d is not a batch record (%s); "
+                        "skipped: its jobs get no outcome from it",
+                        r.key,
+                        r.source.offset,
+                        exc,
+                    )
             now_s = time.monotonic()
             for key, record in list(self._open.items()):
                 if self._next_poll_s.get(key, 0.0) > now_s:

@@ -7,7 +7,8 @@ One asyncio task runs this loop; it owns no decision of its own. Step by step fo
        dead-lettered with the original bytes;
     3. routing: offline jobs -> the offline collector; with the tier's `dedupe`, a job whose
        identical deterministic request is in flight or answered recently waits for it or takes
-       its answer (`core/dedupe.py`, ended by `delivery.py`); batch-eligible jobs -> a
+       its answer (`core/dedupe.py`, ended by `delivery.py`, which hands back the jobs whose
+       leader's deadline passed: they are routed again next turn); batch-eligible jobs -> a
        collection window (`core/window.py`); everything else -> a one-member plan (an
        ordinary request);
     4. plans (`plans.py`, one runner per tier): requests through the tier's limiter and
@@ -107,7 +108,6 @@ class Pipeline:
             for name, tier in tiers.items()
         }
         self._windows: LaneWindows[JobContext] = LaneWindows()
-        outcomes.reroute = lambda ctx: self._route(ctx, self._clock(), counted=True)
         self._plans: set[asyncio.Task[None]] = set()
         # each lane pauses its own partitions at its own bound (no lanes: one on the jobs topic)
         lanes = lanes or (Lane(DEFAULT_LANE_NAME, settings.jobs_topic, max_inflight=settings.max_inflight),)
@@ -141,6 +141,7 @@ class Pipeline:
                 else:
                     records = await self._intake.poll(timeout_s, min(MAX_POLL_RECORDS, room))
                 now_s = self._clock()
+                self._route_again(now_s)
                 for record in records:
                     self._take(record, now_s)
                 self._dispatch(self._windows.due(now_s, can_still_join=self._can_still_join))
@@ -157,6 +158,7 @@ class Pipeline:
         """Stop intake, send what windows hold, wait (bounded) for plans, commit."""
         self.ready.clear()
         self._intake.pause(self._intake.assignment())
+        self._route_again(self._clock())
         self._dispatch(self._windows.drain_all())
         if self._offline is not None:
             await self._offline.flush_now()
@@ -171,6 +173,9 @@ class Pipeline:
                     len(pending),
                 )
                 await asyncio.gather(*pending, return_exceptions=True)
+        # no new plan starts now: jobs still to be routed again are left to a restart
+        for ctx in self._outcomes.take_rerouted():
+            self._outcomes.abandon(ctx)
         await self._sink.flush(timeout_s=min(timeout_s, 10.0))
 
     # ------------------------------------------------------------------ rebalance
@@ -244,6 +249,12 @@ class Pipeline:
             now_s=now_s,
         )
         self._dispatch(flushes)
+
+    def _route_again(self, now_s: float) -> None:
+        """Route the jobs the outcome writer handed back (deduped to a leader whose deadline
+        passed): each under its own deadline."""
+        for ctx in self._outcomes.take_rerouted():
+            self._route(ctx, now_s, counted=True)
 
     def _lead_or_share(self, ctx: JobContext, table: DedupeTable[Any, Any], now_s: float) -> bool:
         """Dedupe: True when the job's own request is to go out (it leads, or it cannot be

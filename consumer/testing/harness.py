@@ -219,6 +219,19 @@ class InProcessService:
             await asyncio.wait_for(self.task, timeout=60)
 
 
+async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]]) -> None:
+    """Write (key, value) records as they are: what a tool other than promptbus might write."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()
+
+
 class KafkaBus:
     """Service tests on the real broker: unique topics and group per bus."""
 
@@ -239,6 +252,14 @@ class KafkaBus:
 
     async def outcomes(self) -> Outcomes:
         return await read_outcomes(self.settings)
+
+    async def read(self, topic: str) -> list[tuple[bytes | None, bytes | None]]:
+        """(key, value) of every record of `topic` now."""
+        return [kv async for kv in read_topic(self.settings, topic, from_beginning=True, follow=False)]
+
+    async def produce_raw(self, topic: str, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """Write (key, value) records as they are: what a tool other than promptbus might write."""
+        await produce_raw(self.settings.kafka_bootstrap_servers, topic, records)
 
     async def committed(self, partition: int) -> int:
         """The group's committed offset of one jobs partition (-1: none yet)."""
@@ -289,6 +310,15 @@ class MemoryBus:
             self.broker.append(topic or self.settings.jobs_topic, key, value)
             n += 1
         return n
+
+    async def read(self, topic: str) -> list[tuple[bytes | None, bytes | None]]:
+        """(key, value) of every record of `topic` now."""
+        return [(r.key, r.value) for r in self.broker.records(topic)]
+
+    async def produce_raw(self, topic: str, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """Write (key, value) records as they are: what a tool other than promptbus might write."""
+        for key, value in records:
+            self.broker.append(topic, key, value)
 
     async def committed(self, partition: int) -> int:
         """The group's committed offset of one jobs partition (-1: none yet)."""

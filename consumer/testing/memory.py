@@ -5,12 +5,12 @@
 pause/resume, commits into the broker); `MemoryProducer` has the part of aiokafka's producer
 the sinks and the stats publisher use (record batches, `send_and_wait`), so the real
 `AtLeastOnceSink` runs on it unchanged: its watermark, acks and commits are the code under
-test, only the sockets are gone. `memory_edges(broker)` hands both to `run_service`.
+test, only the sockets are gone. `MemoryTopicReader` is the offline tracker's `TopicReader`
+(the one member of its group). `memory_edges(broker)` hands them to `run_service`.
 
 Faults are injected through these objects, never by patching modules: `MemoryProducer.fail`
 makes the next batches fail with an error, `MemoryBroker.hold_commits` stops commits.
-Offline processing (a Batch API tracker reading its own topic) and exactly_once need a real
-broker.
+exactly_once (transactions) needs a real broker.
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumer.kafka.admin import topic_specs
 from consumer.kafka.assignment import Assignment
+from consumer.kafka.connection import MAX_MESSAGE_BYTES
 from consumer.kafka.intake import InRecord, RebalanceHandler
 from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import SourceOffset, TopicPartition
+from consumer.kafka.topicreader import TopicRead
 from consumer.settings import Settings
 
 
@@ -50,10 +53,11 @@ class MemoryBroker:
     hold_commits: bool = False
     _appended: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def topic(self, name: str) -> list[list[StoredRecord]]:
-        """The partitions of `name`, created when missing."""
+    def topic(self, name: str, partitions: int | None = None) -> list[list[StoredRecord]]:
+        """The partitions of `name`, created when missing (with `partitions`, default the
+        broker's `partitions`)."""
         if name not in self.topics:
-            self.topics[name] = [[] for _ in range(self.partitions)]
+            self.topics[name] = [[] for _ in range(partitions or self.partitions)]
         return self.topics[name]
 
     def append(
@@ -179,6 +183,43 @@ class MemoryIntake:
         return False
 
 
+class MemoryTopicReader:
+    """A `TopicReader` on the memory broker: the one member of its group, so it is assigned
+    every partition of the topic when it starts and reads them from the beginning."""
+
+    def __init__(self, broker: MemoryBroker, topic: str) -> None:
+        self._broker = broker
+        self._topic = topic
+        self._positions: dict[int, int] = {}
+        self._rewound = False
+
+    async def start(self) -> None:
+        self._positions = dict.fromkeys(range(len(self._broker.topic(self._topic))), 0)
+        self._rewound = True
+
+    async def stop(self) -> None:
+        self._positions = {}
+
+    async def read(self, timeout_s: float) -> TopicRead:
+        records = self._take()
+        if not records:
+            await self._broker.wait_for_records(timeout_s)
+            records = self._take()
+        rewound, self._rewound = self._rewound, False
+        return TopicRead(rewound, records)
+
+    def _take(self) -> list[InRecord]:
+        out: list[InRecord] = []
+        parts = self._broker.topic(self._topic)
+        for partition, position in self._positions.items():
+            tp = TopicPartition(self._topic, partition)
+            for offset in range(position, len(parts[partition])):
+                r = parts[partition][offset]
+                out.append(InRecord(SourceOffset(tp, offset), r.key, r.value, r.headers, r.timestamp_ms))
+            self._positions[partition] = len(parts[partition])
+        return out
+
+
 class _Batch:
     """aiokafka's BatchBuilder surface: `append` returns None when the batch is full."""
 
@@ -267,21 +308,13 @@ class MemoryEdges:
     broker: MemoryBroker
 
     async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]:
-        names = [
-            *dict.fromkeys([settings.jobs_topic, *lane_topics]),
-            settings.results_topic,
-            settings.dlq_topic,
-            settings.stats_topic,
-            settings.batching_topic,
-        ]
-        report = {n: "exists" if n in self.broker.topics else "created" for n in names}
-        for name in names:
-            self.broker.topic(name)
+        specs = topic_specs(settings, lane_topics)
+        report = {s.name: "exists" if s.name in self.broker.topics else "created" for s in specs}
+        for spec in specs:
+            self.broker.topic(spec.name, spec.partitions)
         return report
 
     async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]:
-        from consumer.kafka.connection import MAX_MESSAGE_BYTES
-
         return dict.fromkeys(topics, MAX_MESSAGE_BYTES)
 
     def intake(
@@ -291,6 +324,11 @@ class MemoryEdges:
 
     def producer(self, settings: Settings, client_id: str, transactional_id: str | None) -> MemoryProducer:
         return MemoryProducer(self.broker)
+
+    def topic_reader(
+        self, settings: Settings, client_id: str, topic: str, group_id: str
+    ) -> MemoryTopicReader:
+        return MemoryTopicReader(self.broker, topic)
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         latest: dict[bytes, bytes] = {}

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +29,6 @@ def job(i: int, *, batch: bool, tier: str = "small", text: str | None = None, **
         "batch": batch,
         **extra,
     }
-
-
-async def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]]) -> None:
-    """Write (key, value) records as they are: what a tool other than promptbus might write."""
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for key, value in records:
-            await producer.send_and_wait(topic, value, key=key)
-    finally:
-        await producer.stop()
 
 
 class ServiceProcess:

@@ -14,9 +14,9 @@ import orjson
 import pytest
 import yaml
 
-from consumer.testing.harness import service_env, tier_file_dict
+from consumer.testing.harness import produce_raw, service_env, tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.service.harness import ROOT, ServiceProcess, produce_raw
+from tests.service.harness import ROOT, ServiceProcess
 
 PROMPTBUS = [sys.executable, "-m", "consumer.cli"]
 

@@ -1,18 +1,20 @@
 """Dedupe end to end (`dedupe: true`), on the in-memory edges and on the real broker
 (`make_bus`): identical deterministic jobs are answered by one provider request, yet each gets
 a record of its own (its id, metadata, source, `dedupe_of`), a shared failure gives each its
-own dead letter, and followers of an abandoned leader stay uncommitted."""
+own dead letter, followers of an abandoned leader stay uncommitted, and followers of a leader
+whose deadline passed are routed again under their own."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
 from consumer.core.completion import Completion, CompletionRequest
-from consumer.core.errors import Rejected
+from consumer.core.errors import Rejected, ServerError
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.testing.harness import tier_file_dict
 from consumer.testing.simulator import answer_for, batched_answer, extract_input, parse_batch_items
@@ -158,6 +160,39 @@ async def test_followers_of_an_abandoned_leader_stay_uncommitted(make_bus: Calla
     assert len(provider.requests) == 2  # the three duplicates' one request, and job-9's
     assert not outcomes.results and not outcomes.dead
     assert await bus.committed(0) <= 0, "nothing past the abandoned leader commits"
+
+
+async def test_followers_of_a_leader_past_its_deadline_are_routed_again(
+    make_bus: Callable[..., Any],
+) -> None:
+    bus = make_bus(partitions=1)
+    calls = 0
+
+    async def first_fails(request: CompletionRequest) -> Completion | Exception:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the leader's retry waits past its deadline (backoff below)
+            return ServerError("small: 500", provider="small", status_code=500)
+        return _answer(request)
+
+    provider = FakeProvider(first_fails, name="small")
+    tiers = tier_file_dict(
+        "http://127.0.0.1:9/v1",
+        batching=False,
+        options={"temperature": 0},
+        dedupe=True,
+        retry={"max_attempts": 3, "backoff_initial_s": 4, "backoff_max_s": 4},
+    )
+    deadline = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    jobs = [_same(0, deadline=deadline), _same(1)]
+    async with bus.service(tiers, providers={"small": provider}):
+        await bus.produce(jobs)
+        outcomes = await bus.wait_for_outcomes({"job-0", "job-1"}, timeout_s=30)
+    assert outcomes.dead["job-0"][0]["error"]["kind"] == "deadline_exceeded"
+    (result,) = outcomes.results["job-1"]
+    assert result["dedupe_of"] is None, "its own request, not the expired leader's"
+    assert result["output"] == answer_for("the very same text")
+    assert len(provider.requests) == 2 and outcomes.duplicates() == {}
 
 
 async def test_an_answer_is_reused_within_the_window_only(make_bus: Callable[..., Any]) -> None:

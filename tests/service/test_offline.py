@@ -1,33 +1,27 @@
-"""Offline mode through the simulator's Batch API, with a service restart while the batch runs."""
+"""Offline mode through the simulator's Batch API, with a service restart while the batch runs,
+on the in-memory edges and on the real broker (`make_bus`)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from consumer.kafka.clients import read_topic
-from consumer.testing.harness import (
-    InProcessService,
-    produce,
-    service_env,
-    settings_from_env,
-    tier_file_dict,
-    wait_for_outcomes,
-)
+from consumer.testing.harness import tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import job, produce_raw
-
-pytestmark = pytest.mark.integration
+from tests.service.harness import job
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 async def test_offline_batch_survives_a_restart(
-    kafka_bootstrap: str, provider: str, caplog: pytest.LogCaptureFixture
+    make_bus: Callable[..., Any], provider: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = settings_from_env(service_env(kafka_bootstrap, partitions=2))
+    bus = make_bus(partitions=2)
+    batches_topic = bus.settings.batches_topic
     os.environ["PB_TEST_BATCH_KEY"] = "k"
     sim = SimulatorConfig(seed=3, batch_delay_s=4.0, batch_error_rate=0.1)
     try:
@@ -39,32 +33,23 @@ async def test_offline_batch_survives_a_restart(
                 offline={"enabled": True, "poll_s": 0.3, "collect_s": 0.3},
             )
             jobs = [job(i, batch=False, mode="offline") for i in range(30)]
-            async with InProcessService(settings, tiers):
-                await produce(settings, jobs)
+            async with bus.service(tiers):
+                await bus.produce(jobs)
                 # wait (bounded) until the batch is recorded on the batches topic, then stop the service
                 deadline = time.monotonic() + 30
                 recorded = 0
                 while time.monotonic() < deadline and recorded == 0:
-                    recorded = len(
-                        [
-                            v
-                            async for _, v in read_topic(
-                                settings, settings.batches_topic, from_beginning=True, follow=False
-                            )
-                            if v is not None
-                        ]
-                    )
+                    recorded = len([v for _, v in await bus.read(batches_topic) if v is not None])
                     await asyncio.sleep(0.2)
                 assert recorded >= 1
             # something other than promptbus wrote to the batches topic after the batch's record
-            await produce_raw(
-                kafka_bootstrap,
-                settings.batches_topic,
+            await bus.produce_raw(
+                batches_topic,
                 [(b"small:not-json", b"{oops"), (b"small:no-members", b'{"tier": "small", "batch_id": "x"}')],
             )
             # the batch is still running at the provider; a new instance resumes tracking it
-            async with InProcessService(settings, tiers):
-                outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
+            async with bus.service(tiers):
+                outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=60)
     finally:
         del os.environ["PB_TEST_BATCH_KEY"]
 

@@ -1,9 +1,9 @@
 """consumer/core is pure: no event loop, Kafka, HTTP, web servers, telemetry, sockets or
 processes, and nothing of the service outside the core (the core is what the rest builds on).
 
-A static scan of every module's imports (`import`, `from ... import`, `__import__` and
-`importlib.import_module` with a literal name), so a forbidden import fails here even when it
-sits in a function or under `TYPE_CHECKING`.
+A static scan of every module's imports (`tests/import_scan.py`: `import`, `from ... import`,
+`__import__` and `importlib.import_module` with a literal name), so a forbidden import fails
+here even when it sits in a function or under `TYPE_CHECKING`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import ast
 from pathlib import Path
 
 import pytest
+
+from tests.import_scan import imported_names as _imported_names
+from tests.import_scan import module_name
 
 CORE = Path(__file__).resolve().parents[2] / "consumer" / "core"
 #: top-level packages the core may not import: I/O, event loops, servers, telemetry
@@ -36,44 +39,7 @@ PYDANTIC_ALLOWED = {"jobs.py"}
 
 
 def _module_of(path: Path) -> str:
-    """`consumer/core/x.py` -> `consumer.core.x` (a package's `__init__.py` -> the package)."""
-    parts = path.relative_to(CORE.parent.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _resolve(module: str | None, level: int, importer: str, is_package: bool) -> str:
-    """The absolute name of `from <level dots><module> import ...` in module `importer`."""
-    if level == 0:
-        return module or ""
-    package = importer.split(".")
-    if not is_package:
-        package = package[:-1]
-    base = package[: len(package) - (level - 1)]
-    return ".".join([*base, module] if module else base)
-
-
-def _imported_names(tree: ast.AST, importer: str = "", is_package: bool = False) -> set[str]:
-    """Every module name the code imports, absolute; `from m import a` yields `m` and `m.a`
-    (`a` may be a submodule: `from consumer import settings`)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            module = _resolve(node.module, node.level, importer, is_package)
-            names.add(module)
-            names.update(f"{module}.{alias.name}" for alias in node.names if alias.name != "*")
-        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func):
-            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                names.add(node.args[0].value)
-    names.discard("")
-    return names
-
-
-def _is_dynamic_import(func: ast.expr) -> bool:
-    if isinstance(func, ast.Name):
-        return func.id in ("__import__", "import_module")
-    return isinstance(func, ast.Attribute) and func.attr == "import_module"
+    return module_name(path, CORE.parent.parent)
 
 
 def _violations(names: set[str]) -> set[str]:

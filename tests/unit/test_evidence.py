@@ -59,14 +59,14 @@ def test_the_record_key_names_the_tier_and_hashes_what_the_evidence_is_about() -
 def test_a_new_instance_starts_from_what_the_last_one_published() -> None:
     first = RememberedEvidence(instance="a")
     runtime = tier(first)
-    first.watch({"small": runtime})
-    assert list(first.records()) == [], "nothing learnt, nothing published"
+    tiers = {"small": runtime}
+    assert list(first.records(tiers)) == [], "nothing learnt, nothing published"
     learnt(runtime)
-    records = list(first.records())
+    records = list(first.records(tiers))
     assert [k for k, _ in records] == [evidence_key("small", runtime.config, KEY)]
     value = records[0][1]
     assert value["tier"] == "small" and value["instance"] == "a" and value["written_at"] > 0
-    assert list(first.records()) == [], "only what changed since the last round"
+    assert list(first.records(tiers)) == [], "only what changed since the last round"
 
     topic = {k: orjson.dumps(v) for k, v in records}
     second = tier(RememberedEvidence.read(topic, instance="b"))
@@ -98,13 +98,13 @@ def test_evidence_that_does_not_restore_starts_the_key_afresh(caplog: pytest.Log
 def test_a_round_publishes_at_most_its_share_the_keys_that_learnt_most_first() -> None:
     remembered = RememberedEvidence(per_round=3)
     runtime = tier(remembered)
-    remembered.watch({"small": runtime})
+    tiers = {"small": runtime}
     keys = [KEY._replace(prefix=f"Prompt {i}:\n") for i in range(5)]
     for reports, key in enumerate(keys, start=1):
         for _ in range(reports):
             runtime.sizes.record_speed(key, 1, 1, 0.1, 1.0)
-    first = [k for k, _ in remembered.records()]
+    first = [k for k, _ in remembered.records(tiers)]
     expected = [evidence_key("small", runtime.config, key) for key in reversed(keys)]
     assert first == expected[:3], "most new reports first"
-    assert [k for k, _ in remembered.records()] == expected[3:], "the rest in the next round"
-    assert remembered.records() == []
+    assert [k for k, _ in remembered.records(tiers)] == expected[3:], "the rest in the next round"
+    assert remembered.records(tiers) == []

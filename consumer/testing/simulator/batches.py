@@ -10,12 +10,16 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from consumer.testing.simulator import offline
 from consumer.testing.simulator.state import BatchJob, Call, SimulatorState, endpoint
 from consumer.testing.simulator.wire import file_object, now_iso, parse_multipart
 
 
 class BatchRoutes(SimulatorState):
     """The Batch API routes of both providers; the jobs run in `offline` when first looked at."""
+
+    def batch_due(self, batch: BatchJob) -> None:
+        offline.run_if_due(self, batch)
 
     @endpoint("openai")
     async def openai_upload(self, request: Request, call: Call) -> Response:

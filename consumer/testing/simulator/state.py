@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from consumer.providers.ratelimit import format_duration
-from consumer.testing.simulator import offline
 from consumer.testing.simulator.cache import PromptCache
 from consumer.testing.simulator.config import SimulatorConfig
 from consumer.testing.simulator.model import estimate_tokens
@@ -265,8 +264,11 @@ class SimulatorState:
                     "not_found_error" if kind == "anthropic" else "invalid_request_error",
                     "batch not found",
                 )
-            offline.run_if_due(self, found)
+            self.batch_due(found)
         return Call(kind, parsed, found)
+
+    def batch_due(self, batch: BatchJob) -> None:
+        """Run `batch` when it is due: the batch routes do (`BatchRoutes`); plain state has none."""
 
     def _rate_headers(
         self, kind: str, now_s: float, tokens_needed: int
