@@ -285,7 +285,9 @@ class Settings(BaseSettings):
     #: exactly_once: the broker aborts a transaction open longer than this and fences its
     #: producer (the partition is then assigned afresh). Transactions close every 0.2 s.
     transaction_timeout_s: float = Field(60.0, gt=0)
-    topic_partitions: int = Field(4, ge=1)
+    #: partitions of the topics promptbus creates: 12 is shared evenly by 1, 2, 3, 4, 6 or 12
+    #: replicas (a group has at most as many working members as partitions)
+    topic_partitions: int = Field(12, ge=1)
     topic_replication: int = Field(1, ge=1)
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
