@@ -112,7 +112,18 @@ class Admission:
         wanted = output_format(options) if "response_format" in options else None
         trace = self._start_trace(job, record.headers)
         return JobContext(
-            job, ticket, tier, now_s, text, messages, options, deadline_s, batchable, trace, wanted
+            job,
+            ticket,
+            tier,
+            now_s,
+            text,
+            messages,
+            options,
+            deadline_s,
+            batchable,
+            trace,
+            wanted,
+            timestamp_s=record.timestamp_ms / 1000.0,
         )
 
 

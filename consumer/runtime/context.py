@@ -12,6 +12,7 @@ from consumer.core.output import OutputFormat
 from consumer.core.templates import BatchablePrompt
 from consumer.kafka.records import SourceOffset
 from consumer.kafka.sink import Ticket
+from consumer.runtime.latency import DEFAULT_LANE
 from consumer.runtime.tiers import TierRuntime
 
 
@@ -26,7 +27,8 @@ class JobContext:
     output_format: what its response_format asks of the output (None: nothing to check);
     dedupe_key: set while the job leads the tier's dedupe table under this key (identical
     jobs wait for its outcome, `delivery.OutcomeWriter` ends them with it);
-    done: an outcome was handed to the sink (or the job was abandoned): nothing more happens.
+    done: an outcome was handed to the sink (or the job was abandoned): nothing more happens;
+    timestamp_s, lane, sent: what its latency histograms are observed with.
     """
 
     job: Job
@@ -42,6 +44,11 @@ class JobContext:
     output_format: OutputFormat | None = None
     dedupe_key: str | None = None
     done: bool = field(default=False)
+    #: the job record's Kafka timestamp (s since the epoch; job latency counts from it), the
+    #: lane it was read in, and whether a request carrying it was sent yet (queue wait ends then)
+    timestamp_s: float = 0.0
+    lane: str = DEFAULT_LANE
+    sent: bool = False
 
     @property
     def source(self) -> SourceOffset:

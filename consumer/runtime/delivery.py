@@ -2,7 +2,10 @@
 
 Every part that ends a job (admission's rejections, plan runners, the offline collector) ends
 it here, so each job ends exactly once (`JobContext.done`), its trace ends with it, and the
-service counters for results and dead letters are counted in one place.
+service counters for results and dead letters are counted in one place, and so is each
+online job's latency (`promptbus_job_latency_seconds`: its record's Kafka timestamp to its
+outcome handed to the sink, which acknowledges it within a produce round trip; records that
+never became jobs, rejections, are counted as dead letters only).
 
 Dedupe (`consumer.core.dedupe`): a job that leads its tier's dedupe table ends here, and so do
 the identical jobs that waited for it. Each follower gets a record of its own, built from the
@@ -24,6 +27,7 @@ from consumer.kafka.records import OutRecord
 from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.admission import Rejection
 from consumer.runtime.context import JobContext
+from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATENCY, RESULT
 from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
 from consumer.runtime.stats import ServiceStats
 from consumer.settings import Settings
@@ -228,3 +232,6 @@ class OutcomeWriter:
         ctx.done = True
         self._telemetry.end_job(ctx.trace, ok=ok)
         self._sink.deliver(ctx.ticket, [record])
+        family = OFFLINE_JOB_LATENCY if ctx.job.mode == "offline" else JOB_LATENCY
+        outcome = RESULT if ok else DEAD_LETTER
+        self._stats.latency.observe(family, (ctx.tier.name, ctx.lane, outcome), time.time() - ctx.timestamp_s)

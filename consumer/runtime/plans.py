@@ -45,6 +45,7 @@ from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.window import BatchKey
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, QUEUE_WAIT, RATE_LIMITED
 from consumer.runtime.limiter import Token
 from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.stats import ServiceStats
@@ -76,6 +77,7 @@ class PlanRunner:
         self._pricing = pricing.pricing() if pricing is not None else None
         self._outcomes = outcomes
         self._stats = stats
+        self._latency = stats.latency
         self._telemetry = telemetry
         self._rng = rng
         self._clock = clock
@@ -196,9 +198,12 @@ class PlanRunner:
             if still_wanted is not None and not still_wanted():
                 return None
             with self._telemetry.provider_call(tier.name, traces) as span:
+                sent_s = self._clock()
                 try:
                     completion = await tier.provider.complete(request)
                 except ProviderError as exc:
+                    outcome = RATE_LIMITED if exc.status_code == 429 else ERROR
+                    self._latency.observe(PROVIDER_REQUEST, (tier.name, outcome), self._clock() - sent_s)
                     token.dropped() if exc.overload else token.ignore()
                     self._count_error(exc)
                     if isinstance(exc, RateLimited):
@@ -207,10 +212,12 @@ class PlanRunner:
                     self._circuit_saw(exc, probe=probe)
                     return exc
                 except Exception as exc:
+                    self._latency.observe(PROVIDER_REQUEST, (tier.name, ERROR), self._clock() - sent_s)
                     log.exception("provider %s raised unexpectedly", tier.name)
                     if probe:
                         tier.circuit.probe_abandoned()
                     return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
+            self._latency.observe(PROVIDER_REQUEST, (tier.name, OK), self._clock() - sent_s)
             token.success()
             _note_answer(tier, token, completion)
             self._count_usage(completion)
@@ -220,8 +227,17 @@ class PlanRunner:
     # ------------------------------------------------------------------ the circuit
     def _still_wanted(self, plan: RequestPlan, req: PlannedRequest, probe: bool) -> bool:
         """Once a slot is granted: send unless the members' deadlines passed or the circuit
-        opened meanwhile (then only the probe goes)."""
-        return not self._expire(plan, req) and (probe or not self.tier.circuit.open)
+        opened meanwhile (then only the probe goes). A member sent for the first time ends
+        its queue wait here (window, limiter and circuit are behind it)."""
+        wanted = not self._expire(plan, req) and (probe or not self.tier.circuit.open)
+        if wanted:
+            now_s = self._clock()
+            for member in req.members:
+                ctx = _ctx(member)
+                if not ctx.sent:
+                    ctx.sent = True
+                    self._latency.observe(QUEUE_WAIT, (ctx.tier.name, ctx.lane), now_s - ctx.received_s)
+        return wanted
 
     def _circuit_saw(self, error: ProviderError | None, *, probe: bool) -> None:
         """Feed one call's outcome to the circuit; log and wake the held requests on a change."""
