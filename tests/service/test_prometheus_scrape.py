@@ -110,7 +110,7 @@ async def _keep_producing(settings: Any, stop: asyncio.Event) -> None:
 
 def _wait_for(client: httpx.Client, expr: str, deadline: float, what: str) -> None:
     while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, AssertionError):
+        with contextlib.suppress(httpx.HTTPError, AssertionError, ValueError):  # not up yet
             if _query(client, expr):
                 return
         time.sleep(0.5)
