@@ -27,7 +27,7 @@ from consumer.kafka.records import OutRecord
 from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.admission import Rejection
 from consumer.runtime.context import JobContext
-from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATENCY, RESULT
+from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATENCY, RESULT, Series
 from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
 from consumer.runtime.stats import ServiceStats
 from consumer.settings import Settings
@@ -70,6 +70,9 @@ class OutcomeWriter:
         self._telemetry = telemetry
         self.limits = limits
         self._clock = clock
+        #: per tier and lane: job-latency series, (online result, online dead letter, offline
+        #: result, offline dead letter)
+        self._series: dict[str, dict[str, tuple[Series, ...]]] = {}
         #: routes a job afresh (the pipeline's): jobs deduped to a leader whose own deadline
         #: passed before it was answered are routed again, under their own deadlines
         self.reroute: Callable[[JobContext], None] | None = None
@@ -232,6 +235,19 @@ class OutcomeWriter:
         ctx.done = True
         self._telemetry.end_job(ctx.trace, ok=ok)
         self._sink.deliver(ctx.ticket, [record])
-        family = OFFLINE_JOB_LATENCY if ctx.job.mode == "offline" else JOB_LATENCY
-        outcome = RESULT if ok else DEAD_LETTER
-        self._stats.latency.observe(family, (ctx.tier.name, ctx.lane, outcome), time.time() - ctx.timestamp_s)
+        self._job_series(ctx, ok).observe(time.time() - ctx.timestamp_s)
+
+    def _job_series(self, ctx: JobContext, ok: bool) -> Series:
+        """The job-latency series of the job's tier, lane and outcome (kept: no lookup by tuple)."""
+        offline = ctx.job.mode == "offline"
+        per_lane = self._series.get(ctx.tier.name)
+        if per_lane is None:
+            per_lane = self._series[ctx.tier.name] = {}
+        pair = per_lane.get(ctx.lane)
+        if pair is None:
+            pair = per_lane[ctx.lane] = tuple(
+                self._stats.latency.child(family, (ctx.tier.name, ctx.lane, outcome))
+                for family in (JOB_LATENCY, OFFLINE_JOB_LATENCY)
+                for outcome in (RESULT, DEAD_LETTER)
+            )
+        return pair[2 * offline + (not ok)]

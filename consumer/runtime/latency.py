@@ -6,10 +6,12 @@ by Prometheus `/metrics` (`consumer.runtime.metrics`), OpenTelemetry and the sta
     promptbus_queue_wait_seconds{tier,lane}                   record read -> first send
     promptbus_provider_request_seconds{tier,outcome}          one provider call
 
-A series (one combination of label values) is created on first use and kept, so an
-observation is a dict lookup and `Histogram.observe` (a bisect, two additions). OpenTelemetry
-has no observable histogram, so once `bind_otel` has made its instruments each observation
-is also recorded there, with the series' attributes made once.
+A series (one combination of label values) is created on first use and kept. The hot paths
+hold on to their series (`child`), keyed by what varies (a per-tier runner keeps its tier's
+series by lane and outcome), so an observation is `Histogram.observe` (a bisect, two
+additions) and allocates nothing. OpenTelemetry has no observable histogram, so once
+`bind_otel` has made its instruments each observation is also recorded there, with the
+series' attributes made once.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ PROVIDER_REQUEST = HistogramSpec(
 HISTOGRAMS: tuple[HistogramSpec, ...] = (JOB_LATENCY, OFFLINE_JOB_LATENCY, QUEUE_WAIT, PROVIDER_REQUEST)
 
 
-class _Series:
+class Series:
+    """One series of a family: its histogram and, once bound, its OpenTelemetry instrument."""
+
     __slots__ = ("attributes", "histogram", "instrument")
 
     def __init__(self, spec: HistogramSpec, values: tuple[str, ...], instrument: Any) -> None:
@@ -72,23 +76,32 @@ class _Series:
         self.attributes = dict(zip(spec.labels, values, strict=True))
         self.instrument = instrument
 
+    def observe(self, seconds: float) -> None:
+        self.histogram.observe(seconds)
+        if self.instrument is not None:
+            self.instrument.record(seconds, self.attributes)
+
 
 class LatencyHistograms:
     """The service's histograms, per family and label values."""
 
+    __slots__ = ("_instruments", "_series")
+
     def __init__(self) -> None:
-        self._series: dict[HistogramSpec, dict[tuple[str, ...], _Series]] = {spec: {} for spec in HISTOGRAMS}
+        self._series: dict[HistogramSpec, dict[tuple[str, ...], Series]] = {spec: {} for spec in HISTOGRAMS}
         self._instruments: dict[HistogramSpec, Any] = {}
 
-    def observe(self, spec: HistogramSpec, values: tuple[str, ...], seconds: float) -> None:
-        """One observation; `values` in the order of `spec.labels`."""
+    def child(self, spec: HistogramSpec, values: tuple[str, ...]) -> Series:
+        """The series of these label values (in the order of `spec.labels`), made on first use."""
         family = self._series[spec]
         series = family.get(values)
         if series is None:
-            series = family[values] = _Series(spec, values, self._instruments.get(spec))
-        series.histogram.observe(seconds)
-        if series.instrument is not None:
-            series.instrument.record(seconds, series.attributes)
+            series = family[values] = Series(spec, values, self._instruments.get(spec))
+        return series
+
+    def observe(self, spec: HistogramSpec, values: tuple[str, ...], seconds: float) -> None:
+        """One observation (where no series is held on to)."""
+        self.child(spec, values).observe(seconds)
 
     def series(self, spec: HistogramSpec) -> list[tuple[tuple[str, ...], Histogram]]:
         """(label values, histogram) of every series of a family, sorted by label values."""

@@ -45,7 +45,7 @@ from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.window import BatchKey
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
-from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, QUEUE_WAIT, RATE_LIMITED
+from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, QUEUE_WAIT, RATE_LIMITED, Series
 from consumer.runtime.limiter import Token
 from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.stats import ServiceStats
@@ -77,7 +77,15 @@ class PlanRunner:
         self._pricing = pricing.pricing() if pricing is not None else None
         self._outcomes = outcomes
         self._stats = stats
-        self._latency = stats.latency
+        latency = stats.latency
+        #: this tier's provider-request series per outcome (made now: a 429 series shows 0 until one)
+        self._request_s = {
+            outcome: latency.child(PROVIDER_REQUEST, (tier.name, outcome))
+            for outcome in (OK, RATE_LIMITED, ERROR)
+        }
+        #: per lane: this tier's queue-wait series
+        self._queue_wait_s: dict[str, Series] = {}
+        self._latency = latency
         self._telemetry = telemetry
         self._rng = rng
         self._clock = clock
@@ -202,8 +210,9 @@ class PlanRunner:
                 try:
                     completion = await tier.provider.complete(request)
                 except ProviderError as exc:
-                    outcome = RATE_LIMITED if exc.status_code == 429 else ERROR
-                    self._latency.observe(PROVIDER_REQUEST, (tier.name, outcome), self._clock() - sent_s)
+                    self._request_s[RATE_LIMITED if exc.status_code == 429 else ERROR].observe(
+                        self._clock() - sent_s
+                    )
                     token.dropped() if exc.overload else token.ignore()
                     self._count_error(exc)
                     if isinstance(exc, RateLimited):
@@ -212,12 +221,12 @@ class PlanRunner:
                     self._circuit_saw(exc, probe=probe)
                     return exc
                 except Exception as exc:
-                    self._latency.observe(PROVIDER_REQUEST, (tier.name, ERROR), self._clock() - sent_s)
+                    self._request_s[ERROR].observe(self._clock() - sent_s)
                     log.exception("provider %s raised unexpectedly", tier.name)
                     if probe:
                         tier.circuit.probe_abandoned()
                     return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
-            self._latency.observe(PROVIDER_REQUEST, (tier.name, OK), self._clock() - sent_s)
+            self._request_s[OK].observe(self._clock() - sent_s)
             token.success()
             _note_answer(tier, token, completion)
             self._count_usage(completion)
@@ -236,7 +245,12 @@ class PlanRunner:
                 ctx = _ctx(member)
                 if not ctx.sent:
                     ctx.sent = True
-                    self._latency.observe(QUEUE_WAIT, (ctx.tier.name, ctx.lane), now_s - ctx.received_s)
+                    series = self._queue_wait_s.get(ctx.lane)
+                    if series is None:
+                        series = self._queue_wait_s[ctx.lane] = self._latency.child(
+                            QUEUE_WAIT, (self.tier.name, ctx.lane)
+                        )
+                    series.observe(now_s - ctx.received_s)
         return wanted
 
     def _circuit_saw(self, error: ProviderError | None, *, probe: bool) -> None:
