@@ -25,8 +25,13 @@ PYTEST_ARGS ?=
 # wheel cache and installs it; when it is installed already it returns in about a second.
 LOCAL_MODEL_SETUP := deploy/local-model/build-llama-cpp.sh
 
+# The alert-rule and Prometheus-scrape tests need `promtool` and `prometheus`: installed from
+# the distribution's package when missing (needs root; returns at once when present).
+PROMETHEUS_SETUP := deploy/prometheus/install.sh
+
 venv: $(VENV_STAMP)
 	@if [ -x $(LOCAL_MODEL_SETUP) ]; then $(LOCAL_MODEL_SETUP) $(PY); fi
+	@$(PROMETHEUS_SETUP) || echo "make venv: no promtool/prometheus; their tests will fail" >&2
 
 $(VENV_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \

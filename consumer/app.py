@@ -26,6 +26,7 @@ from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.evidence import RememberedEvidence
+from consumer.runtime.lag import LagMonitor
 from consumer.runtime.metrics import MetricsServer, build_app, register_otel_metrics
 from consumer.runtime.offline import BatchTracker, OfflineCollector
 from consumer.runtime.outcomes import RecordLimits
@@ -366,6 +367,9 @@ async def run_service(
             parts.push_async_callback(metrics.stop)
         await intake.start(pipeline)
         parts.push_async_callback(intake.stop)
+        lag = LagMonitor(intake, stats)
+        lag.start()
+        parts.push_async_callback(lag.stop)
         reachability = asyncio.create_task(
             check_tier_providers(
                 {n: t.provider for n, t in tiers.items()},

@@ -479,7 +479,12 @@ class Settings(BaseSettings):
             "exactly_once: the broker aborts a transaction open longer than this and fences its producer"
         ),
     )
-    topic_partitions: int = Field(4, ge=1, description="partitions of topics created at start when missing")
+    topic_partitions: int = Field(
+        12,
+        ge=1,
+        description="partitions of topics created at start when missing: 12 is shared evenly by 1, 2, 3, "
+        "4, 6 or 12 instances (a group has at most as many working members as partitions)",
+    )
     topic_replication: int = Field(1, ge=1, description="replication factor of topics created at start")
     metrics_port: int | None = Field(
         None, description="port of /metrics, /healthz and /readyz; unset: not served"

@@ -57,6 +57,10 @@ def _cost_text(t: dict[str, Any]) -> str:
     return text
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
 def format_stats(merged: dict[str, Any]) -> str:
     lines = [f"group {merged['group']}:"] if "group" in merged else []
     lines += [
@@ -64,7 +68,15 @@ def format_stats(merged: dict[str, Any]) -> str:
         f"items in: {merged['items_in']}   results: {merged['results']}   in flight: {merged['inflight']}",
         "dead letters: "
         + (", ".join(f"{k}={v}" for k, v in sorted(merged["dead_letters"].items())) or "none"),
+        f"lag: {merged.get('lag_records', 0)} records over {merged.get('lag_partitions', 0)} partitions, "
+        f"oldest uncommitted {merged.get('oldest_uncommitted_age_s', 0.0):.1f} s",
     ]
+    for what, key in (("job latency", "job_latency"), ("offline job latency", "offline_job_latency")):
+        for name, p in sorted(merged.get(key, {}).items()):
+            lines.append(
+                f"tier {name} {what} (live instances, {p['jobs']} jobs): "
+                + " ".join(f"{q}={_seconds(p[f'{q}_s'])}" for q in ("p50", "p95", "p99"))
+            )
     for name, t in sorted(merged["tiers"].items()):
         lines.append(
             f"tier {name}: requests={t.get('provider_requests', 0)} batched={t.get('batched_requests', 0)} "

@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import OffsetMetadataTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
+from consumer.core.lag import PartitionOffsets
 from consumer.core.offsets import (
     METADATA_MAX_CHARS,
     NO_OFFSETS,
@@ -88,6 +89,10 @@ class JobIntake(Protocol):
 
     def has_unfetched(self) -> bool:
         """True when some assigned partition holds records not fetched yet (could still join a window)."""
+        ...
+
+    async def partition_offsets(self) -> dict[TopicPartition, PartitionOffsets]:
+        """Log end, committed offset and fetch position of each owned partition (consumer lag)."""
         ...
 
 
@@ -310,6 +315,25 @@ class KafkaIntake:
                     limit,
                     self._metadata_max_chars,
                 )
+
+    async def partition_offsets(self) -> dict[TopicPartition, PartitionOffsets]:
+        owned = self.assignment()
+        if not owned:
+            return {}
+        ends = await self._consumer.end_offsets(list(owned))
+        starts = await self._consumer.beginning_offsets(list(owned))
+        committed = await self._fetch_committed(owned)
+        out: dict[TopicPartition, PartitionOffsets] = {}
+        for tp in owned:
+            meta = committed.get(tp)
+            offset = meta.offset if meta is not None and meta.offset >= 0 else None
+            state = self.owned.get(tp)
+            position = state.fetched_to if state is not None and state.fetched_to is not None else None
+            start = int(starts.get(tp, 0))
+            base = offset if offset is not None else start
+            fetched = base if position is None else position
+            out[tp] = PartitionOffsets(int(ends.get(tp, base)), offset, fetched, start)
+        return out
 
     def has_unfetched(self) -> bool:
         for tp in self._consumer.assignment():

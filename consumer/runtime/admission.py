@@ -112,6 +112,7 @@ class Admission:
             content.batchable,
             trace,
             content.output_format,
+            timestamp_s=record.timestamp_ms / 1000.0,
         )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from consumer.core.completion import ChatMessage
 from consumer.core.jobs import Job
-from consumer.core.lanes import Lane
+from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
 from consumer.core.output import OutputFormat
 from consumer.core.templates import BatchablePrompt
 from consumer.kafka.records import SourceOffset
@@ -28,7 +28,8 @@ class JobContext:
     dedupe_key: set while the job leads the tier's dedupe table under this key (identical
     jobs wait for its outcome, `delivery.OutcomeWriter` ends them with it);
     done: an outcome was handed to the sink (or the job was abandoned): nothing more happens;
-    lane: the lane whose topic the job was read from (None: a job not read from a lane).
+    lane: the lane whose topic the job was read from (None: a job not read from a lane);
+    timestamp_s, sent: what its latency histograms are observed with.
     """
 
     job: Job
@@ -45,6 +46,15 @@ class JobContext:
     dedupe_key: str | None = None
     done: bool = field(default=False)
     lane: Lane | None = None
+    #: the job record's Kafka timestamp (s since the epoch; job latency counts from it), and
+    #: whether a request carrying it was sent yet (queue wait ends then)
+    timestamp_s: float = 0.0
+    sent: bool = False
+
+    @property
+    def lane_name(self) -> str:
+        """The lane's name, as metrics label it (`default` for a job read from no lane)."""
+        return self.lane.name if self.lane is not None else DEFAULT_LANE_NAME
 
     @property
     def source(self) -> SourceOffset:

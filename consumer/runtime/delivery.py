@@ -2,7 +2,10 @@
 
 Every part that ends a job (admission's rejections, plan runners, the offline collector) ends
 it here, so each job ends exactly once (`JobContext.done`), its trace ends with it, and the
-service counters for results and dead letters are counted in one place.
+service counters for results and dead letters are counted in one place, and so is each
+online job's latency (`promptbus_job_latency_seconds`: its record's Kafka timestamp to its
+outcome handed to the sink, which acknowledges it within a produce round trip; records that
+never became jobs, rejections, are counted as dead letters only).
 
 Dedupe (`consumer.core.dedupe`): a job that leads its tier's dedupe table ends here, and so do
 the identical jobs that waited for it. Each follower gets a record of its own, built from the
@@ -24,6 +27,7 @@ from consumer.kafka.records import OutRecord
 from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.admission import Rejection
 from consumer.runtime.context import JobContext
+from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATENCY, RESULT, Series
 from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
 from consumer.runtime.stats import ServiceStats
 from consumer.settings import Settings
@@ -69,6 +73,9 @@ class OutcomeWriter:
         #: jobs deduped to a leader whose own deadline passed before it was answered: they are
         #: routed again under their own deadlines, by whoever routes jobs (`take_rerouted`)
         self._rerouted: list[JobContext] = []
+        #: per tier and lane: job-latency series, (online result, online dead letter, offline
+        #: result, offline dead letter)
+        self._series: dict[str, dict[str, tuple[Series, ...]]] = {}
 
     @property
     def stats(self) -> ServiceStats:
@@ -236,3 +243,19 @@ class OutcomeWriter:
         ctx.done = True
         self._telemetry.end_job(ctx.trace, ok=ok)
         self._sink.deliver(ctx.ticket, [record])
+        self._job_series(ctx, ok).observe(time.time() - ctx.timestamp_s)
+
+    def _job_series(self, ctx: JobContext, ok: bool) -> Series:
+        """The job-latency series of the job's tier, lane and outcome (kept: no lookup by tuple)."""
+        offline = ctx.job.mode == "offline"
+        per_lane = self._series.get(ctx.tier.name)
+        if per_lane is None:
+            per_lane = self._series[ctx.tier.name] = {}
+        pair = per_lane.get(ctx.lane_name)
+        if pair is None:
+            pair = per_lane[ctx.lane_name] = tuple(
+                self._stats.latency.child(family, (ctx.tier.name, ctx.lane_name, outcome))
+                for family in (JOB_LATENCY, OFFLINE_JOB_LATENCY)
+                for outcome in (RESULT, DEAD_LETTER)
+            )
+        return pair[2 * offline + (not ok)]

@@ -16,10 +16,11 @@ import orjson
 from aiohttp import web
 from opentelemetry.metrics import CallbackOptions, Observation
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from consumer.core.errors import ConfigError
+from consumer.runtime.latency import HISTOGRAMS
 from consumer.runtime.stats import ServiceStats
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,25 @@ METRICS: tuple[_Metric, ...] = (
         for name, text in _TIER_GAUGES.items()
     ),
     *LANE_METRICS,
+    _Metric(
+        ("consumer_lag_records",),
+        "Log end offset minus the group's committed offset, per partition this instance owns",
+        False,
+        ("topic", "partition"),
+        lambda s: [((t, str(p)), v.records) for (t, p), v in sorted(s.lag.items())],
+    ),
+    _Metric(
+        ("oldest_uncommitted_age_seconds",),
+        "Age of the oldest read and uncommitted job per owned partition (grows while a watermark stalls)",
+        False,
+        ("topic", "partition"),
+        lambda s: [((t, str(p)), v.oldest_age_s) for (t, p), v in sorted(s.lag.items())],
+    ),
 )
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
 
 
 class StatsCollector(Collector):
@@ -181,11 +200,18 @@ class StatsCollector(Collector):
             for values, value in metric.samples(self._stats):
                 fam.add_metric(list(values), value)
             yield fam
+        for spec in HISTOGRAMS:
+            hist = HistogramMetricFamily("promptbus_" + spec.name, spec.help, labels=list(spec.labels))
+            for label_values, h in self._stats.latency.series(spec):
+                buckets = [(_le(bound), n) for bound, n in h.cumulative()]
+                hist.add_metric(list(label_values), buckets, h.sum)
+            yield hist
 
 
 def register_otel_metrics(meter_provider: Any, stats: ServiceStats) -> None:
     """Observable OpenTelemetry instruments for what /metrics serves (dotted names, e.g.
-    `promptbus.tier.provider_requests` with a `tier` attribute), read at each export."""
+    `promptbus.tier.provider_requests` with a `tier` attribute), read at each export; the
+    latency histograms as OTel histograms with the same bounds, recorded as they are observed."""
     meter = meter_provider.get_meter("promptbus")
 
     def observe(metric: _Metric) -> Callable[[CallbackOptions], list[Observation]]:
@@ -197,6 +223,7 @@ def register_otel_metrics(meter_provider: Any, stats: ServiceStats) -> None:
     for metric in METRICS:
         create = meter.create_observable_counter if metric.counter else meter.create_observable_gauge
         create("promptbus." + ".".join(metric.path), [observe(metric)], description=metric.help)
+    stats.latency.bind_otel(meter)
 
 
 def _json(value: Any, status: int = 200) -> web.Response:

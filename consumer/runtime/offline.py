@@ -41,6 +41,7 @@ from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchItemResult, BatchJob, BatchProvider, BatchRequest, BatchStatus
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.latency import DEAD_LETTER, DEFAULT_LANE, OFFLINE_JOB_LATENCY, RESULT
 from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
 from consumer.runtime.stats import ServiceStats, TierStats
 from consumer.settings import Settings
@@ -203,6 +204,8 @@ def batch_record(tier: str, job: BatchJob, members: Sequence[tuple[str, JobConte
             {
                 "custom_id": custom_id,
                 "job": c.job.model_dump(mode="json"),
+                "timestamp": c.timestamp_s,
+                "lane": c.lane_name,
                 "source": {
                     "topic": c.source.topic,
                     "partition": c.source.partition,
@@ -317,6 +320,7 @@ class BatchTracker:
         if self._stats is not None:
             tier = record["tier"]
             count_offline_usage(self._stats.tier(tier), items, self._pricing_by_tier.get(tier))
+            observe_offline_latency(self._stats, self._settings.results_topic, record, records)
         self._open.pop(key, None)
         self._next_poll_s.pop(key, None)
         log.info("batch %s %s: %d outcomes published", record["batch_id"], job.status.value, len(records))
@@ -335,6 +339,19 @@ class BatchTracker:
             await asyncio.gather(*futures)
             # the tombstone only after every outcome is acked: a crash in between re-publishes (at least once)
             await self._producer.send_and_wait(tombstone.topic, None, key=key)
+
+
+def observe_offline_latency(
+    stats: ServiceStats, results_topic: str, record: dict[str, Any], outcomes: Sequence[OutRecord]
+) -> None:
+    """Acknowledged outcomes of a batch's members (one each, in member order): their latency
+    from their job records' timestamps (the submission time for a batch recorded without them)."""
+    now_s = time.time()
+    for member, outcome in zip(record["members"], outcomes, strict=False):
+        started_s = float(member.get("timestamp") or record.get("submitted_at") or now_s)
+        kind = RESULT if outcome.topic == results_topic else DEAD_LETTER
+        labels = (str(record["tier"]), str(member.get("lane") or DEFAULT_LANE), kind)
+        stats.latency.observe(OFFLINE_JOB_LATENCY, labels, max(0.0, now_s - started_s))
 
 
 def count_offline_usage(stats: TierStats, items: Sequence[BatchItemResult], pricing: Pricing | None) -> None:

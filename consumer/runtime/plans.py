@@ -46,6 +46,7 @@ from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.window import BatchKey
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, QUEUE_WAIT, RATE_LIMITED, Series
 from consumer.runtime.limiter import Token
 from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.stats import ServiceStats
@@ -77,6 +78,15 @@ class PlanRunner:
         self._pricing = pricing.pricing() if pricing is not None else None
         self._outcomes = outcomes
         self._stats = stats
+        latency = stats.latency
+        #: this tier's provider-request series per outcome (made now: a 429 series shows 0 until one)
+        self._request_s = {
+            outcome: latency.child(PROVIDER_REQUEST, (tier.name, outcome))
+            for outcome in (OK, RATE_LIMITED, ERROR)
+        }
+        #: per lane: this tier's queue-wait series
+        self._queue_wait_s: dict[str, Series] = {}
+        self._latency = latency
         self._telemetry = telemetry
         self._rng = rng
         self._clock = clock
@@ -203,9 +213,13 @@ class PlanRunner:
             if still_wanted is not None and not still_wanted():
                 return None
             with self._telemetry.provider_call(tier.name, traces) as span:
+                sent_s = self._clock()
                 try:
                     completion = await tier.provider.complete(request)
                 except ProviderError as exc:
+                    self._request_s[RATE_LIMITED if exc.status_code == 429 else ERROR].observe(
+                        self._clock() - sent_s
+                    )
                     token.dropped() if exc.overload else token.ignore()
                     self._count_error(exc)
                     if isinstance(exc, RateLimited):
@@ -214,10 +228,12 @@ class PlanRunner:
                     self._circuit_saw(exc, probe=probe)
                     return exc
                 except Exception as exc:
+                    self._request_s[ERROR].observe(self._clock() - sent_s)
                     log.exception("provider %s raised unexpectedly", tier.name)
                     if probe:
                         tier.circuit.probe_abandoned()
                     return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
+            self._request_s[OK].observe(self._clock() - sent_s)
             token.success()
             _note_answer(tier, token, completion)
             self._count_usage(completion)
@@ -227,8 +243,22 @@ class PlanRunner:
     # ------------------------------------------------------------------ the circuit
     def _still_wanted(self, plan: RequestPlan, req: PlannedRequest, probe: bool) -> bool:
         """Once a slot is granted: send unless the members' deadlines passed or the circuit
-        opened meanwhile (then only the probe goes)."""
-        return not self._expire(plan, req) and (probe or not self.tier.circuit.open)
+        opened meanwhile (then only the probe goes). A member sent for the first time ends
+        its queue wait here (window, limiter and circuit are behind it)."""
+        wanted = not self._expire(plan, req) and (probe or not self.tier.circuit.open)
+        if wanted:
+            now_s = self._clock()
+            for member in req.members:
+                ctx = _ctx(member)
+                if not ctx.sent:
+                    ctx.sent = True
+                    series = self._queue_wait_s.get(ctx.lane_name)
+                    if series is None:
+                        series = self._queue_wait_s[ctx.lane_name] = self._latency.child(
+                            QUEUE_WAIT, (self.tier.name, ctx.lane_name)
+                        )
+                    series.observe(now_s - ctx.received_s)
+        return wanted
 
     def _circuit_saw(self, error: ProviderError | None, *, probe: bool) -> None:
         """Feed one call's outcome to the circuit; log and wake the held requests on a change."""

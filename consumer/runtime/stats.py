@@ -14,7 +14,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from consumer.core.adaptive import AgreementStats
+from consumer.core.histogram import Histogram, histogram_from_dict, merge_histograms, quantile
 from consumer.core.jobs import checked_json_object
+from consumer.core.lag import PartitionLag
+from consumer.runtime.latency import JOB_LATENCY, OFFLINE_JOB_LATENCY, LatencyHistograms
 
 
 @dataclass
@@ -132,6 +135,10 @@ class ServiceStats:
     lanes: dict[str, LaneStats] = field(default_factory=dict)
     #: batched answers compared with the same job asked alone, per tier and batch size
     agreement: AgreementStats = field(default_factory=AgreementStats)
+    #: latency histograms (job, queue wait, provider request)
+    latency: LatencyHistograms = field(default_factory=LatencyHistograms)
+    #: per owned (topic, partition): records not committed, age of the oldest read of them
+    lag: dict[tuple[str, int], PartitionLag] = field(default_factory=dict)
 
     def tier(self, name: str) -> TierStats:
         ts = self.tiers.get(name)
@@ -161,6 +168,11 @@ class ServiceStats:
             "tiers": {name: ts.as_dict() for name, ts in sorted(self.tiers.items())},
             "lanes": {name: ls.as_dict() for name, ls in sorted(self.lanes.items())},
             "agreement": self.agreement.as_dict(),
+            "histograms": self.latency.snapshot(),
+            "lag": [
+                {"topic": topic, "partition": partition, "records": v.records, "oldest_age_s": v.oldest_age_s}
+                for (topic, partition), v in sorted(self.lag.items())
+            ],
         }
 
 
@@ -181,6 +193,13 @@ class _AgreementCount(BaseModel):
     agreed: int = 0
 
 
+class _PartitionLag(BaseModel):
+    topic: str
+    partition: int
+    records: int = 0
+    oldest_age_s: float = 0.0
+
+
 class _Snapshot(BaseModel):
     """The fields `merge_snapshots` reads, with their types (others are kept as they are)."""
 
@@ -195,6 +214,8 @@ class _Snapshot(BaseModel):
     tiers: dict[str, dict[str, float | str]] = {}
     lanes: dict[str, dict[str, float]] = {}
     agreement: dict[str, dict[str, _AgreementCount]] = {}
+    histograms: dict[str, list[dict[str, Any]]] = {}
+    lag: list[_PartitionLag] = []
 
 
 def read_snapshot(value: bytes) -> dict[str, Any]:
@@ -236,14 +257,24 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         "tiers": {},
         "lanes": {},
         "agreement": {},
+        "lag_records": 0,
+        "lag_partitions": 0,
+        "oldest_uncommitted_age_s": 0.0,
     }
+    live_snapshots = []
     for snap in snapshots:
         live = now_s - float(snap.get("updated_at", 0)) <= live_within_s
         total["instances_live"] += int(live)
         for key in ("items_in", "results", "dropped_late", "skipped_done"):
             total[key] += int(snap.get(key, 0))
         if live:
+            live_snapshots.append(snap)
             total["inflight"] += int(snap.get("inflight", 0))
+            for part in snap.get("lag", []):
+                total["lag_records"] += int(part.get("records", 0))
+                total["lag_partitions"] += 1
+                age_s = float(part.get("oldest_age_s", 0.0))
+                total["oldest_uncommitted_age_s"] = max(total["oldest_uncommitted_age_s"], age_s)
         total["dead_letters"].update(snap.get("dead_letters", {}))
         for name, ts in snap.get("tiers", {}).items():
             agg = total["tiers"].setdefault(name, {})
@@ -280,6 +311,8 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         ended = agg.get("results", 0) + agg.get("dead_letters", 0)
         agg["latency_s_mean"] = round(agg.get("latency_s_total", 0.0) / ended, 6) if ended else 0.0
     total["dead_letters"] = dict(total["dead_letters"])
+    total["job_latency"] = latency_percentiles(live_snapshots, JOB_LATENCY.name)
+    total["offline_job_latency"] = latency_percentiles(live_snapshots, OFFLINE_JOB_LATENCY.name)
     return total
 
 
@@ -303,3 +336,38 @@ def format_lanes(merged: dict[str, Any]) -> list[str]:
         f"in_flight={ls.get('inflight', 0)} paused={ls.get('paused', 0)}"
         for name, ls in sorted(merged.get("lanes", {}).items())
     ]
+
+
+#: the job latency quantiles `promptbus stats` shows
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+def tier_histograms(snapshots: list[dict[str, Any]], family: str) -> dict[str, Histogram]:
+    """Per tier: one histogram of `family` over every snapshot, lane and outcome (merged by
+    bucket). A series whose bounds differ from the first one seen for its tier (written by
+    another promptbus version) is left out."""
+    by_tier: dict[str, list[Histogram]] = {}
+    for snap in snapshots:
+        for series in snap.get("histograms", {}).get(family, []):
+            tier = str(series.get("labels", {}).get("tier", ""))
+            try:
+                h = histogram_from_dict(series)
+            except ValueError:
+                continue
+            parts = by_tier.setdefault(tier, [])
+            if not parts or parts[0].bounds == h.bounds:
+                parts.append(h)
+    merged = {tier: merge_histograms(parts) for tier, parts in by_tier.items()}
+    return {tier: h for tier, h in sorted(merged.items()) if h is not None}
+
+
+def latency_percentiles(snapshots: list[dict[str, Any]], family: str) -> dict[str, dict[str, Any]]:
+    """Per tier: jobs observed and the p50 / p95 / p99 latency in seconds (None without jobs)."""
+    out: dict[str, dict[str, Any]] = {}
+    for tier, h in tier_histograms(snapshots, family).items():
+        entry: dict[str, Any] = {"jobs": h.count}
+        for q in QUANTILES:
+            value = quantile(h, q)
+            entry[f"p{round(q * 100)}_s"] = None if value is None else round(value, 4)
+        out[tier] = entry
+    return out

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumer.core.lag import PartitionOffsets
 from consumer.kafka.admin import topic_specs
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.connection import MAX_MESSAGE_BYTES
@@ -172,6 +173,16 @@ class MemoryIntake:
         committed = self._broker.committed.setdefault(self.group_id, {})
         for tp, point in offsets.items():
             committed[tp] = int(getattr(point, "offset", point))
+
+    async def partition_offsets(self) -> dict[TopicPartition, PartitionOffsets]:
+        committed = self._broker.committed.get(self.group_id, {})
+        out: dict[TopicPartition, PartitionOffsets] = {}
+        for tp in self.owned:
+            state = self.owned.get(tp)
+            done = committed.get(tp)
+            position = state.fetched_to if state is not None and state.fetched_to is not None else done or 0
+            out[tp] = PartitionOffsets(len(self._broker.topic(tp.topic)[tp.partition]), done, position)
+        return out
 
     def has_unfetched(self) -> bool:
         for tp in self.owned:

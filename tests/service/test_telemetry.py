@@ -10,11 +10,12 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from consumer.runtime.latency import JOB_LATENCY
 from consumer.telemetry import meter_provider_from_env
 from consumer.testing.harness import (
     InProcessService,
@@ -116,6 +117,14 @@ async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_boo
     assert otel[("promptbus.tier.provider_requests", (("tier", "small"),))] == 1
     assert otel[("promptbus.tier.requests_saved", (("tier", "small"),))] == 2
     assert ("promptbus.tier.limit", (("tier", "small"),)) in otel
+    # latency histograms: one per job in Prometheus and in OTel, with the same bounds
+    job_labels = (("lane", "default"), ("outcome", "result"), ("tier", "small"))
+    assert 'promptbus_job_latency_seconds_count{lane="default",outcome="result",tier="small"} 3.0' in metrics
+    assert 'promptbus_queue_wait_seconds_count{lane="default",tier="small"} 3.0' in metrics
+    assert 'promptbus_provider_request_seconds_count{outcome="ok",tier="small"} 1.0' in metrics
+    assert otel[("promptbus.job_latency_seconds", job_labels)] == 3
+    assert otel[("promptbus.job_latency_seconds.bounds", job_labels)] == JOB_LATENCY.bounds
+    assert otel[("promptbus.provider_request_seconds", (("outcome", "ok"), ("tier", "small")))] == 1
 
 
 async def test_null_and_garbage_trace_headers_start_new_traces(kafka_bootstrap: str) -> None:
@@ -159,7 +168,12 @@ def _otel_values(reader: InMemoryMetricReader) -> dict[tuple[str, tuple[tuple[st
             for metric in scope.metrics:
                 for point in metric.data.data_points:
                     attributes = tuple(sorted((point.attributes or {}).items()))
-                    out[(metric.name, attributes)] = point.value  # type: ignore[union-attr]
+                    # a histogram's point by its count (and its bounds under "<name>.bounds")
+                    if isinstance(point, HistogramDataPoint):
+                        out[(metric.name, attributes)] = point.count
+                        out[(metric.name + ".bounds", attributes)] = tuple(point.explicit_bounds)
+                    else:
+                        out[(metric.name, attributes)] = point.value  # type: ignore[union-attr]
     return out
 
 
