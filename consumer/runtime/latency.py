@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from consumer.core.lanes import DEFAULT_LANE_NAME
 from consumer.core.histogram import OFFLINE_BOUNDS_S, ONLINE_BOUNDS_S, Histogram
+from consumer.core.lanes import DEFAULT_LANE_NAME
 
 #: the lane of a job read from the one jobs topic (no `lanes:` in the tier file)
 DEFAULT_LANE = DEFAULT_LANE_NAME
