@@ -248,6 +248,8 @@ def _cost_text(t: dict[str, Any]) -> str:
 
 
 def format_stats(merged: dict[str, Any]) -> str:
+    from consumer.runtime.stats import routing_lines
+
     lines = [
         f"instances: {merged['instances_live']} live, {merged['instances_seen']} seen",
         f"items in: {merged['items_in']}   results: {merged['results']}   in flight: {merged['inflight']}",
@@ -266,6 +268,7 @@ def format_stats(merged: dict[str, Any]) -> str:
             lines.append(f"tier {name} batch {t['batch_size_reason']}")
         lines.append(f"tier {name} circuit: " + _circuit_text(t))
         lines.append(f"tier {name} tokens: " + _cost_text(t))
+        lines.extend(routing_lines(name, t))
     for name, per_size in sorted(merged.get("agreement", {}).items()):
         parts = [
             f"size {size}: {c['agreed']}/{c['compared']}"

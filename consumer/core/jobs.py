@@ -160,11 +160,18 @@ class Job(_Frozen):
         default_factory=dict, description="Provider options, merged over the tier's options."
     )
     batch: StrictBool = Field(default=False, description="This job may share a prompt with others.")
-    mode: Literal["online", "offline"] = "online"
+    mode: Literal["online", "offline", "auto"] | None = Field(
+        default=None,
+        description="online; offline (the provider's Batch API); auto (offline when the deadline leaves "
+        "the tier's completion window and margin); null: the tier's default_mode.",
+    )
     deadline: DeadlineTime | None = Field(
         default=None, description="RFC 3339; not done by then -> dead letter."
     )
     metadata: dict[str, Any] | None = Field(default=None, description="Echoed back untouched.")
+    fallback: StrictBool = Field(
+        default=True, description="The tier's fallback tier may answer this job while the tier is down."
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> Job:
@@ -217,7 +224,7 @@ class Result(_Frozen):
     """One answer per job id, published to the results topic (Kafka key: the job id)."""
 
     id: StrictStr
-    tier: StrictStr
+    tier: StrictStr = Field(description="The tier that answered.")
     status: Literal["ok"] = "ok"
     output: StrictStr
     provider: StrictStr
@@ -234,6 +241,10 @@ class Result(_Frozen):
         default=None,
         description="The job whose identical request answered this one (tier dedupe); "
         "null when this job's own request did.",
+    )
+    mode: Literal["online", "offline"] = Field(default="online", description="The way the job went.")
+    fallback_from: StrictStr | None = Field(
+        default=None, description="The tier the job asked for, when its fallback tier answered."
     )
 
 

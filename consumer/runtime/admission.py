@@ -7,6 +7,7 @@ record's original bytes) and routes an admitted job. The checks, in order:
     2. it decodes as a Job (UTF-8 JSON of the job schema: `invalid_job`);
     3. its tier is configured (`unknown_tier`);
     4. `mode: offline` only where the tier enables it and offline processing runs (`invalid_job`);
+       `auto` (or no mode, by the tier's `default_mode`) is decided here (`core/routing.py`);
     5. its template renders and its options are valid (`template_error` / `invalid_job`);
        an Anthropic tier's chat job has a message besides system ones (`invalid_job`).
 """
@@ -111,9 +112,11 @@ class Admission:
             deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
         wanted = output_format(options) if "response_format" in options else None
         trace = self._start_trace(job, record.headers)
-        return JobContext(
+        ctx = JobContext(
             job, ticket, tier, now_s, text, messages, options, deadline_s, batchable, trace, wanted
         )
+        ctx.mode = tier.modes.mode_for(job.mode, None if deadline_s is None else deadline_s - now_s)
+        return ctx
 
 
 def key_text(key: bytes | None) -> str | None:

@@ -153,6 +153,8 @@ class OutcomeWriter:
             latency_ms=(now_s - ctx.received_s) * 1000.0,
             traceparent=self._telemetry.traceparent(ctx.trace),
             dedupe_of=dedupe_of,
+            tier=ctx.tier.name,
+            mode=ctx.mode,
         )
         problem = too_large_result(record, self.limits.results)
         if problem is not None:
@@ -166,6 +168,8 @@ class OutcomeWriter:
         if ctx.done:
             return
         self._stats.results += 1
+        if ctx.fallback_from is not None:
+            ctx.tier.stats.fallback_jobs[ctx.fallback_from] += 1
         self._end(ctx, record, ok=True)
         self._settle(ctx, answer, None)
 

@@ -119,13 +119,17 @@ class AnswerResults:
         latency_ms: float,
         traceparent: str | None = None,
         dedupe_of: str | None = None,
+        tier: str | None = None,
+        mode: str = "online",
     ) -> OutRecord:
         """One job's Result record; `dedupe_of`: the job whose request answered it (dedupe):
-        such a job's usage is zero, since no request of its own was sent."""
+        such a job's usage is zero, since no request of its own was sent. tier: the tier
+        that answered, when not the one the job asked for (its fallback: `fallback_from`);
+        mode: the way the job went."""
         tp = source.tp
         value = {
             "id": job.id,
-            "tier": job.tier,
+            "tier": tier or job.tier,
             "status": "ok",
             "output": output,
             "provider": self._provider,
@@ -139,6 +143,8 @@ class AnswerResults:
             "source": {"topic": tp.topic, "partition": tp.partition, "offset": source.offset},
             "completed_at": self._completed_at,
             "dedupe_of": dedupe_of,
+            "mode": mode,
+            "fallback_from": job.tier if tier is not None and tier != job.tier else None,
         }
         return OutRecord(self._topic, job.id.encode(), orjson.dumps(value), _headers(source, traceparent))
 
