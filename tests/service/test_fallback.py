@@ -24,7 +24,14 @@ from consumer.localmodel import free_port
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
 from tests.reliability.support import JobStream
 from tests.reliability.test_outage import _start_simulator
-from tests.service.harness import InProcessService, KafkaBus, job, service_env, settings_from_env, tier_file_dict
+from tests.service.harness import (
+    InProcessService,
+    KafkaBus,
+    job,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,7 +129,8 @@ async def test_an_exhausted_quota_on_the_primary_sends_its_jobs_to_the_backup(ka
     assert outcomes.dead == {}
     assert set(outcomes.results) == {j["id"] for j in jobs}
     for rs in outcomes.results.values():
-        assert rs[0]["tier"] == "backup" and rs[0]["fallback_from"] == "small" and rs[0]["model"] == "sim-backup"
+        (r,) = rs
+        assert r["tier"] == "backup" and r["fallback_from"] == "small" and r["model"] == "sim-backup"
     assert stats["backup"]["fallback_from.small"] == len(jobs)
 
 
@@ -177,7 +185,9 @@ BASE = {"provider": "openai", "model": "m"}
         ),
         (
             {
-                "a": {**BASE, "default_mode": "offline", "offline": {"enabled": True}, "fallback": {"tier": "b"}},
+                "a": {
+                    **BASE, "default_mode": "offline", "offline": {"enabled": True}, "fallback": {"tier": "b"}
+                },
                 "b": BASE,
             },
             "tiers.a.fallback.tier",

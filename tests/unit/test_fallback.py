@@ -80,7 +80,8 @@ def test_the_chain_skips_tiers_in_trouble_and_those_that_cannot_take_the_job() -
 
 def test_chain_problems_name_the_tier_unknown_targets_and_cycles() -> None:
     assert chain_problem({"a": FallbackRule("b"), "b": None}) is None
-    assert chain_problem({"a": FallbackRule("zz")}) == ("a", "fallback tier 'zz' is not configured (known: a)")
+    unknown = ("a", "fallback tier 'zz' is not configured (known: a)")
+    assert chain_problem({"a": FallbackRule("zz")}) == unknown
     assert chain_problem({"a": FallbackRule("a")}) == ("a", "fallback cycle: a -> a")
     problem = chain_problem({"a": FallbackRule("b"), "b": FallbackRule("c"), "c": FallbackRule("b")})
     assert problem == ("a", "fallback cycle: b -> c -> b")
