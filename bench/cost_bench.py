@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/cost_bench.py [--jobs 200] [--out FILE.json]
 
-The service (`run_service`, in this process, on the in-memory Kafka edges: no broker needed)
+The service (`run_service`, in this process, on the in-memory Kafka edges: no broker needed,
+except for the deadline scenarios, whose offline jobs need one: `KAFKA_BOOTSTRAP_SERVERS`)
 against the simulator speaking Anthropic's wire format with model `claude-sonnet-4-5`, which
 caches a marked prefix of 1,024 tokens or more the way Anthropic does (`PromptCache`: the
 first request writes it, later ones within 5 minutes read it). Every job is a classification
@@ -16,6 +17,9 @@ output 15, cache read 0.30, cache write 3.75). Scenarios, each on fresh topics:
     batched+cache      the same, `prompt_cache: auto`
     repeats            ordinary, 30% of the jobs repeat an earlier job's input, `dedupe: false`
     repeats+dedupe     the same stream, `dedupe: true`
+    deadlines:online   1,000 jobs, half due in two days, half in ten minutes, all `mode: online`
+    deadlines:auto     the same jobs with `mode: auto`: the ones due in two days go offline
+                       (the Batch API at `batch_discount` 0.5), the others online
 
 Per scenario: provider requests, input / cached / cache-written / output tokens per job, cost
 per job (`consumer.core.cost`, from the tier's stats: the providers' own usage counts) and,
@@ -30,8 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +72,23 @@ def review(i: int) -> str:
     return f"Review {i}: {words}"[:200]
 
 
-def tier_file(base_url: str, *, batching: bool, prompt_cache: str, dedupe: bool) -> dict[str, Any]:
-    """One Anthropic tier on the simulator."""
+#: the deadline scenarios' jobs, whatever --jobs says
+DEADLINE_JOBS = 1000
+#: the env var the offline tier reads its (simulated) key from: a Batch API call needs one
+BENCH_KEY_ENV = "PB_COST_BENCH_KEY"
+
+
+def tier_file(
+    base_url: str, *, batching: bool, prompt_cache: str, dedupe: bool, offline: bool = False
+) -> dict[str, Any]:
+    """One Anthropic tier on the simulator; offline: its Batch API on, at half price."""
+    extra: dict[str, Any] = {}
+    if offline:
+        extra = {
+            "api_key_env": BENCH_KEY_ENV,
+            "offline": {"enabled": True, "poll_s": 0.3, "collect_s": 0.3},
+            "pricing": {**PRICING, "batch_discount": 0.5},
+        }
     return {
         "tiers": {
             "claude": {
@@ -81,6 +102,7 @@ def tier_file(base_url: str, *, batching: bool, prompt_cache: str, dedupe: bool)
                 "prompt_cache": prompt_cache,
                 "dedupe": dedupe,
                 "pricing": PRICING,
+                **extra,
             }
         }
     }
@@ -101,6 +123,16 @@ def jobs_for(n: int, *, batch: bool, repeat_share: float = 0.0) -> list[dict[str
     ]
 
 
+def deadline_jobs(n: int, mode: str) -> list[dict[str, Any]]:
+    """`n` jobs of `mode`, every other one due in two days, the rest in ten minutes."""
+    now = datetime.now(UTC)
+    later, soon = (now + timedelta(days=2)).isoformat(), (now + timedelta(minutes=10)).isoformat()
+    return [
+        {**j, "mode": mode, "deadline": later if i % 2 == 0 else soon}
+        for i, j in enumerate(jobs_for(n, batch=False))
+    ]
+
+
 SCENARIOS: dict[str, dict[str, Any]] = {
     "ordinary": {"batching": False, "prompt_cache": "off", "dedupe": False, "repeat": 0.0},
     "ordinary+cache": {"batching": False, "prompt_cache": "auto", "dedupe": False, "repeat": 0.0},
@@ -108,16 +140,35 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "batched+cache": {"batching": True, "prompt_cache": "auto", "dedupe": False, "repeat": 0.0},
     "repeats": {"batching": False, "prompt_cache": "off", "dedupe": False, "repeat": 0.3},
     "repeats+dedupe": {"batching": False, "prompt_cache": "off", "dedupe": True, "repeat": 0.3},
+    "deadlines:online": {"batching": False, "prompt_cache": "off", "dedupe": False, "mode": "online"},
+    "deadlines:auto": {"batching": False, "prompt_cache": "off", "dedupe": False, "mode": "auto"},
 }
 
 
 async def run_scenario(name: str, spec: dict[str, Any], n: int) -> dict[str, Any]:
     """One scenario on fresh in-memory topics and a fresh simulator; its per-job numbers."""
-    bus = MemoryBus(partitions=2)
-    jobs = jobs_for(n, batch=spec["batching"], repeat_share=spec["repeat"])
+    bus: Any = MemoryBus(partitions=2)
+    mode = spec.get("mode")
+    if mode is not None:
+        # offline batches are tracked on a compacted Kafka topic: these run on a real broker
+        from tests.service.harness import KafkaBus
+
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        if not bootstrap:
+            raise SystemExit(f"{name}: set KAFKA_BOOTSTRAP_SERVERS (offline jobs need a broker)")
+        bus = KafkaBus(bootstrap, partitions=2)
+        n = DEADLINE_JOBS
+        jobs = deadline_jobs(n, mode)
+        os.environ.setdefault(BENCH_KEY_ENV, "bench")
+    else:
+        jobs = jobs_for(n, batch=spec["batching"], repeat_share=spec["repeat"])
     async with SimulatorServer(SimulatorConfig(seed=1)) as base_url:
         tiers = tier_file(
-            base_url, batching=spec["batching"], prompt_cache=spec["prompt_cache"], dedupe=spec["dedupe"]
+            base_url,
+            batching=spec["batching"],
+            prompt_cache=spec["prompt_cache"],
+            dedupe=spec["dedupe"],
+            offline=mode is not None,
         )
         service = bus.service(tiers)
         async with service:
@@ -127,6 +178,13 @@ async def run_scenario(name: str, spec: dict[str, Any], n: int) -> dict[str, Any
     answered = len(outcomes.results)
     if answered != n or outcomes.dead:
         raise RuntimeError(f"{name}: {answered}/{n} answered, {len(outcomes.dead)} dead letters")
+    late = sum(
+        1
+        for j in jobs
+        if "deadline" in j
+        and _when(outcomes.results[j["id"]][0]["completed_at"]) > datetime.fromisoformat(j["deadline"])
+    )
+    modes = [rs[0].get("mode", "online") for rs in outcomes.results.values()]
     saving = BatchSaving.from_counts(
         verify_batched_tokens=t["verify_batched_tokens"],
         verify_alone_tokens=t["verify_alone_tokens"],
@@ -148,7 +206,13 @@ async def run_scenario(name: str, spec: dict[str, Any], n: int) -> dict[str, Any
             if saving.saved_fraction is None
             else {"fraction": round(saving.saved_fraction, 3), "measured": saving.measured}
         ),
+        "offline_jobs": modes.count("offline"),
+        "answered_after_deadline": late,
     }
+
+
+def _when(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -181,14 +245,28 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for name, spec in SCENARIOS.items():
+        if args.only and not name.startswith(args.only):
+            continue
         print(f"cost_bench: {name} ...", file=sys.stderr)
         rows.append(await run_scenario(name, spec, args.jobs))
+    by_name = {r["scenario"]: r for r in rows}
+    auto, online = by_name.get("deadlines:auto"), by_name.get("deadlines:online")
+    deadline_row = None
+    if auto is not None and online is not None:
+        deadline_row = {
+            "jobs": DEADLINE_JOBS,
+            "online_usd_per_1000_jobs": online["cost_usd_per_1000_jobs"],
+            "auto_usd_per_1000_jobs": auto["cost_usd_per_1000_jobs"],
+            "auto_over_online": round(auto["cost_usd_per_1000_jobs"] / online["cost_usd_per_1000_jobs"], 4),
+            "answered_after_deadline": auto["answered_after_deadline"] + online["answered_after_deadline"],
+        }
     return {
         "model": MODEL,
         "pricing_usd_per_mtok": PRICING,
         "instruction_tokens": len(INSTRUCTION) // 4,
         "input_tokens": 50,
         "rows": rows,
+        "deadlines": deadline_row,
     }
 
 
@@ -198,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--only", default="", help="run only the scenarios whose name starts with this")
     parser.add_argument("--plot", type=Path, default=ROOT / "bench" / "results" / "cost_bench.png")
     args = parser.parse_args(argv)
     report = asyncio.run(main_async(args))

@@ -25,8 +25,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from consumer.core.cost import Pricing
 from consumer.core.errors import ConfigError, JobError
+from consumer.core.fallback import FallbackCause, FallbackRule, chain_problem
 from consumer.core.lanes import DEFAULT_LANE_NAME, DEFAULT_MIN_SHARE, Lane
 from consumer.core.output import output_format
+from consumer.core.routing import parse_duration_s
 
 ProviderName = Literal["openai", "anthropic", "openai_compat"]
 
@@ -171,6 +173,42 @@ class OfflineConfig(_Strict):
         description="offline jobs are collected this long (or up to max_items) before one submission",
     )
     max_items: int = Field(10000, ge=1, description="most jobs in one offline batch")
+    auto_margin: str = Field(
+        "1h",
+        description=(
+            "the slack a mode auto job's deadline must leave beyond completion_window to go offline"
+        ),
+    )
+
+    @field_validator("completion_window", "auto_margin")
+    @classmethod
+    def _check_duration(cls, value: str) -> str:
+        parse_duration_s(value)
+        return value
+
+    @property
+    def completion_window_s(self) -> float:
+        return parse_duration_s(self.completion_window)
+
+    @property
+    def auto_margin_s(self) -> float:
+        return parse_duration_s(self.auto_margin)
+
+
+class FallbackConfig(_Strict):
+    """The tier that answers this tier's jobs while it is down (`consumer.core.fallback`)."""
+
+    tier: str = Field(
+        min_length=1, description="the tier that answers instead (its own provider, limiter, pricing)"
+    )
+    after_s: float = Field(30.0, ge=0, description="outage: how long the circuit is open before jobs move")
+    on: tuple[Literal["outage", "quota_exhausted"], ...] = Field(
+        ("outage", "quota_exhausted"), min_length=1, description="the troubles that move jobs"
+    )
+
+    def rule(self) -> FallbackRule:
+        """The core's value object of this fallback."""
+        return FallbackRule(self.tier, self.after_s, frozenset(FallbackCause(c) for c in self.on))
 
 
 class PricingConfig(_Strict):
@@ -247,6 +285,12 @@ class TierConfig(_Strict):
         None,
         description="USD per million tokens, for the tier's cost in stats and metrics; null: tokens only",
     )
+    default_mode: Literal["online", "offline", "auto"] = Field(
+        "online", description="the mode of jobs that name none: online, offline or auto (by deadline)"
+    )
+    fallback: FallbackConfig | None = Field(
+        None, description="the tier that answers this tier's jobs while it is down or out of quota"
+    )
 
     @field_validator("options")
     @classmethod
@@ -264,6 +308,8 @@ class TierConfig(_Strict):
             raise ValueError("base_url is required for provider openai_compat")
         if self.offline.enabled and self.provider == "openai_compat":
             raise ValueError("offline.enabled: openai_compat has no Batch API; use online mode")
+        if self.default_mode == "offline" and not self.offline.enabled:
+            raise ValueError("default_mode offline needs offline.enabled: true")
         return self
 
     @property
@@ -311,6 +357,14 @@ class LaneConfig(_Strict):
         description="a collection window holding a job of this lane flushes at most this long "
         "after the job arrived; unset: the tier's batching.max_wait_ms",
     )
+
+
+class KeyedProblem(ValueError):
+    """A tier file problem that names its own dotted key (a check across tiers)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
 
 
 class TierFile(_Strict):
@@ -378,6 +432,24 @@ def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) ->
         raise ConfigError("--lane", f"lane {lane!r} is unknown (lanes: {', '.join(lanes)})")
     return lanes[lane].topic
 
+    @model_validator(mode="after")
+    def _check_fallbacks(self) -> TierFile:
+        rules = {name: t.fallback.rule() if t.fallback else None for name, t in self.tiers.items()}
+        problem = chain_problem(rules)
+        if problem is not None:
+            raise KeyedProblem(f"tiers.{problem[0]}.fallback.tier", problem[1])
+        for name, tier in self.tiers.items():
+            if tier.fallback is None:
+                continue
+            other = self.tiers[tier.fallback.tier]
+            if tier.default_mode == "offline" and not other.offline.enabled:
+                raise KeyedProblem(
+                    f"tiers.{name}.fallback.tier",
+                    f"tier '{tier.fallback.tier}' cannot take this tier's jobs: they are offline"
+                    " (default_mode offline) and it has offline.enabled false",
+                )
+        return self
+
 
 def _dotted(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(root)"
@@ -389,6 +461,9 @@ def parse_tier_file(data: Any, *, source: str = "tier file") -> TierFile:
         return TierFile.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
+        cause = err.get("ctx", {}).get("error")
+        if isinstance(cause, KeyedProblem):
+            raise ConfigError(cause.key, f"{cause} (in {source})") from None
         raise ConfigError(_dotted(err["loc"]), f"{err['msg']} (in {source})") from None
 
 

@@ -62,6 +62,8 @@ def _seconds(value: float | None) -> str:
 
 
 def format_stats(merged: dict[str, Any]) -> str:
+    from consumer.runtime.stats import format_lanes, routing_lines
+
     lines = [f"group {merged['group']}:"] if "group" in merged else []
     lines += [
         f"instances: {merged['instances_live']} live, {merged['instances_seen']} seen",
@@ -89,6 +91,8 @@ def format_stats(merged: dict[str, Any]) -> str:
             lines.append(f"tier {name} batch {t['batch_size_reason']}")
         lines.append(f"tier {name} circuit: " + _circuit_text(t))
         lines.append(f"tier {name} tokens: " + _cost_text(t))
+        lines.extend(routing_lines(name, t))
+    lines.extend(format_lanes(merged))
     for name, per_size in sorted(merged.get("agreement", {}).items()):
         parts = [
             f"size {size}: {c['agreed']}/{c['compared']}"

@@ -127,6 +127,11 @@ class CircuitBreaker:
         rather than counted as an attempt: the error is an outage and the circuit is open."""
         return self.state is CircuitState.OPEN and is_outage(error)
 
+    def probe_due(self, now_s: float) -> bool:
+        """True while open with no probe out and the wait before the next one over (what
+        `admit` would grant as PROBE), without granting it."""
+        return self.state is CircuitState.OPEN and not self._probe_out and now_s >= self._next_probe_s
+
     def probe_abandoned(self) -> None:
         """The probe was granted but not sent (its members ended meanwhile): another may go."""
         self._probe_out = False

@@ -176,12 +176,19 @@ class Job(_Frozen):
         default_factory=dict, description="Provider options, merged over the tier's options."
     )
     batch: StrictBool = Field(default=False, description="This job may share a prompt with others.")
-    mode: Literal["online", "offline"] = "online"
+    mode: Literal["online", "offline", "auto"] | None = Field(
+        default=None,
+        description="online; offline (the provider's Batch API); auto (offline when the deadline leaves "
+        "the tier's completion window and margin); null: the tier's default_mode.",
+    )
     deadline: DeadlineTime | None = Field(
         default=None, description="RFC 3339; not done by then -> dead letter."
     )
     metadata: Annotated[dict[str, Any] | None, AfterValidator(_writable)] = Field(
         default=None, description="Echoed back untouched."
+    )
+    fallback: StrictBool = Field(
+        default=True, description="The tier's fallback tier may answer this job while the tier is down."
     )
 
     @model_validator(mode="after")
@@ -235,7 +242,7 @@ class Result(_Frozen):
     """One answer per job id, published to the results topic (Kafka key: the job id)."""
 
     id: StrictStr
-    tier: StrictStr
+    tier: StrictStr = Field(description="The tier that answered.")
     status: Literal["ok"] = "ok"
     output: StrictStr
     provider: StrictStr
@@ -256,6 +263,10 @@ class Result(_Frozen):
     lane: StrictStr | None = Field(
         default=None,
         description="The lane whose topic the job was read from (`default` without lanes).",
+    )
+    mode: Literal["online", "offline"] = Field(default="online", description="The way the job went.")
+    fallback_from: StrictStr | None = Field(
+        default=None, description="The tier the job asked for, when its fallback tier answered."
     )
 
 

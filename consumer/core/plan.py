@@ -36,6 +36,8 @@ Decisions:
   fails `provider_rejected` (rule 8).
 
 `cancel` ends chosen members (deadline passed, shutdown); later outcomes never touch them.
+`release` takes chosen members of an unsent request out of the plan with no outcome (they
+moved to a fallback tier, which ends them); the rest get a request of their own.
 
 Every member ends exactly once (answered or failed). Without retries, a plan for N members
 sends at most 2N-1 requests: every request either ends at least one member or splits its
@@ -341,6 +343,22 @@ class RequestPlan:
         else:
             self._fail(step, req.members, error_kind_for(error), error.message)
         return step
+
+    def release(self, req: PlannedRequest, members: Sequence[Member]) -> PlannedRequest | None:
+        """`members` of the unsent request `req` leave the plan without an outcome here (they
+        moved to another tier); `req` is withdrawn. Returns the request for its members still
+        open (same attempt, no delay), or None when none is."""
+        if self._outstanding.pop(req.seq, None) is None:
+            raise ValueError(f"request {req.seq} is not outstanding (reported or released before)")
+        for m in self._live(members):
+            self._ended.add(m.ref)
+        live = self._live(req.members)
+        if not live:
+            if self.done:
+                self._outstanding.clear()
+            return None
+        packed = req.packed if len(live) == len(req.members) else None
+        return self._request(live, attempt=req.attempt, packed=packed, quota_waited_s=req.quota_waited_s)
 
     def cancel(self, kind: ErrorKind, message: str, members: Sequence[Member] | None = None) -> Step:
         """End `members` (default: all) still open with `kind` (e.g. deadline_exceeded).

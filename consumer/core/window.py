@@ -70,7 +70,7 @@ def batch_key_for(job: Any, batchable: BatchablePrompt) -> BatchKey:
         prefix=batchable.prefix,
         variable=batchable.variable,
         options_key=options_key(job.options),
-        mode=job.mode,
+        mode=job.mode or "online",
     )
 
 

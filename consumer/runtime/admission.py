@@ -7,6 +7,7 @@ record's original bytes) and routes an admitted job. The checks, in order:
     2. it decodes as a Job (UTF-8 JSON of the job schema: `invalid_job`);
     3. its tier is configured (`unknown_tier`);
     4. `mode: offline` only where the tier enables it and offline processing runs (`invalid_job`);
+       `auto` (or no mode, by the tier's `default_mode`) is decided here (`core/routing.py`);
     5. its own content can be asked: its template renders, its response_format can be
        checked (`template_error` / `invalid_job`; `consumer.core.content`, which the CLI
        checks too); an Anthropic tier's chat job has a message besides system ones
@@ -113,6 +114,7 @@ class Admission:
             trace,
             content.output_format,
             timestamp_s=record.timestamp_ms / 1000.0,
+            mode=tier.modes.mode_for(job.mode, None if deadline_s is None else deadline_s - now_s),
         )
 
 

@@ -27,6 +27,10 @@ class JobContext:
     output_format: what its response_format asks of the output (None: nothing to check);
     dedupe_key: set while the job leads the tier's dedupe table under this key (identical
     jobs wait for its outcome, `delivery.OutcomeWriter` ends them with it);
+    mode: the way it goes, online or offline (`core/routing.py`: its `mode` or the tier's
+    default_mode, `auto` decided by its deadline);
+    fallback_from: the tier the job asked for, once its fallback tier took it
+    (`runtime/fallback.py`; `tier` is then the tier that answers);
     done: an outcome was handed to the sink (or the job was abandoned): nothing more happens;
     lane: the lane whose topic the job was read from (None: a job not read from a lane);
     timestamp_s, sent: what its latency histograms are observed with.
@@ -44,6 +48,8 @@ class JobContext:
     trace: Any = None
     output_format: OutputFormat | None = None
     dedupe_key: str | None = None
+    mode: str = "online"
+    fallback_from: str | None = None
     done: bool = field(default=False)
     lane: Lane | None = None
     #: the job record's Kafka timestamp (s since the epoch; job latency counts from it), and

@@ -166,6 +166,8 @@ class OutcomeWriter:
             traceparent=self._telemetry.traceparent(ctx.trace),
             dedupe_of=dedupe_of,
             lane=ctx.lane.name if ctx.lane is not None else None,
+            tier=ctx.tier.name,
+            mode=ctx.mode,
         )
         problem = too_large_result(record, self.limits.results)
         if problem is not None:
@@ -179,6 +181,8 @@ class OutcomeWriter:
         if ctx.done:
             return
         self._stats.results += 1
+        if ctx.fallback_from is not None:
+            ctx.tier.stats.fallback_jobs[ctx.fallback_from] += 1
         self._end(ctx, record, ok=True)
         self._settle(ctx, answer, None)
 

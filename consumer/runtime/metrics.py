@@ -48,6 +48,9 @@ _TIER_COUNTERS = {
     "verify_batched_tokens": "Verified jobs' shares of their batched requests' tokens",
     "verify_alone_tokens": "Tokens of the same verified jobs asked alone",
     "deduped": "Jobs answered by another job's identical request (dedupe)",
+    "auto_online": "Jobs with mode auto that went online",
+    "auto_offline": "Jobs with mode auto that went offline (the provider's Batch API)",
+    "offline_saved_usd": "What offline jobs saved against the same tokens online, at the tier's pricing",
 }
 _TIER_GAUGES = {
     "limit": "Current concurrency limit",
@@ -148,6 +151,17 @@ METRICS: tuple[_Metric, ...] = (
     *(
         _Metric(("tier", name), text, True, ("tier",), _per_tier(name))
         for name, text in _TIER_COUNTERS.items()
+    ),
+    _Metric(
+        ("tier", "fallback_jobs"),
+        "Jobs the tier answered for another tier (its fallback), by the tier they asked for",
+        True,
+        ("tier", "from"),
+        lambda s: [
+            ((tier, source), n)
+            for tier, ts in sorted(s.tiers.items())
+            for source, n in sorted(ts.fallback_jobs.items())
+        ],
     ),
     _Metric(
         ("tier", "verify_compared"),

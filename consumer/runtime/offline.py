@@ -366,7 +366,9 @@ def count_offline_usage(stats: TierStats, items: Sequence[BatchItemResult], pric
         stats.cached_input_tokens += usage.cached_input_tokens
         stats.cache_write_tokens += usage.cache_write_tokens
         if pricing is not None:
-            stats.cost_usd += cost_usd(usage, pricing, offline=True)
+            cost = cost_usd(usage, pricing, offline=True)
+            stats.cost_usd += cost
+            stats.offline_saved_usd += cost_usd(usage, pricing) - cost
 
 
 def outcome_records(
@@ -404,7 +406,13 @@ def outcome_records(
                 output, problem = wanted.accept(output)
             if problem is None:
                 result = AnswerResults(settings.results_topic, item.completion, 1).record(
-                    job=job, source=source, output=output, attempts=1, latency_ms=latency_ms
+                    job=job,
+                    source=source,
+                    output=output,
+                    attempts=1,
+                    latency_ms=latency_ms,
+                    tier=record.get("tier"),
+                    mode="offline",
                 )
                 problem = too_large_result(result, limits.results)
                 if problem is None:

@@ -120,14 +120,17 @@ class AnswerResults:
         traceparent: str | None = None,
         dedupe_of: str | None = None,
         lane: str | None = None,
+        tier: str | None = None,
+        mode: str = "online",
     ) -> OutRecord:
         """One job's Result record; `dedupe_of`: the job whose request answered it (dedupe):
         such a job's usage is zero, since no request of its own was sent; `lane`: the lane it
-        was read from."""
+        was read from; tier: the tier that answered, when not the one the job asked for (its
+        fallback: `fallback_from`); mode: the way the job went."""
         tp = source.tp
         value = {
             "id": job.id,
-            "tier": job.tier,
+            "tier": tier or job.tier,
             "status": "ok",
             "output": output,
             "provider": self._provider,
@@ -142,6 +145,8 @@ class AnswerResults:
             "completed_at": self._completed_at,
             "dedupe_of": dedupe_of,
             "lane": lane,
+            "mode": mode,
+            "fallback_from": job.tier if tier is not None and tier != job.tier else None,
         }
         return OutRecord(self._topic, job.id.encode(), orjson.dumps(value), _headers(source, traceparent))
 

@@ -39,6 +39,7 @@ from consumer.kafka.sink import OutcomeSink
 from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.lanes import LaneGate
 from consumer.runtime.plans import PlanRunner
 from consumer.runtime.stats import ServiceStats
@@ -103,8 +104,13 @@ class Pipeline:
             start_trace=telemetry.start_job,
         )
         rng = rng or random.Random()
+        fallback = FallbackRouter(tiers, lambda ctx: self._route(ctx, self._clock(), counted=True), clock)
+        self._fallback = fallback if fallback.active else None
         self._runners = {
-            name: PlanRunner(tier, outcomes, stats, telemetry, rng=rng, clock=clock, spawn=self._spawn)
+            name: PlanRunner(
+                tier, outcomes, stats, telemetry,
+                rng=rng, clock=clock, spawn=self._spawn, fallback=self._fallback,
+            )
             for name, tier in tiers.items()
         }
         self._windows: LaneWindows[JobContext] = LaneWindows()
@@ -220,15 +226,19 @@ class Pipeline:
     def _route(self, ctx: JobContext, now_s: float, *, counted: bool = False) -> None:
         """Send an admitted job on its way; `counted`: it was routed before (a dedupe follower
         routed again)."""
-        tier = ctx.tier
         if not counted:
-            tier.stats.items += 1
+            ctx.tier.stats.items += 1
+            if ctx.job.mode == "auto" or (ctx.job.mode is None and ctx.tier.config.default_mode == "auto"):
+                ctx.tier.stats.count_auto(ctx.mode)
         if ctx.past_deadline(now_s):
             self._outcomes.fail(
                 ctx, ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the job was read", attempts=0
             )
             return
-        if ctx.job.mode == "offline":
+        if self._fallback is not None:
+            self._fallback.route_new(ctx, now_s)  # its tier in trouble: the fallback tier's job now
+        tier = ctx.tier
+        if ctx.mode == "offline":
             assert self._offline is not None  # admission refuses offline jobs when none runs
             self._offline.add(ctx)
             return
@@ -239,6 +249,8 @@ class Pipeline:
             self._start_plan([ctx], key=None)
             return
         key = batch_key_for(ctx.job, batchable)
+        if ctx.fallback_from is not None:
+            key = key._replace(tier=tier.name)  # never in one window with the jobs of its own tier
         flushes = self._windows.add(
             key,
             ctx,

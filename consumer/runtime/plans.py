@@ -18,6 +18,10 @@ answer or error means; the runner performs it:
     4. batched answers feed the tier's adaptive batch size, and a share of them is asked
        again alone (`batching.verify_fraction`) to measure agreement.
 
+With a `fallback` tier, the members of a request held through an outage longer than its
+`after_s`, or of one that met an exhausted quota, move to the fallback tier before they are
+sent again (`runtime/fallback.py`); only those that cannot (`fallback: false`) stay.
+
 Every counter of a tier's requests is counted here, in `_count_*`: requests, tokens and their
 cost at the tier's `pricing` (`core/cost.py`), and batching's saving (estimated from every
 batched answer, measured on the verified ones).
@@ -38,7 +42,7 @@ from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.circuit import Admit, is_outage
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest, Usage, prompt_cache_key
 from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost_usd
-from consumer.core.errors import ErrorKind, ProviderError, RateLimited, ServerError
+from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
 from consumer.core.output import response_format_schema
 from consumer.core.packing import answer_schema
@@ -46,6 +50,7 @@ from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.window import BatchKey
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, QUEUE_WAIT, RATE_LIMITED, Series
 from consumer.runtime.limiter import Token
 from consumer.runtime.outcomes import AnswerResults
@@ -72,8 +77,10 @@ class PlanRunner:
         rng: random.Random,
         clock: Callable[[], float],
         spawn: Callable[[Coroutine[Any, Any, None]], None],
+        fallback: FallbackRouter | None = None,
     ) -> None:
         self.tier = tier
+        self._fallback = fallback
         pricing = tier.config.pricing
         self._pricing = pricing.pricing() if pricing is not None else None
         self._outcomes = outcomes
@@ -152,6 +159,9 @@ class PlanRunner:
             if self._expire(plan, req):
                 return
             probe = await self._through_circuit(plan, req)
+            if isinstance(probe, PlannedRequest):  # some members moved to the fallback tier
+                req, request, traces = probe, None, [_ctx(m).trace for m in probe.members]
+                continue
             if probe is None:
                 return
             if request is None:
@@ -170,6 +180,12 @@ class PlanRunner:
             elif not (isinstance(answer, ProviderError) and self.tier.circuit.holds(answer)):
                 break
             self.tier.stats.held_requests += 1  # held: sent again once the circuit admits it
+        if isinstance(answer, QuotaExhausted) and self._fallback is not None:
+            rest = self._moved(plan, req)
+            if rest is not req:
+                if rest is None:
+                    return
+                req = rest  # what stays is answered by the quota rules below
         self._count_sent(req, batched_plan)
         if isinstance(answer, ProviderError):
             completion = None
@@ -224,6 +240,10 @@ class PlanRunner:
                     self._count_error(exc)
                     if isinstance(exc, RateLimited):
                         _note_rate_limited(tier, token, exc)
+                    if isinstance(exc, QuotaExhausted):
+                        hinted = exc.hint.retry_after_s
+                        cooldown_s = tier.config.retry.quota_cooldown_s if hinted is None else hinted
+                        tier.quota.on_exhausted(self._clock(), cooldown_s)
                     self._telemetry.record_error(span, exc)
                     self._circuit_saw(exc, probe=probe)
                     return exc
@@ -235,6 +255,7 @@ class PlanRunner:
                     return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
             self._request_s[OK].observe(self._clock() - sent_s)
             token.success()
+            tier.quota.on_answer()
             _note_answer(tier, token, completion)
             self._count_usage(completion)
             self._circuit_saw(None, probe=probe)
@@ -283,10 +304,27 @@ class PlanRunner:
             self._circuit_changed.set()
             self._circuit_changed = asyncio.Event()
 
-    async def _through_circuit(self, plan: RequestPlan, req: PlannedRequest) -> bool | None:
+    def _moved(self, plan: RequestPlan, req: PlannedRequest) -> PlannedRequest | None:
+        """Move the members of the unsent `req` that the fallback takes now; returns `req`
+        itself when none moved, else the request for those that stay (None: none stays)."""
+        assert self._fallback is not None
+        now_s = self._clock()
+        going = [m for m in req.members if not _ctx(m).done and self._fallback.move(_ctx(m), now_s)]
+        if not going:
+            return req
+        rest = plan.release(req, going)
+        for m in going:
+            self._fallback.send(_ctx(m))
+        return rest
+
+    async def _through_circuit(
+        self, plan: RequestPlan, req: PlannedRequest
+    ) -> bool | PlannedRequest | None:
         """Wait until the circuit lets `req` go: False (closed), True (it goes as the probe),
-        None (nothing left to send: its members' deadlines passed, or the outage lasted
-        longer than `retry.max_outage_s`, which dead-letters them `retries_exhausted`)."""
+        a PlannedRequest (some members moved to the fallback tier: send this one for the rest
+        instead), None (nothing left to send: its members' deadlines passed or moved, or the
+        outage lasted longer than `retry.max_outage_s`, which dead-letters them
+        `retries_exhausted`)."""
         circuit = self.tier.circuit
         max_outage_s = self.tier.config.retry.max_outage_s
         while True:
@@ -296,6 +334,13 @@ class PlanRunner:
                 return False
             if admit is Admit.PROBE:
                 return True
+            if self._fallback is not None:
+                rest = self._moved(plan, req)
+                if rest is not req:
+                    return rest
+                until_s = self._fallback.wait_s(self.tier, now_s)
+                if until_s is not None:
+                    wait_s = min(wait_s, max(until_s, 0.01))
             outage_s = circuit.outage_s(now_s)
             if max_outage_s is not None:
                 if outage_s >= max_outage_s:

@@ -19,6 +19,9 @@ from consumer.core.jobs import checked_json_object
 from consumer.core.lag import PartitionLag
 from consumer.runtime.latency import JOB_LATENCY, OFFLINE_JOB_LATENCY, LatencyHistograms
 
+#: a tier's stats key of the jobs it answered for tier NAME: "fallback_from.NAME"
+FALLBACK_PREFIX = "fallback_from."
+
 
 @dataclass
 class TierStats:
@@ -57,6 +60,13 @@ class TierStats:
     verify_alone_tokens: int = 0
     #: jobs answered by another job's identical request (dedupe) instead of their own
     deduped: int = 0
+    #: `mode: auto` jobs of this tier by the way they went, and what offline jobs saved
+    #: against the same tokens online at the tier's pricing
+    auto_online: int = 0
+    auto_offline: int = 0
+    offline_saved_usd: float = 0.0
+    #: jobs this tier answered for another (its fallback), by the tier they asked for
+    fallback_jobs: Counter[str] = field(default_factory=Counter)
     # gauges
     limit: int = 0
     inflight: int = 0
@@ -77,9 +87,19 @@ class TierStats:
         """Ordinary requests that would have been sent minus requests sent (DESIGN rule 9)."""
         return self.items_in_batched_plans - self.requests_for_batched_plans
 
+    def count_auto(self, mode: str) -> None:
+        """One `mode: auto` job routed `mode` (online | offline)."""
+        if mode == "offline":
+            self.auto_offline += 1
+        else:
+            self.auto_online += 1
+
     def as_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "fallback_jobs"}
         d["requests_saved"] = self.requests_saved
+        # flat, so snapshots add up like every other counter
+        for source, n in sorted(self.fallback_jobs.items()):
+            d[f"{FALLBACK_PREFIX}{source}"] = n
         return d
 
 
@@ -371,3 +391,20 @@ def latency_percentiles(snapshots: list[dict[str, Any]], family: str) -> dict[st
             entry[f"p{round(q * 100)}_s"] = None if value is None else round(value, 4)
         out[tier] = entry
     return out
+
+
+def routing_lines(name: str, tier: dict[str, Any]) -> list[str]:
+    """`promptbus stats` lines of a merged tier: the jobs it answered for other tiers, and
+    its `mode: auto` jobs' split and what offline saved (none when there is nothing to say)."""
+    lines = []
+    answered_for = {
+        k.removeprefix(FALLBACK_PREFIX): v for k, v in tier.items() if k.startswith(FALLBACK_PREFIX)
+    }
+    if answered_for:
+        parts = ", ".join(f"{n} for {source}" for source, n in sorted(answered_for.items()))
+        lines.append(f"tier {name} fallback: answered {parts}")
+    online, offline = int(tier.get("auto_online", 0)), int(tier.get("auto_offline", 0))
+    if online or offline:
+        saved = float(tier.get("offline_saved_usd", 0.0))
+        lines.append(f"tier {name} mode auto: {offline} offline, {online} online; offline saved ${saved:.4f}")
+    return lines

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from consumer.core.adaptive import AdaptiveBatchSize, AdaptiveSizes
 from consumer.core.circuit import CircuitBreaker
 from consumer.core.dedupe import DedupeTable
+from consumer.core.fallback import FallbackRule, QuotaWatch, TierCondition
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
+from consumer.core.routing import ModePolicy
 from consumer.core.window import BatchKey, WindowLimits
 from consumer.providers.base import CompletionProvider
 from consumer.runtime.evidence import RememberedEvidence
@@ -36,6 +39,27 @@ class TierRuntime:
     circuit: CircuitBreaker = field(default_factory=CircuitBreaker)
     #: identical deterministic requests in flight and answered recently (`dedupe: true`)
     dedupe: DedupeTable[Any, Any] | None = None
+    #: the provider's quota, exhausted for a cool-down after it says so (`fallback.quota_exhausted`)
+    quota: QuotaWatch = field(default_factory=QuotaWatch)
+
+    @cached_property
+    def fallback(self) -> FallbackRule | None:
+        """The tier that answers this one's jobs while it is down (`fallback:`), if any."""
+        return self.config.fallback.rule() if self.config.fallback is not None else None
+
+    @cached_property
+    def modes(self) -> ModePolicy:
+        """How this tier's jobs choose online or offline (`default_mode`, `mode: auto`)."""
+        off = self.config.offline
+        return ModePolicy(
+            self.config.default_mode, off.enabled, off.completion_window_s, off.auto_margin_s
+        )
+
+    def condition(self, now_s: float) -> TierCondition:
+        """What the tier's own answers say now, for the fallback decision."""
+        return TierCondition(
+            self.circuit.open, self.circuit.outage_s(now_s), self.quota.exhausted(now_s)
+        )
 
     def limits_for(self, key: BatchKey, now_s: float) -> WindowLimits:
         """The window limits for a job routed to `key`'s window: max_items follows the key's

@@ -42,7 +42,7 @@ def test_minimal_prompt_job_defaults() -> None:
     job = decode_job(_raw(variables={"text": "hello"}))
     assert job.id == "j1" and job.tier == "small"
     assert job.variables == {"text": "hello"}
-    assert job.options == {} and job.batch is False and job.mode == "online"
+    assert job.options == {} and job.batch is False and job.mode is None and job.fallback is True
     assert job.deadline is None and job.metadata is None and job.messages is None
 
 
@@ -78,7 +78,7 @@ def test_undecodable_bytes(raw: bytes, expected: str) -> None:
         ({"varaibles": {}}, "field 'varaibles': Extra inputs are not permitted"),
         ({"batch": "yes"}, "field 'batch': Input should be a valid boolean"),
         ({"batch": 1}, "field 'batch'"),
-        ({"mode": "later"}, "field 'mode': Input should be 'online' or 'offline'"),
+        ({"mode": "later"}, "field 'mode': Input should be 'online', 'offline' or 'auto'"),
         ({"prompt": ..., }, "exactly one of 'prompt' or 'messages' is required"),
         ({"messages": [{"role": "user", "content": "x"}]}, "exactly one of 'prompt' or 'messages'"),
         ({"prompt": ..., "messages": []}, "field 'messages'"),
@@ -220,7 +220,7 @@ _jobs = st.builds(
         max_size=3,
     ),
     batch=st.booleans(),
-    mode=st.sampled_from(["online", "offline"]),
+    mode=st.sampled_from(["online", "offline", "auto"]),
     deadline=st.none() | st.datetimes(timezones=st.just(UTC)),
     metadata=st.none() | st.dictionaries(_text, _text, max_size=3),
 )

@@ -476,3 +476,24 @@ def test_any_model_behaviour_ends_every_member_exactly_once(
     assert sent - retries <= 2 * n - 1
     for m in plan.members:
         assert 1 <= plan.attempts(m) <= sent
+
+
+def test_released_members_leave_the_plan_without_an_outcome_and_the_rest_get_a_request() -> None:
+    plan = _plan(4)
+    (req,) = plan.start()
+    moved = list(req.members[:3])
+    rest = plan.release(req, moved)
+    assert rest is not None and rest.members == (req.members[3],) and rest.packed is None
+    assert rest.attempt == req.attempt and plan.outstanding == [rest]
+    with pytest.raises(ValueError):
+        plan.release(req, moved)  # withdrawn once
+    step = plan.on_answer(rest, "fine", "stop")
+    assert [m for m, _, _ in step.answered] == [req.members[3]] and not step.failed
+    assert plan.done and all(plan.attempts(m) == 0 for m in moved)
+
+
+def test_releasing_every_member_ends_the_plan() -> None:
+    plan = _plan(2)
+    (req,) = plan.start()
+    assert plan.release(req, req.members) is None
+    assert plan.done and plan.outstanding == []

@@ -219,3 +219,29 @@ def test_a_snapshot_names_its_group_and_stats_are_shown_per_group() -> None:
     text = format_stats({"group": "orders", **merged})
     assert text.splitlines()[:2] == ["group orders:", "instances: 1 live, 1 seen"]
     assert "items in: 3 " in text
+
+
+def test_fallback_and_auto_counts_reach_stats_lines_and_metrics() -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from consumer.runtime.metrics import StatsCollector
+    from consumer.runtime.stats import ServiceStats, merge_snapshots, routing_lines
+
+    stats = ServiceStats("i1")
+    backup = stats.tier("backup")
+    backup.fallback_jobs["main"] += 3
+    main = stats.tier("main")
+    main.count_auto("offline")
+    main.count_auto("online")
+    main.offline_saved_usd = 0.5
+    merged = merge_snapshots([stats.snapshot(), stats.snapshot()], now_s=0.0, live_within_s=1e12)
+    assert routing_lines("backup", merged["tiers"]["backup"]) == ["tier backup fallback: answered 6 for main"]
+    assert routing_lines("main", merged["tiers"]["main"]) == [
+        "tier main mode auto: 2 offline, 2 online; offline saved $1.0000"
+    ]
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(stats))
+    text = generate_latest(registry).decode()
+    assert 'promptbus_tier_fallback_jobs_total{from="main",tier="backup"} 3.0' in text
+    assert 'promptbus_tier_auto_offline_total{tier="main"} 1.0' in text
