@@ -151,7 +151,7 @@ async def run_scenario(name: str, spec: dict[str, Any], n: int) -> dict[str, Any
     mode = spec.get("mode")
     if mode is not None:
         # offline batches are tracked on a compacted Kafka topic: these run on a real broker
-        from tests.service.harness import KafkaBus
+        from consumer.testing.harness import KafkaBus
 
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
         if not bootstrap:

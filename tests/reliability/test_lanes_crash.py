@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from consumer.kafka.admin import ensure_topics
+from consumer.testing.harness import produce, read_outcomes, service_env, settings_from_env
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 from tests.reliability.support import OutcomeFollower, duplicate_count
 from tests.reliability.test_crash import SMALL, run_with_kills, slow_tier
-from tests.service.harness import job, produce, read_outcomes, service_env, settings_from_env
+from tests.service.harness import job
 
 pytestmark = pytest.mark.integration
 

@@ -11,44 +11,25 @@ import itertools
 import logging
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 import pytest
 
 from consumer.localmodel import free_port
 from consumer.testing.harness import KafkaBus, tier_file_dict
 from consumer.testing.simulator import answer_for
-from tests.service.harness import job
+from tests.service.harness import job, start_simulator
 
 pytestmark = pytest.mark.slow
 
 
-def _start_simulator(port: int, faults: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "consumer.cli", "simulate", "--port", str(port), "--faults", faults],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(400):  # bounded: until it listens
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/_sim/stats", timeout=1)
-            return proc
-        except httpx.TransportError:
-            assert proc.poll() is None, "the simulator exited"
-            time.sleep(0.05)
-    proc.kill()
-    raise TimeoutError("the simulator did not listen")
-
-
 @contextmanager
 def _simulator(port: int, faults: str = "latency_ms=20") -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = [_start_simulator(port, faults)]
+    procs = [start_simulator(port, faults)]
     try:
         yield procs
     finally:
@@ -79,7 +60,7 @@ async def test_provider_killed_for_20_s_mid_backlog_loses_and_dead_letters_nothi
             procs[0].wait(timeout=30)
             await asyncio.sleep(20)
             during = service.stats_snapshot()["tiers"]["small"]
-            procs.append(_start_simulator(port, "latency_ms=20"))
+            procs.append(start_simulator(port, "latency_ms=20"))
             outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=240)
         stats = service.stats_snapshot()["tiers"]["small"]
     dead = [d["error"]["kind"] for ds in outcomes.dead.values() for d in ds]

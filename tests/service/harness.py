@@ -10,10 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +31,24 @@ def job(i: int, *, batch: bool, tier: str = "small", text: str | None = None, **
         "batch": batch,
         **extra,
     }
+
+
+def start_simulator(port: int, faults: str) -> subprocess.Popen[bytes]:
+    """A `promptbus simulate` process on 127.0.0.1:`port` with `faults`, once it answers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "consumer.cli", "simulate", "--port", str(port), "--faults", faults],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(400):  # bounded: until it listens
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/_sim/stats", timeout=1)
+            return proc
+        except httpx.TransportError:
+            assert proc.poll() is None, "the simulator exited"
+            time.sleep(0.05)
+    proc.kill()
+    raise TimeoutError("the simulator did not listen")
 
 
 class ServiceProcess:

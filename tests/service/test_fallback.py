@@ -21,17 +21,16 @@ import pytest
 import yaml
 
 from consumer.localmodel import free_port
-from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.reliability.support import JobStream
-from tests.reliability.test_outage import _start_simulator
-from tests.service.harness import (
+from consumer.testing.harness import (
     InProcessService,
     KafkaBus,
-    job,
     service_env,
     settings_from_env,
     tier_file_dict,
 )
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
+from tests.reliability.support import JobStream
+from tests.service.harness import job, start_simulator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +60,7 @@ async def test_a_primary_down_for_60_s_falls_back_then_answers_again(kafka_boots
     refusing = {j["id"] for j in jobs if j.get("fallback") is False}
     bus = KafkaBus(kafka_bootstrap, partitions=4)
     main_port, backup_port = free_port(), free_port()
-    procs = [_start_simulator(main_port, "latency_ms=20"), _start_simulator(backup_port, "latency_ms=20")]
+    procs = [start_simulator(main_port, "latency_ms=20"), start_simulator(backup_port, "latency_ms=20")]
     try:
         tiers = _two_tiers(
             f"http://127.0.0.1:{main_port}/v1", f"http://127.0.0.1:{backup_port}/v1",
@@ -79,7 +78,7 @@ async def test_a_primary_down_for_60_s_falls_back_then_answers_again(kafka_boots
             killed_at = datetime.now(UTC)
             await asyncio.sleep(60)
             during = service.stats_snapshot()["tiers"]
-            procs[0] = _start_simulator(main_port, "latency_ms=20")
+            procs[0] = start_simulator(main_port, "latency_ms=20")
             back_at = datetime.now(UTC)
             await asyncio.wait_for(producing, timeout=120)
             outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=180)

@@ -15,7 +15,8 @@ from aiokafka.structs import TopicPartition as KafkaTP
 from consumer.core.completion import CompletionRequest
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.runtime.lag import LAG_REFRESH_S
-from tests.service.harness import job, tier_file_dict
+from consumer.testing.harness import tier_file_dict
+from tests.service.harness import job
 
 PARTITIONS = 2
 

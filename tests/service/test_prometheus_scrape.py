@@ -27,15 +27,9 @@ from typing import Any
 import httpx
 import yaml
 
+from consumer.testing.harness import produce, service_env, settings_from_env, tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
-from tests.service.harness import (
-    ServiceProcess,
-    job,
-    produce,
-    service_env,
-    settings_from_env,
-    tier_file_dict,
-)
+from tests.service.harness import ServiceProcess, job
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "promptbus-rules.yml"
