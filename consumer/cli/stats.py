@@ -73,10 +73,16 @@ def format_stats(merged: dict[str, Any]) -> str:
         f"lag: {merged.get('lag_records', 0)} records over {merged.get('lag_partitions', 0)} partitions, "
         f"oldest uncommitted {merged.get('oldest_uncommitted_age_s', 0.0):.1f} s",
     ]
-    for what, key in (("job latency", "job_latency"), ("offline job latency", "offline_job_latency")):
+    for kind, what, key in (
+        ("tier", "job latency", "job_latency"),
+        ("tier", "offline job latency", "offline_job_latency"),
+        ("lane", "job latency", "lane_job_latency"),
+    ):
         for name, p in sorted(merged.get(key, {}).items()):
+            if not p["jobs"]:
+                continue
             lines.append(
-                f"tier {name} {what} (live instances, {p['jobs']} jobs): "
+                f"{kind} {name} {what} (live instances, {p['jobs']} jobs): "
                 + " ".join(f"{q}={_seconds(p[f'{q}_s'])}" for q in ("p50", "p95", "p99"))
             )
     for name, t in sorted(merged["tiers"].items()):
@@ -109,7 +115,7 @@ UNRECORDED_GROUP = "(not recorded)"
 def cmd_stats(args: argparse.Namespace) -> int:
     """The merged snapshots of one consumer group (PROMPTBUS_GROUP_ID or --group), or of every
     group on the cluster with --all-groups, one section per group."""
-    from consumer.kafka.clients import read_latest
+    from consumer.kafka.clients import group_lag, read_latest
     from consumer.runtime.stats import by_group, merge_snapshots, read_snapshot
 
     configure_logging("WARNING", kafka_level="CRITICAL")
@@ -126,6 +132,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     sections = {}
     for group in wanted:
         merged = merge_snapshots(groups.get(group, []), now_s=now_s, live_within_s=live_within_s)
+        if group:
+            # the group's lag is the broker's: committed offsets against log ends, whether or
+            # not an instance runs (an instance's own figure is as old as its last refresh)
+            lag = asyncio.run(group_lag(settings, group, [settings.jobs_topic]))
+            merged["lag_records"], merged["lag_partitions"] = lag.records, len(lag.per_partition)
         sections[group] = {"group": group or UNRECORDED_GROUP, **merged}
     if args.json:
         shown: Any = {"groups": list(sections.values())} if args.all_groups else sections[wanted[0]]

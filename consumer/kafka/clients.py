@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -119,3 +120,50 @@ async def read_latest(settings: Settings, topic: str) -> dict[bytes, bytes]:
         else:
             latest[key] = value
     return latest
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLag:
+    """A consumer group's lag as the broker sees it: per (topic, partition), log end offset
+    minus the group's committed offset (a partition it never committed counts from its
+    first offset)."""
+
+    per_partition: dict[tuple[str, int], int]
+
+    @property
+    def records(self) -> int:
+        return sum(self.per_partition.values())
+
+
+async def group_lag(settings: Settings, group: str, topics: Sequence[str]) -> GroupLag:
+    """The lag of `group` over every partition of `topics` and of the topics it committed on.
+
+    Read from the broker (committed offsets and log ends), so it holds whether or not an
+    instance is running; topics that do not exist are left out."""
+    admin = AIOKafkaAdminClient(**client_kwargs(settings))
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    partitions = [
+        TopicPartition(topic, p)
+        for topic in dict.fromkeys([*topics, *(tp.topic for tp in committed)])
+        for p in await topic_partitions(settings, topic)
+    ]
+    if not partitions:
+        return GroupLag({})
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, **client_kwargs(settings))
+    try:
+        await consumer.start()
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        firsts = await consumer.beginning_offsets(partitions)
+    finally:
+        await consumer.stop()
+    lag = {}
+    for tp in partitions:
+        meta = committed.get(tp)
+        start = meta.offset if meta is not None and meta.offset >= 0 else firsts[tp]
+        lag[(tp.topic, tp.partition)] = max(0, ends[tp] - start)
+    return GroupLag(lag)

@@ -333,6 +333,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
     total["dead_letters"] = dict(total["dead_letters"])
     total["job_latency"] = latency_percentiles(live_snapshots, JOB_LATENCY.name)
     total["offline_job_latency"] = latency_percentiles(live_snapshots, OFFLINE_JOB_LATENCY.name)
+    total["lane_job_latency"] = latency_percentiles(live_snapshots, JOB_LATENCY.name, "lane")
     return total
 
 
@@ -362,34 +363,37 @@ def format_lanes(merged: dict[str, Any]) -> list[str]:
 QUANTILES = (0.5, 0.95, 0.99)
 
 
-def tier_histograms(snapshots: list[dict[str, Any]], family: str) -> dict[str, Histogram]:
-    """Per tier: one histogram of `family` over every snapshot, lane and outcome (merged by
-    bucket). A series whose bounds differ from the first one seen for its tier (written by
-    another promptbus version) is left out."""
-    by_tier: dict[str, list[Histogram]] = {}
+def histograms_by(snapshots: list[dict[str, Any]], family: str, label: str = "tier") -> dict[str, Histogram]:
+    """Per value of `label` (a tier, a lane): one histogram of `family` over every snapshot and
+    every other label (merged by bucket). A series whose bounds differ from the first one seen
+    for its value (written by another promptbus version) is left out."""
+    by_value: dict[str, list[Histogram]] = {}
     for snap in snapshots:
         for series in snap.get("histograms", {}).get(family, []):
-            tier = str(series.get("labels", {}).get("tier", ""))
+            value = str(series.get("labels", {}).get(label, ""))
             try:
                 h = histogram_from_dict(series)
             except ValueError:
                 continue
-            parts = by_tier.setdefault(tier, [])
+            parts = by_value.setdefault(value, [])
             if not parts or parts[0].bounds == h.bounds:
                 parts.append(h)
-    merged = {tier: merge_histograms(parts) for tier, parts in by_tier.items()}
-    return {tier: h for tier, h in sorted(merged.items()) if h is not None}
+    merged = {value: merge_histograms(parts) for value, parts in by_value.items()}
+    return {value: h for value, h in sorted(merged.items()) if h is not None}
 
 
-def latency_percentiles(snapshots: list[dict[str, Any]], family: str) -> dict[str, dict[str, Any]]:
-    """Per tier: jobs observed and the p50 / p95 / p99 latency in seconds (None without jobs)."""
+def latency_percentiles(
+    snapshots: list[dict[str, Any]], family: str, label: str = "tier"
+) -> dict[str, dict[str, Any]]:
+    """Per tier (or lane: `label`): jobs observed and the p50 / p95 / p99 latency in seconds
+    (None without jobs)."""
     out: dict[str, dict[str, Any]] = {}
-    for tier, h in tier_histograms(snapshots, family).items():
+    for value, h in histograms_by(snapshots, family, label).items():
         entry: dict[str, Any] = {"jobs": h.count}
         for q in QUANTILES:
-            value = quantile(h, q)
-            entry[f"p{round(q * 100)}_s"] = None if value is None else round(value, 4)
-        out[tier] = entry
+            quantile_s = quantile(h, q)
+            entry[f"p{round(q * 100)}_s"] = None if quantile_s is None else round(quantile_s, 4)
+        out[value] = entry
     return out
 
 

@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition as KafkaTP
 
 from consumer.core.completion import CompletionRequest
+from consumer.kafka.clients import group_lag
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.runtime.lag import LAG_REFRESH_S
 from consumer.testing.harness import tier_file_dict
@@ -70,6 +71,10 @@ async def test_lag_equals_produced_minus_committed_while_the_provider_is_held(
         expected = await _broker_lag(bus)
         assert sum(expected.values()) == len(held), "held jobs stay uncommitted"
         topic = bus.settings.jobs_topic
+        if bus.name == "kafka":  # what `promptbus stats` shows: the broker's figure for the group
+            group = await group_lag(bus.settings, bus.settings.group_id, [topic])
+            assert {p: n for (_, p), n in group.per_partition.items()} == expected
+            assert group.records == len(held)
         deadline = time.monotonic() + 4 * LAG_REFRESH_S
         seen: dict[int, int] = {}
         while time.monotonic() < deadline:

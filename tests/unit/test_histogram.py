@@ -103,3 +103,21 @@ def test_stats_merge_percentiles_per_tier_across_live_instances_only() -> None:
     assert 0.25 <= p["p50_s"] <= 0.5 or 30.0 <= p["p50_s"] <= 60.0
     assert 30.0 <= p["p99_s"] <= 60.0
     assert merged["offline_job_latency"]["small"]["jobs"] == 2
+
+
+def test_stats_merge_percentiles_per_lane_and_the_text_names_each_lane() -> None:
+    from consumer.cli.stats import format_stats
+
+    now = time.time()
+    stats = ServiceStats("a")
+    for _ in range(20):
+        stats.latency.observe(JOB_LATENCY, ("small", "interactive", "result"), 0.2)
+        stats.latency.observe(JOB_LATENCY, ("small", "bulk", "result"), 90.0)
+    stats.latency.observe(JOB_LATENCY, ("other", "bulk", "dead_letter"), 90.0)
+    merged = merge_snapshots([stats.snapshot()], now_s=now, live_within_s=10)
+    lanes = merged["lane_job_latency"]
+    assert lanes["interactive"]["jobs"] == 20 and lanes["bulk"]["jobs"] == 21, "tiers and outcomes merge"
+    assert lanes["interactive"]["p99_s"] < 1.0 < 60.0 <= lanes["bulk"]["p50_s"]
+    text = format_stats(merged)
+    assert "lane interactive job latency (live instances, 20 jobs): p50=" in text
+    assert "lane bulk job latency (live instances, 21 jobs)" in text
