@@ -1,4 +1,4 @@
-"""`promptbus replay --dlq`: publish dead letters' jobs to the jobs topic again.
+"""`promptbus replay --dlq`: publish dead letters' jobs again, each to the topic it was read from.
 
 Each dead letter picked by the filter (`ReplayFilter`: kinds, tier, failed at or after a time)
 becomes one job record: the dead letter's parsed `job` as JSON, or, when the job was never
@@ -127,7 +127,10 @@ class ReplayReport:
 def plan_replay(
     value: bytes | None, where: SourceOffset, timestamp_ms: int, flt: ReplayFilter, jobs_topic: str
 ) -> Replay | Skip:
-    """Replay or skip one dead-letter record (`where` it is, its record timestamp). No I/O."""
+    """Replay or skip one dead-letter record (`where` it is, its record timestamp). No I/O.
+
+    A replayed job goes to the topic it was read from (its lane's; the dead letter's
+    `source.topic`), `jobs_topic` when the dead letter does not say."""
     at = where.header_value().decode()
     dead = _loads(value)
     error = dead.get("error") if dead is not None else None
@@ -161,7 +164,11 @@ def plan_replay(
     if not isinstance(job_id, str) and job is not None and isinstance(job.get("id"), str):
         job_id = job["id"]
     key = job_id.encode() if isinstance(job_id, str) else None
-    record = OutRecord(jobs_topic, key, payload, ((REPLAY_HEADER, at.encode()),))
+    # back to the topic the job was read from: with lanes, its own lane's
+    source = dead.get("source")
+    topic = source.get("topic") if isinstance(source, dict) else None
+    to_topic = topic if isinstance(topic, str) and topic else jobs_topic
+    record = OutRecord(to_topic, key, payload, ((REPLAY_HEADER, at.encode()),))
     return Replay(kind, job_id if isinstance(job_id, str) else None, at, record)
 
 

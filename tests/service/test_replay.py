@@ -78,6 +78,16 @@ def test_a_never_parsed_job_is_replayed_as_its_original_bytes() -> None:
     assert decision.record.headers == ((REPLAY_HEADER, b"dlq/0/7"),)
 
 
+def test_a_job_goes_back_to_the_topic_it_was_read_from_its_lanes() -> None:
+    value = orjson.loads(dead_letter("retries_exhausted", job_value=job(1, batch=False)))
+    value["source"]["topic"] = "promptbus.jobs.interactive"
+    decision = plan(orjson.dumps(value))
+    assert isinstance(decision, Replay) and decision.record.topic == "promptbus.jobs.interactive"
+    del value["source"]
+    decision = plan(orjson.dumps(value))
+    assert isinstance(decision, Replay) and decision.record.topic == "jobs", "no source: the jobs topic"
+
+
 def test_a_job_admission_would_refuse_again_is_skipped_with_its_reason() -> None:
     typo = plan(dead_letter("invalid_job", raw=b'{"id": "j-1", "tier": "small", "promt": "typo"}'))
     assert isinstance(typo, Skip) and typo.reason == "still_invalid"
