@@ -40,7 +40,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from consumer.core.offsets import METADATA_MAX_CHARS, DoneOffsets, decode_done
 from consumer.kafka.admin import ensure_topics
-from consumer.kafka.clients import submit_jobs, topic_partitions
+from consumer.kafka.clients import read_latest, submit_jobs, topic_partitions
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
@@ -160,6 +160,34 @@ class ServiceProcess:
         if not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux /proc; 0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def open_fds(pid: int) -> int:
+    """Open file descriptors of a process (Linux /proc; 0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+async def latest_stats(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Each instance's latest stats snapshot from the stats topic, by instance name."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in (await read_latest(settings, settings.stats_topic)).items():
+        with contextlib.suppress(Exception):
+            out[key.decode()] = orjson.loads(value)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
