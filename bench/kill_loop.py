@@ -23,14 +23,14 @@ from pathlib import Path
 
 import orjson
 
-from consumer.testing.faultrun import KillLoopShape, run_kill_loop
+from consumer.testing.faultrun import KILL_LOOP_FAULTS, KillLoopShape, run_kill_loop
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=KillLoopShape.jobs)
     parser.add_argument("--kill-at", default="4,9,14", help="seconds from the first start, comma-separated")
-    parser.add_argument("--seed", type=int, default=KillLoopShape.simulator.seed)
+    parser.add_argument("--seed", type=int, default=KILL_LOOP_FAULTS.seed)
     args = parser.parse_args(argv)
     try:
         kill_at = tuple(float(s) for s in args.kill_at.split(",") if s.strip())
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = KillLoopShape(
         jobs=args.jobs,
         kill_at_s=kill_at,
-        simulator=dataclasses.replace(KillLoopShape.simulator, seed=args.seed),
+        simulator=dataclasses.replace(KILL_LOOP_FAULTS, seed=args.seed),
     )
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     # kept after the run: the service log is where a lost or late job is explained

@@ -37,6 +37,7 @@ from consumer.kafka.sink import OutcomeSink
 from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.plans import PlanRunner
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
@@ -106,6 +107,10 @@ class Pipeline:
         self._windows: CollectionWindows[JobContext] = CollectionWindows()
         outcomes.reroute = lambda ctx: self._route(ctx, self._clock(), counted=True)
         self._plans: set[asyncio.Task[None]] = set()
+        self._gate: PlanGate[tuple[list[JobContext], BatchKey | None]] = PlanGate(
+            {name: running_plan_limit(tier.config.limiter.max) for name, tier in tiers.items()},
+            self._launch,
+        )
         self._paused = False
         # resume well below the pause point, so the pause does not flap with every ack and a
         # resumed poll can take a full batch
@@ -159,8 +164,15 @@ class Pipeline:
         if self._offline is not None:
             await self._offline.flush_now()
         timeout_s = self._settings.shutdown_timeout_s
+        deadline_s = self._clock() + timeout_s
+        # queued plans start as running ones end
+        while self._gate.queued() and self._plans and self._clock() < deadline_s:
+            await asyncio.wait(set(self._plans), timeout=deadline_s - self._clock())
+        for members, _ in self._gate.drop(lambda _: True):
+            for ctx in members:
+                self._outcomes.abandon(ctx)
         if self._plans:
-            _, pending = await asyncio.wait(set(self._plans), timeout=timeout_s)
+            _, pending = await asyncio.wait(set(self._plans), timeout=max(0.0, deadline_s - self._clock()))
             for task in pending:
                 task.cancel()
             if pending:
@@ -175,6 +187,8 @@ class Pipeline:
     async def on_revoked(self, partitions: set[TopicPartition]) -> None:
         """Stop taking work for these partitions; finish in-flight work within a bound; commit."""
         abandoned = self._windows.drain_partitions(partitions)
+        for members, _ in self._gate.drop(lambda plan: all(c.source.tp in partitions for c in plan[0])):
+            abandoned += members
         for ctx in abandoned:
             self._outcomes.abandon(ctx)
         if self._offline is not None:
@@ -272,12 +286,20 @@ class Pipeline:
                 self._start_plan(members, key=flush.key)
 
     def _start_plan(self, members: list[JobContext], *, key: BatchKey | None) -> None:
-        self._spawn(self._runners[members[0].tier.name].run(members, key))
+        self._gate.submit(members[0].tier.name, (members, key))
+
+    def _launch(self, tier: str, plan: tuple[list[JobContext], BatchKey | None]) -> asyncio.Task[None]:
+        return self._task(self._runners[tier].run(*plan))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._task(coro)
+
+    def _task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task the drain waits for."""
         task = asyncio.create_task(coro)
         self._plans.add(task)
         task.add_done_callback(self._plans.discard)
+        return task
 
     # ------------------------------------------------------------------ backpressure
     def _apply_backpressure(self) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -50,7 +51,9 @@ from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulato
 METADATA_FULL_CHARS = METADATA_MAX_CHARS - 64
 
 
-def fault_env(bootstrap: str, *, partitions: int, guarantee: str = "at_least_once", **extra: Any) -> dict[str, str]:
+def fault_env(
+    bootstrap: str, *, partitions: int, guarantee: str = "at_least_once", **extra: Any
+) -> dict[str, str]:
     """PROMPTBUS_* variables for one run: unique topics and group."""
     sfx = uuid.uuid4().hex[:8]
     env = {
@@ -113,7 +116,9 @@ async def produce_jobs(settings: Settings, jobs: Iterable[dict[str, Any] | bytes
 class ServiceProcess:
     """A real `promptbus run` process (python -m consumer.cli) with its own env and tier file."""
 
-    def __init__(self, env: Mapping[str, str], tier_file: Mapping[str, Any], workdir: Path, name: str = "svc") -> None:
+    def __init__(
+        self, env: Mapping[str, str], tier_file: Mapping[str, Any], workdir: Path, name: str = "svc"
+    ) -> None:
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.config_path = workdir / f"{name}-tiers.yaml"
         self.config_path.write_text(yaml.safe_dump(dict(tier_file)))
@@ -337,7 +342,7 @@ def attribute_duplicates(outcomes: Sequence[Outcome], snapshots: Sequence[KillSn
     causes: Counter[str] = Counter()
     for copies in by_id.values():
         eras = sorted((era_of(o, snapshots), o) for o in copies)
-        for (prev_era, prev), (era, _) in zip(eras, eras[1:], strict=False):
+        for (prev_era, prev), (era, _) in itertools.pairwise(eras):
             if era == prev_era:
                 causes["same_process"] += 1
                 continue
@@ -349,6 +354,19 @@ def attribute_duplicates(outcomes: Sequence[Outcome], snapshots: Sequence[KillSn
             else:
                 causes["acked_uncommitted"] += 1
     return causes
+
+
+#: 20-50 ms answers; 500s, 429s, malformed batched answers, hangs past the 1.5 s timeout
+KILL_LOOP_FAULTS = SimulatorConfig(
+    seed=7,
+    latency_ms=35,
+    jitter_ms=15,
+    error_rate=0.04,
+    shared_429_rate=0.04,
+    malformed_rate=0.04,
+    hang_rate=0.02,
+    hang_s=5.0,
+)
 
 
 @dataclass(frozen=True)
@@ -364,16 +382,7 @@ class KillLoopShape:
     timeout_s: float = 1.5
     max_attempts: int = 8
     finish_wait_s: float = 240.0
-    simulator: SimulatorConfig = SimulatorConfig(
-        seed=7,
-        latency_ms=35,
-        jitter_ms=15,
-        error_rate=0.04,
-        shared_429_rate=0.04,
-        malformed_rate=0.04,
-        hang_rate=0.02,
-        hang_s=5.0,
-    )
+    simulator: SimulatorConfig = field(default_factory=lambda: KILL_LOOP_FAULTS)
 
 
 def kill_loop_tiers(base_url: str, shape: KillLoopShape) -> dict[str, Any]:
@@ -385,9 +394,18 @@ def kill_loop_tiers(base_url: str, shape: KillLoopShape) -> dict[str, Any]:
                 "base_url": base_url + "/v1",
                 "model": "sim-model",
                 "timeout_s": shape.timeout_s,
-                "batching": {"enabled": True, "max_items": shape.max_items, "window_ms": 50, "max_wait_ms": 500},
+                "batching": {
+                    "enabled": True,
+                    "max_items": shape.max_items,
+                    "window_ms": 50,
+                    "max_wait_ms": 500,
+                },
                 "limiter": {"algorithm": "aimd", "initial": 4, "min": 1, "max": 32},
-                "retry": {"max_attempts": shape.max_attempts, "backoff_initial_s": 0.05, "backoff_max_s": 1.0},
+                "retry": {
+                    "max_attempts": shape.max_attempts,
+                    "backoff_initial_s": 0.05,
+                    "backoff_max_s": 1.0,
+                },
             }
         }
     }
