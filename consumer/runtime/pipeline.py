@@ -327,6 +327,7 @@ class Pipeline:
         self._stats.inflight = self._sink.inflight()
         self._stats.paused_partitions = len(self._intake.paused())
         self._stats.dropped_late = self._sink.dropped_late
+        self._stats.commits = self._sink.commits
         self._stats.skipped_done = self._intake.skipped_done
         for tier in self._tiers.values():
             tier.refresh_gauges(now_s)

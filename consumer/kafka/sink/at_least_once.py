@@ -144,6 +144,7 @@ class AtLeastOnceSink(SinkBase):
         }
         if ready:
             await asyncio.wait_for(self._commit(ready), COMMIT_TIMEOUT_S)
+            self._commits += 1
             self._tracker.mark_committed({tp: points[tp] for tp in ready})
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:

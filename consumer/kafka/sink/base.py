@@ -77,6 +77,11 @@ class OutcomeSink(Protocol):
         """Completions dropped because their partition had been revoked meanwhile."""
         ...
 
+    @property
+    def commits(self) -> int:
+        """Commits (or closed transactions) made so far: what committing costs per job."""
+        ...
+
 
 class SinkBase:
     """Ticket, epoch and watermark bookkeeping shared by both guarantees."""
@@ -91,6 +96,7 @@ class SinkBase:
         #: set whenever an in-flight record completes (intake waits on it under backpressure)
         self._progress = asyncio.Event()
         self._dropped_late = 0
+        self._commits = 0
 
     # -- intake side
     def track(self, source: SourceOffset) -> Ticket:
@@ -119,6 +125,10 @@ class SinkBase:
     @property
     def dropped_late(self) -> int:
         return self._dropped_late
+
+    @property
+    def commits(self) -> int:
+        return self._commits
 
     def _current(self, ticket: Ticket) -> bool:
         if self.owned.epoch(ticket.source.tp) != ticket.epoch:
