@@ -206,6 +206,8 @@ class Outcome:
     source_partition: int
     source_offset: int
     output: Any
+    #: the record's timestamp (the producer's clock, ms since the epoch)
+    timestamp_ms: int = 0
 
 
 @dataclass
@@ -255,6 +257,7 @@ class OutcomeRecorder:
                                 int(src.get("partition", -1)),
                                 int(src.get("offset", -1)),
                                 v.get("output"),
+                                r.timestamp,
                             )
                         )
 
@@ -289,6 +292,8 @@ class KillSnapshot:
     committed: dict[int, tuple[int, DoneOffsets, int]]
     #: (dead?, outcome partition) -> end offset: outcomes below it were produced before the kill
     ends: dict[tuple[bool, int], int]
+    #: when the kill was (ms since the epoch)
+    at_ms: int = 0
 
     def covers(self, partition: int, offset: int) -> bool:
         """Whether the commit in force at the kill passed or named this input offset."""
@@ -302,6 +307,7 @@ class KillSnapshot:
 
 async def kill_snapshot(settings: Settings) -> KillSnapshot:
     """What the group had committed and how far the outcome topics reach, now."""
+    at_ms = int(time.time() * 1000)
     admin = AIOKafkaAdminClient(**client_kwargs(settings))
     await admin.start()
     try:
@@ -323,7 +329,7 @@ async def kill_snapshot(settings: Settings) -> KillSnapshot:
                 ends[(dead, tp.partition)] = end
     finally:
         await consumer.stop()
-    return KillSnapshot(committed, ends)
+    return KillSnapshot(committed, ends, at_ms)
 
 
 def era_of(outcome: Outcome, snapshots: Sequence[KillSnapshot]) -> int:
@@ -334,8 +340,13 @@ def era_of(outcome: Outcome, snapshots: Sequence[KillSnapshot]) -> int:
     return len(snapshots)
 
 
-def attribute_duplicates(outcomes: Sequence[Outcome], snapshots: Sequence[KillSnapshot]) -> Counter[str]:
-    """Each outcome beyond a job's first, counted under the cause that made it (module docstring)."""
+def attribute_duplicates(
+    outcomes: Sequence[Outcome], snapshots: Sequence[KillSnapshot], ages_ms: list[int] | None = None
+) -> Counter[str]:
+    """Each outcome beyond a job's first, counted under the cause that made it (module docstring).
+
+    ages_ms: filled with how long before its kill each `acked_uncommitted` first copy was written.
+    """
     by_id: dict[Any, list[Outcome]] = defaultdict(list)
     for o in outcomes:
         by_id[o.job_id].append(o)
@@ -353,6 +364,8 @@ def attribute_duplicates(outcomes: Sequence[Outcome], snapshots: Sequence[KillSn
                 causes["metadata_full"] += 1
             else:
                 causes["acked_uncommitted"] += 1
+                if ages_ms is not None:
+                    ages_ms.append(snap.at_ms - prev.timestamp_ms)
     return causes
 
 
@@ -441,7 +454,9 @@ async def run_kill_loop(bootstrap: str, shape: KillLoopShape, workdir: Path) -> 
             outcomes = list(recorder.outcomes)
     seen = {o.job_id for o in outcomes}
     wrong = sum(1 for o in outcomes if not o.dead and o.output != expected.get(o.job_id))
-    causes = attribute_duplicates(outcomes, snapshots)
+    ages_ms: list[int] = []
+    causes = attribute_duplicates(outcomes, snapshots, ages_ms)
+    ages_ms.sort()
     return {
         "jobs": len(jobs),
         "outcomes": len(outcomes),
@@ -455,6 +470,9 @@ async def run_kill_loop(bootstrap: str, shape: KillLoopShape, workdir: Path) -> 
         "exit_code": exit_code,
         "kills": len(snapshots),
         "causes": dict(sorted(causes.items())),
+        # how long before the kill the outcomes it redid were written (median, max)
+        "acked_uncommitted_age_ms": [ages_ms[len(ages_ms) // 2], ages_ms[-1]] if ages_ms else [],
+        "metadata_chars_max": max((c[2] for s in snapshots for c in s.committed.values()), default=0),
         "outcomes_at_kill": [sum(v for (dead, _), v in s.ends.items() if not dead) for s in snapshots],
         "log": str(service.log_path),
     }
