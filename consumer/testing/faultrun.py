@@ -205,6 +205,7 @@ class Outcome:
     job_id: Any
     source_partition: int
     source_offset: int
+    #: the result's output, or a dead letter's error kind
     output: Any
     #: the record's timestamp (the producer's clock, ms since the epoch)
     timestamp_ms: int = 0
@@ -256,7 +257,8 @@ class OutcomeRecorder:
                                 v.get("id"),
                                 int(src.get("partition", -1)),
                                 int(src.get("offset", -1)),
-                                v.get("output"),
+                                # a dead letter's kind in place of an output
+                                (v.get("error") or {}).get("kind") if dead else v.get("output"),
                                 r.timestamp,
                             )
                         )
