@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=KillLoopShape.jobs)
     parser.add_argument("--kill-at", default="4,9,14", help="seconds from the first start, comma-separated")
     parser.add_argument("--seed", type=int, default=KILL_LOOP_FAULTS.seed)
+    parser.add_argument(
+        "--kill-after-outcomes",
+        type=int,
+        default=0,
+        help="kill a restarted process only after it wrote this many outcomes (default 0: by time only)",
+    )
     args = parser.parse_args(argv)
     try:
         kill_at = tuple(float(s) for s in args.kill_at.split(",") if s.strip())
@@ -39,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = KillLoopShape(
         jobs=args.jobs,
         kill_at_s=kill_at,
+        kill_after_outcomes=args.kill_after_outcomes,
         simulator=dataclasses.replace(KILL_LOOP_FAULTS, seed=args.seed),
     )
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")

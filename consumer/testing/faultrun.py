@@ -274,6 +274,15 @@ class OutcomeRecorder:
     def ids(self) -> set[Any]:
         return {o.job_id for o in self.outcomes}
 
+    async def wait_for_count(self, count: int, timeout_s: float) -> bool:
+        """True once `count` outcomes were read (polled, bounded)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len(self.outcomes) >= count:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
     async def wait(self, expected: set[Any], timeout_s: float) -> bool:
         """True once every expected id has an outcome (polled, bounded)."""
         deadline = time.monotonic() + timeout_s
@@ -397,6 +406,10 @@ class KillLoopShape:
     timeout_s: float = 1.5
     max_attempts: int = 8
     finish_wait_s: float = 240.0
+    #: > 0: a restarted process is killed only after this many new outcomes (so every kill
+    #: hits a process at work, not one still waiting to join), `kill_at_s[i]` seconds apart
+    #: at the least
+    kill_after_outcomes: int = 0
     simulator: SimulatorConfig = field(default_factory=lambda: KILL_LOOP_FAULTS)
 
 
@@ -443,6 +456,8 @@ async def run_kill_loop(bootstrap: str, shape: KillLoopShape, workdir: Path) -> 
                 service.start()
                 for at_s in shape.kill_at_s:
                     await asyncio.sleep(max(0.0, t0 + at_s - time.monotonic()))
+                    if shape.kill_after_outcomes and snapshots:
+                        await recorder.wait_for_count(len(recorder.outcomes) + shape.kill_after_outcomes, 60)
                     service.kill()
                     snapshots.append(await kill_snapshot(settings))
                     await asyncio.sleep(max(0.0, t0 + at_s + shape.restart_after_s - time.monotonic()))
