@@ -28,7 +28,7 @@ COMMIT_INTERVAL_S = 0.2
 #: an early commit (`_commit_soon`) waits this long first, so the acks of one produced record
 #: batch go into one commit; it bounds the commits per second, the cost per job of committing
 #: early (what a SIGKILL redoes is what was acked within the last gap + commit round trip)
-COMMIT_GATHER_S = 0.02
+COMMIT_GATHER_S = 0.005
 #: one commit may not take longer than this; it is retried on the next round
 COMMIT_TIMEOUT_S = 10.0
 
