@@ -29,7 +29,7 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,6 +281,15 @@ class OutcomeRecorder:
             if len(self.outcomes) >= count:
                 return True
             await asyncio.sleep(0.05)
+        return False
+
+    async def wait_for_dead(self, matches: Callable[[Outcome], bool], count: int, timeout_s: float) -> bool:
+        """True once `count` dead letters that `matches` were read (polled, bounded)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if sum(1 for o in self.outcomes if o.dead and matches(o)) >= count:
+                return True
+            await asyncio.sleep(0.1)
         return False
 
     async def wait(self, expected: set[Any], timeout_s: float) -> bool:

@@ -244,6 +244,9 @@ async def _soak(
                 await asyncio.gather(tasks[0], tasks[2])
                 produced = {jid for m in minutes for jid in m.produced}
                 finished = await recorder.wait(produced, shape.finish_wait_s)
+                # a poison record produced last may still be on its way to the dead-letter topic
+                poison = sum(m.poison for m in minutes)
+                await recorder.wait_for_dead(lambda o: o.job_id is None, poison, shape.finish_wait_s / 4)
                 for svc in instances.values():
                     if svc.alive():
                         await asyncio.to_thread(svc.terminate, 60)
