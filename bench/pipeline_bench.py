@@ -21,6 +21,9 @@ start`). Prints one JSON object on stdout; progress goes to stderr.
    the machine's load hit all of them alike; the medians are compared. Items/s is counted
    from the output records' own Kafka timestamps (first to last), so start-up and group join
    are left out of every variant alike; `wall_s` (join included) is printed next to it.
+   Each service run also prints `commits_per_1k_items`: input offset commits per 1,000
+   outcomes (at_least_once commits as acks arrive, gathered for a few ms), what committing
+   early costs per job.
    `ratio_vs_raw` = median items/s / raw's median (target >= 0.6). The process runs with the
    service's GC settings (`consumer.app.tune_gc`) for every variant. N must be well above the
    service's max_inflight (10,000) to measure a steady state: with N = 20,000 half the input
@@ -373,6 +376,8 @@ async def service_run(
         "requests_saved": tier.get("requests_saved"),
         "rate_limited": tier.get("rate_limited"),
         "final_limit": tier.get("limit"),
+        # what committing costs: commits per 1,000 outcomes (at_least_once commits as acks arrive)
+        "commits_per_1k_items": round(1000 * snap.get("commits", 0) / max(len(stamps), 1), 1),
     }
     return out, settings
 

@@ -41,6 +41,7 @@ from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.lanes import LaneGate
+from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.plans import PlanRunner
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
@@ -118,6 +119,11 @@ class Pipeline:
         # each lane pauses its own partitions at its own bound (no lanes: one on the jobs topic)
         lanes = lanes or (Lane(DEFAULT_LANE_NAME, settings.jobs_topic, max_inflight=settings.max_inflight),)
         self._lanes = LaneGate(lanes, intake, sink, stats, max_poll_records=MAX_POLL_RECORDS)
+        # plans start per (tier, lane): a lane's queued plans never wait behind another lane's
+        self._gate: PlanGate[tuple[str, str], tuple[list[JobContext], BatchKey | None]] = PlanGate(
+            lambda key: running_plan_limit(tiers[key[0]].config.limiter.max),
+            self._launch,
+        )
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
 
@@ -169,8 +175,15 @@ class Pipeline:
         if self._offline is not None:
             await self._offline.flush_now()
         timeout_s = self._settings.shutdown_timeout_s
+        deadline_s = self._clock() + timeout_s
+        # queued plans start as running ones end
+        while self._gate.queued() and self._plans and self._clock() < deadline_s:
+            await asyncio.wait(set(self._plans), timeout=deadline_s - self._clock())
+        for members, _ in self._gate.drop(lambda _: True):
+            for ctx in members:
+                self._outcomes.abandon(ctx)
         if self._plans:
-            _, pending = await asyncio.wait(set(self._plans), timeout=timeout_s)
+            _, pending = await asyncio.wait(set(self._plans), timeout=max(0.0, deadline_s - self._clock()))
             for task in pending:
                 task.cancel()
             if pending:
@@ -188,6 +201,8 @@ class Pipeline:
     async def on_revoked(self, partitions: set[TopicPartition]) -> None:
         """Stop taking work for these partitions; finish in-flight work within a bound; commit."""
         abandoned = self._windows.drain_partitions(partitions)
+        for members, _ in self._gate.drop(lambda plan: all(c.source.tp in partitions for c in plan[0])):
+            abandoned += members
         for ctx in abandoned:
             self._outcomes.abandon(ctx)
         if self._offline is not None:
@@ -299,12 +314,24 @@ class Pipeline:
                 self._start_plan(members, key=flush.key)
 
     def _start_plan(self, members: list[JobContext], *, key: BatchKey | None) -> None:
-        self._spawn(self._runners[members[0].tier.name].run(members, key))
+        # a request waits in its most urgent member's lane (the limiter's too)
+        lane = min(members, key=lambda c: c.lane.rank if c.lane is not None else 0).lane_name
+        self._gate.submit((members[0].tier.name, lane), (members, key))
+
+    def _launch(
+        self, key: tuple[str, str], plan: tuple[list[JobContext], BatchKey | None]
+    ) -> asyncio.Task[None]:
+        return self._task(self._runners[key[0]].run(*plan))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._task(coro)
+
+    def _task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task the drain waits for."""
         task = asyncio.create_task(coro)
         self._plans.add(task)
         task.add_done_callback(self._plans.discard)
+        return task
 
     # ------------------------------------------------------------------ gauges
     def _refresh_gauges(self) -> None:
@@ -317,6 +344,7 @@ class Pipeline:
         self._stats.inflight = self._sink.inflight()
         self._stats.paused_partitions = len(self._intake.paused())
         self._stats.dropped_late = self._sink.dropped_late
+        self._stats.commits = self._sink.commits
         self._stats.skipped_done = self._intake.skipped_done
         for tier in self._tiers.values():
             tier.refresh_gauges(now_s)

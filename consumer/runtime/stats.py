@@ -147,6 +147,8 @@ class ServiceStats:
     results: int = 0
     dead_letters: Counter[str] = field(default_factory=Counter)
     dropped_late: int = 0
+    #: input offset commits made (at_least_once) or transactions committed (exactly_once)
+    commits: int = 0
     #: records skipped because an earlier owner of their partition had finished them
     skipped_done: int = 0
     inflight: int = 0
@@ -182,6 +184,7 @@ class ServiceStats:
             "results": self.results,
             "dead_letters": dict(self.dead_letters),
             "dropped_late": self.dropped_late,
+            "commits": self.commits,
             "skipped_done": self.skipped_done,
             "inflight": self.inflight,
             "paused_partitions": self.paused_partitions,

@@ -73,6 +73,9 @@ class AtLeastOnceSink(SinkBase):
     def _complete(self, ticket: Ticket) -> None:
         if self.owned.epoch(ticket.source.tp) == ticket.epoch:
             self._completed(ticket.source.tp, ticket.source.offset)
+            # an acked outcome is committed (or named in the metadata) at once: until then a
+            # crash would produce it again
+            self._commit_soon()
 
     async def _send_loop(self) -> None:
         delay_s = 0.5
@@ -141,6 +144,7 @@ class AtLeastOnceSink(SinkBase):
         }
         if ready:
             await asyncio.wait_for(self._commit(ready), COMMIT_TIMEOUT_S)
+            self._commits += 1
             self._tracker.mark_committed({tp: points[tp] for tp in ready})
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:

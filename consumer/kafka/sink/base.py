@@ -23,7 +23,12 @@ log = logging.getLogger(__name__)
 CommitFn = Callable[[dict[TopicPartition, int | CommitPoint]], Awaitable[None]]
 
 #: how often ready offsets are committed (at_least_once) or transactions closed (exactly_once)
+#: when nothing asks for a commit sooner
 COMMIT_INTERVAL_S = 0.2
+#: an early commit (`_commit_soon`) waits this long first, so the acks of one produced record
+#: batch go into one commit; it bounds the commits per second, the cost per job of committing
+#: early (what a SIGKILL redoes is what was acked within the last gap + commit round trip)
+COMMIT_GATHER_S = 0.005
 #: one commit may not take longer than this; it is retried on the next round
 COMMIT_TIMEOUT_S = 10.0
 
@@ -72,6 +77,11 @@ class OutcomeSink(Protocol):
         """Completions dropped because their partition had been revoked meanwhile."""
         ...
 
+    @property
+    def commits(self) -> int:
+        """Commits (or closed transactions) made so far: what committing costs per job."""
+        ...
+
 
 class SinkBase:
     """Ticket, epoch and watermark bookkeeping shared by both guarantees."""
@@ -86,6 +96,7 @@ class SinkBase:
         #: set whenever an in-flight record completes (intake waits on it under backpressure)
         self._progress = asyncio.Event()
         self._dropped_late = 0
+        self._commits = 0
 
     # -- intake side
     def track(self, source: SourceOffset) -> Ticket:
@@ -115,6 +126,10 @@ class SinkBase:
     def dropped_late(self) -> int:
         return self._dropped_late
 
+    @property
+    def commits(self) -> int:
+        return self._commits
+
     def _current(self, ticket: Ticket) -> bool:
         if self.owned.epoch(ticket.source.tp) != ticket.epoch:
             self._dropped_late += 1
@@ -136,10 +151,17 @@ class SinkBase:
                 await self._commit_task
             self._commit_task = None
 
+    def _commit_soon(self) -> None:
+        """Commit within COMMIT_GATHER_S (after the commit in flight, if any), not at the next interval."""
+        self._wakeup.set()
+
     async def _commit_loop(self) -> None:
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), COMMIT_INTERVAL_S)
+            if self._wakeup.is_set():
+                await asyncio.sleep(COMMIT_GATHER_S)
+            # cleared before committing: what completes during the commit asks for the next one
             self._wakeup.clear()
             try:
                 await self._commit_ready(None)

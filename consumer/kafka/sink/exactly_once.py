@@ -185,6 +185,7 @@ class ExactlyOnceSink(SinkBase):
                         fut.exception()
             for o in offsets:
                 del waiting[o]
+            self._commits += 1
             self._tracker.mark_committed({tp: next_offset})
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
