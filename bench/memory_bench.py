@@ -25,15 +25,9 @@ from typing import Any
 import orjson
 
 from consumer.kafka.admin import ensure_topics
-from consumer.testing.faultrun import (
-    ServiceProcess,
-    classify_job,
-    fault_env,
-    latest_stats,
-    produce_jobs,
-    rss_bytes,
-    settings_of,
-)
+from consumer.testing.faultrun import latest_stats, rss_bytes
+from consumer.testing.harness import job, produce, service_env, settings_from_env
+from consumer.testing.process import ServiceProcess
 from consumer.testing.simulator import SimulatorConfig, run_simulator
 
 MB = 1024 * 1024
@@ -69,8 +63,10 @@ async def held(settings: Any) -> int:
 
 
 async def bench(bootstrap: str, jobs: int, max_inflight: int, workdir: Path) -> dict[str, Any]:
-    env = fault_env(bootstrap, partitions=4, PROMPTBUS_MAX_INFLIGHT=max_inflight)
-    settings = settings_of(env)
+    env = service_env(
+        bootstrap, partitions=4, PROMPTBUS_STATS_INTERVAL_S=1, PROMPTBUS_MAX_INFLIGHT=max_inflight
+    )
+    settings = settings_from_env(env)
     await ensure_topics(settings)
     with run_simulator(SimulatorConfig(latency_ms=200, capacity=4, seed=1)) as base_url:
         service = ServiceProcess(env, tier_file(base_url), workdir)
@@ -85,7 +81,7 @@ async def bench(bootstrap: str, jobs: int, max_inflight: int, workdir: Path) -> 
             await asyncio.sleep(2.0)
             idle = await sample_rss(service.pid, 3.0)
             print(f"idle: {idle / MB:.1f} MB; producing {jobs} jobs", file=sys.stderr)
-            await produce_jobs(settings, (classify_job(i, batch=i % 2 == 1) for i in range(jobs)))
+            await produce(settings, (job(i, batch=i % 2 == 1) for i in range(jobs)))
             deadline = time.monotonic() + 180
             count = 0
             while time.monotonic() < deadline:

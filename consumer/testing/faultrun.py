@@ -23,148 +23,29 @@ import asyncio
 import contextlib
 import itertools
 import os
-import signal
-import subprocess
-import sys
 import time
-import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from consumer.core.offsets import METADATA_MAX_CHARS, DoneOffsets, decode_done
 from consumer.kafka.admin import ensure_topics
-from consumer.kafka.clients import read_latest, submit_jobs, topic_partitions
+from consumer.kafka.clients import read_latest, topic_partitions
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
+from consumer.testing.harness import job, produce, service_env, settings_from_env
+from consumer.testing.process import ServiceProcess
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 
 #: metadata at least this long is taken as cut at the limit (the encoder leaves out the rest)
 METADATA_FULL_CHARS = METADATA_MAX_CHARS - 64
-
-
-def fault_env(
-    bootstrap: str, *, partitions: int, guarantee: str = "at_least_once", **extra: Any
-) -> dict[str, str]:
-    """PROMPTBUS_* variables for one run: unique topics and group."""
-    sfx = uuid.uuid4().hex[:8]
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "PROMPTBUS_GROUP_ID": f"pb-{sfx}",
-        "PROMPTBUS_JOBS_TOPIC": f"jobs-{sfx}",
-        "PROMPTBUS_RESULTS_TOPIC": f"results-{sfx}",
-        "PROMPTBUS_DLQ_TOPIC": f"dlq-{sfx}",
-        "PROMPTBUS_BATCHES_TOPIC": f"batches-{sfx}",
-        "PROMPTBUS_STATS_TOPIC": f"stats-{sfx}",
-        "PROMPTBUS_BATCHING_TOPIC": f"batching-{sfx}",
-        "PROMPTBUS_TOPIC_PARTITIONS": str(partitions),
-        "PROMPTBUS_PROCESSING_GUARANTEE": guarantee,
-        "PROMPTBUS_STATS_INTERVAL_S": "1",
-        "PROMPTBUS_SHUTDOWN_TIMEOUT_S": "10",
-        "PROMPTBUS_REVOKE_TIMEOUT_S": "5",
-    }
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def settings_of(env: Mapping[str, str]) -> Settings:
-    """Settings as a process started with `env` loads them."""
-    saved = dict(os.environ)
-    try:
-        os.environ.update(env)
-        return Settings()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def classify_job(i: int, *, batch: bool) -> dict[str, Any]:
-    """A classification job whose input follows a data-marker line (the simulator reads it there)."""
-    return {
-        "id": f"job-{i}",
-        "tier": "small",
-        "prompt": "Classify the sentiment of the text.\nTEXT:\n${text}",
-        "variables": {"text": f"text number {i}"},
-        "batch": batch,
-    }
-
-
-async def produce_jobs(settings: Settings, jobs: Iterable[dict[str, Any] | bytes]) -> int:
-    """Produce job records keyed by their id (raw bytes as they are, without a key)."""
-
-    def encode(j: dict[str, Any] | bytes) -> bytes:
-        return j if isinstance(j, bytes) else orjson.dumps(j)
-
-    def key_of(value: bytes) -> bytes | None:
-        with contextlib.suppress(Exception):
-            jid = orjson.loads(value).get("id")
-            if isinstance(jid, str):
-                return jid.encode()
-        return None
-
-    return await submit_jobs(settings, (encode(j) for j in jobs), key_of=key_of)
-
-
-class ServiceProcess:
-    """A real `promptbus run` process (python -m consumer.cli) with its own env and tier file."""
-
-    def __init__(
-        self, env: Mapping[str, str], tier_file: Mapping[str, Any], workdir: Path, name: str = "svc"
-    ) -> None:
-        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-        self.config_path = workdir / f"{name}-tiers.yaml"
-        self.config_path.write_text(yaml.safe_dump(dict(tier_file)))
-        self.log_path = workdir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "consumer.cli", "run", "--config", str(self.config_path)],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.starts += 1
-
-    def kill(self) -> None:
-        """SIGKILL: no drain, no commit."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def terminate(self, timeout_s: float = 60) -> int:
-        """SIGTERM: graceful drain; the exit code (SIGKILL after timeout_s: -9)."""
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            return self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return -9
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def log_tail(self, n: int = 40) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
 
 def rss_bytes(pid: int) -> int:
@@ -450,16 +331,16 @@ def kill_loop_tiers(base_url: str, shape: KillLoopShape) -> dict[str, Any]:
 
 async def run_kill_loop(bootstrap: str, shape: KillLoopShape, workdir: Path) -> dict[str, Any]:
     """The kill loop (module docstring); returns jobs, outcomes, duplicates, lost, wrong, causes."""
-    env = fault_env(bootstrap, partitions=shape.partitions)
-    settings = settings_of(env)
+    env = service_env(bootstrap, partitions=shape.partitions, PROMPTBUS_STATS_INTERVAL_S=1)
+    settings = settings_from_env(env)
     await ensure_topics(settings)
-    jobs = [classify_job(i, batch=i % shape.batch_every != 0) for i in range(shape.jobs)]
+    jobs = [job(i, batch=i % shape.batch_every != 0) for i in range(shape.jobs)]
     expected = {j["id"]: answer_for(j["variables"]["text"]) for j in jobs}
     snapshots: list[KillSnapshot] = []
     with run_simulator(shape.simulator) as base_url:
         service = ServiceProcess(env, kill_loop_tiers(base_url, shape), workdir)
         async with OutcomeRecorder(settings) as recorder:
-            await produce_jobs(settings, jobs)
+            await produce(settings, jobs)
             try:
                 t0 = time.monotonic()
                 service.start()

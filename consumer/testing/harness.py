@@ -94,6 +94,18 @@ async def create_topics(settings: Settings) -> None:
     await ensure_topics(settings)
 
 
+def job(i: int, *, batch: bool, tier: str = "small", text: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A classification job whose input is after a data-marker line (the simulator reads it there)."""
+    return {
+        "id": f"job-{i}",
+        "tier": tier,
+        "prompt": "Classify the sentiment of the text.\nTEXT:\n${text}",
+        "variables": {"text": text if text is not None else f"text number {i}"},
+        "batch": batch,
+        **extra,
+    }
+
+
 async def produce(settings: Settings, jobs: Iterable[dict[str, Any] | bytes]) -> int:
     def encode(j: dict[str, Any] | bytes) -> bytes:
         return j if isinstance(j, bytes) else orjson.dumps(j)

@@ -36,15 +36,9 @@ import orjson
 
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.clients import job_producer
-from consumer.testing.faultrun import (
-    OutcomeRecorder,
-    ServiceProcess,
-    classify_job,
-    fault_env,
-    open_fds,
-    rss_bytes,
-    settings_of,
-)
+from consumer.testing.faultrun import OutcomeRecorder, open_fds, rss_bytes
+from consumer.testing.harness import job, service_env, settings_from_env
+from consumer.testing.process import ServiceProcess
 from consumer.testing.simulator import SimulatorConfig, run_simulator
 
 KAFKA_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "kafka-local" / "kafka"
@@ -158,8 +152,10 @@ async def run_soak(
 async def _soak(
     shape: SoakShape, workdir: Path, cluster: LocalCluster, bootstrap: str, progress: Callable[[str], None]
 ) -> dict[str, Any]:
-    env = fault_env(bootstrap, partitions=shape.partitions, PROMPTBUS_TOPIC_REPLICATION=3)
-    settings = settings_of(env)
+    env = service_env(
+        bootstrap, partitions=shape.partitions, PROMPTBUS_STATS_INTERVAL_S=1, PROMPTBUS_TOPIC_REPLICATION=3
+    )
+    settings = settings_from_env(env)
     await ensure_topics(settings)
     total_s = shape.minutes * 60
     minutes = [_Minute() for _ in range(max(1, int(-(-total_s // 60))))]
@@ -187,7 +183,7 @@ async def _soak(
                     await producer.send(settings.jobs_topic, POISON)
                     minute().poison += 1
                 else:
-                    j = classify_job(n, batch=n % 2 == 0)
+                    j = job(n, batch=n % 2 == 0)
                     await producer.send(settings.jobs_topic, orjson.dumps(j), key=j["id"].encode())
                     minute().produced.append(j["id"])
                 await asyncio.sleep(max(0.0, t0 + n / shape.rate_per_s - time.monotonic()))

@@ -14,7 +14,7 @@ import tracemalloc
 
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.providers.fake import FakeProvider
-from tests.service.harness import MemoryBus, job, tier_file_dict
+from consumer.testing.harness import MemoryBus, job, tier_file_dict
 
 HELD = 2000
 #: retained Python allocations per held job (records of ~200 bytes)
