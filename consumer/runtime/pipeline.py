@@ -29,6 +29,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
+from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
 from consumer.core.window import BatchKey, CollectionWindows, Flush, batch_key_for
 from consumer.kafka.intake import InRecord, JobIntake
@@ -37,7 +38,7 @@ from consumer.kafka.sink import OutcomeSink
 from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
-from consumer.runtime.plans import PlanRunner
+from consumer.runtime.embed_runner import EmbedRunner, embed_window
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings
@@ -100,7 +101,7 @@ class Pipeline:
         )
         rng = rng or random.Random()
         self._runners = {
-            name: PlanRunner(tier, outcomes, stats, telemetry, rng=rng, clock=clock, spawn=self._spawn)
+            name: EmbedRunner(tier, outcomes, stats, telemetry, rng=rng, clock=clock, spawn=self._spawn)
             for name, tier in tiers.items()
         }
         self._windows: CollectionWindows[JobContext] = CollectionWindows()
@@ -113,7 +114,7 @@ class Pipeline:
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
 
-    def runner(self, tier: str) -> PlanRunner:
+    def runner(self, tier: str) -> EmbedRunner:
         """The plan runner of a tier (benchmarks and tests look at its tier)."""
         return self._runners[tier]
 
@@ -227,17 +228,19 @@ class Pipeline:
         if tier.dedupe is not None and not self._lead_or_share(ctx, tier.dedupe, now_s):
             return
         batchable = ctx.batchable if ctx.job.batch and tier.config.batching.enabled else None
-        if batchable is None:
+        # embed jobs share a window whenever the tier windows: an array request changes no vector
+        embedding = embed_window(ctx) if ctx.job.kind == "embed" else None
+        if batchable is None and embedding is None:
             self._start_plan([ctx], key=None)
             return
-        key = batch_key_for(ctx.job, batchable)
+        if embedding is not None:
+            key, limits = embedding
+        else:
+            assert batchable is not None
+            key = batch_key_for(ctx.job, batchable)
+            limits = tier.limits_for(key, now_s)
         flushes = self._windows.add(
-            key,
-            ctx,
-            input_chars=len(ctx.input),
-            partition=ctx.source.tp,
-            limits=tier.limits_for(key, now_s),
-            now_s=now_s,
+            key, ctx, input_chars=len(ctx.input), partition=ctx.source.tp, limits=limits, now_s=now_s
         )
         self._dispatch(flushes)
 
@@ -250,10 +253,11 @@ class Pipeline:
         the job would send alone, so a batched leader's answer is one its followers would
         have got in the same batch.
         """
-        options = ctx.options
-        key = dedupe_key(
-            ctx.tier.name, ctx.tier.config.model, options, ((m.role, m.content) for m in ctx.messages)
-        )
+        options, model = ctx.options, ctx.tier.config.model
+        if ctx.job.kind == "embed":
+            key: str | None = embed_dedupe_key(ctx.tier.name, model, options, ctx.input)
+        else:
+            key = dedupe_key(ctx.tier.name, model, options, ((m.role, m.content) for m in ctx.messages))
         if key is None:
             return True
         claim = table.claim(key, ctx.job.id, ctx, now_s)
@@ -272,7 +276,9 @@ class Pipeline:
                 self._start_plan(members, key=flush.key)
 
     def _start_plan(self, members: list[JobContext], *, key: BatchKey | None) -> None:
-        self._spawn(self._runners[members[0].tier.name].run(members, key))
+        runner = self._runners[members[0].tier.name]
+        embed = members[0].job.kind == "embed"  # a window holds jobs of one kind
+        self._spawn(runner.run_embed(members) if embed else runner.run(members, key))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

@@ -32,17 +32,19 @@ import logging
 import random
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, TypeVar, cast, overload
 
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.circuit import Admit, is_outage
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest, Usage, prompt_cache_key
 from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost_usd
+from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, RateLimited, ServerError
 from consumer.core.output import response_format_schema
 from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.window import BatchKey
+from consumer.providers.embeddings import EmbeddingProvider
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.limiter import Token
@@ -52,6 +54,9 @@ from consumer.runtime.tiers import TierRuntime
 from consumer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+
+#: the requests a plan sends: chat completions, or embeddings (`consumer.core.embed`)
+AnyRequest = TypeVar("AnyRequest", CompletionRequest, EmbeddingRequest)
 
 
 class PlanRunner:
@@ -133,34 +138,16 @@ class PlanRunner:
         key: BatchKey | None,
         batched_plan: bool,
     ) -> None:
-        if req.delay_s > 0:
-            await asyncio.sleep(req.delay_s)
-        request: CompletionRequest | None = None
-        traces = [_ctx(m).trace for m in req.members]
-        while True:
-            if self._expire(plan, req):
-                return
-            probe = await self._through_circuit(plan, req)
-            if probe is None:
-                return
-            if request is None:
-                request = self.build_request(req, key)
-            # while waiting for a slot the deadline may pass or the circuit open
-            wanted = functools.partial(self._still_wanted, plan, req, probe)
-            answer = await self.call(request, traces, still_wanted=wanted, probe=probe)
-            if answer is None:
-                if probe:
-                    self.tier.circuit.probe_abandoned()
-                if self._expire(plan, req):
-                    return
-            elif not (isinstance(answer, ProviderError) and self.tier.circuit.holds(answer)):
-                break
-            self.tier.stats.held_requests += 1  # held: sent again once the circuit admits it
+        sent = await self.send_planned(plan, req, functools.partial(self.build_request, req, key))
+        if sent is None:
+            return
+        request, answer = sent
         self._count_sent(req, batched_plan)
         if isinstance(answer, ProviderError):
             completion = None
             step = plan.on_error(req, answer)
         else:
+            assert isinstance(answer, Completion)
             completion = answer
             step = plan.on_answer(req, answer.text, answer.finish_reason)
         self._apply(plan, step, completion)
@@ -175,7 +162,40 @@ class PlanRunner:
             self._count_follow_up(req, nxt)
             group.create_task(self._send(plan, nxt, group, key, batched_plan))
 
+    async def send_planned(
+        self, plan: RequestPlan, req: PlannedRequest, build: Callable[[], AnyRequest]
+    ) -> tuple[AnyRequest, Completion | Embeddings | ProviderError] | None:
+        """Send a planned request (built by `build` when it first goes) once its backoff passed
+        and the circuit lets it: its request and answer, or None when nothing was left to send
+        (its members' deadlines passed, or the outage outlasted `retry.max_outage_s`)."""
+        if req.delay_s > 0:
+            await asyncio.sleep(req.delay_s)
+        request: AnyRequest | None = None
+        traces = [_ctx(m).trace for m in req.members]
+        while True:
+            if self._expire(plan, req):
+                return None
+            probe = await self._through_circuit(plan, req)
+            if probe is None:
+                return None
+            if request is None:
+                request = build()
+            # while waiting for a slot the deadline may pass or the circuit open
+            wanted = functools.partial(self._still_wanted, plan, req, probe)
+            answer: Completion | Embeddings | ProviderError | None = await self.call(
+                request, traces, still_wanted=wanted, probe=probe
+            )
+            if answer is None:
+                if probe:
+                    self.tier.circuit.probe_abandoned()
+                if self._expire(plan, req):
+                    return None
+            elif not (isinstance(answer, ProviderError) and self.tier.circuit.holds(answer)):
+                return request, answer
+            self.tier.stats.held_requests += 1  # held: sent again once the circuit admits it
+
     # ------------------------------------------------------------------ the one provider call path
+    @overload
     async def call(
         self,
         request: CompletionRequest,
@@ -183,8 +203,28 @@ class PlanRunner:
         *,
         still_wanted: Callable[[], bool] | None = None,
         probe: bool = False,
-    ) -> Completion | ProviderError | None:
-        """One provider call under the tier's limiter: the completion or the ProviderError.
+    ) -> Completion | ProviderError | None: ...
+
+    @overload
+    async def call(
+        self,
+        request: EmbeddingRequest,
+        traces: Sequence[Any],
+        *,
+        still_wanted: Callable[[], bool] | None = None,
+        probe: bool = False,
+    ) -> Embeddings | ProviderError | None: ...
+
+    async def call(
+        self,
+        request: CompletionRequest | EmbeddingRequest,
+        traces: Sequence[Any],
+        *,
+        still_wanted: Callable[[], bool] | None = None,
+        probe: bool = False,
+    ) -> Completion | Embeddings | ProviderError | None:
+        """One provider call under the tier's limiter: the answer or the ProviderError; an
+        embeddings request (`consumer.core.embed`) goes to the provider's `embed`.
 
         An unexpected exception from an adapter is a bug there; it must not lose jobs, so it
         becomes a retryable ServerError (which says nothing to the circuit). None:
@@ -197,7 +237,11 @@ class PlanRunner:
                 return None
             with self._telemetry.provider_call(tier.name, traces) as span:
                 try:
-                    completion = await tier.provider.complete(request)
+                    completion: Completion | Embeddings
+                    if isinstance(request, EmbeddingRequest):
+                        completion = await cast(EmbeddingProvider, tier.provider).embed(request)
+                    else:
+                        completion = await tier.provider.complete(request)
                 except ProviderError as exc:
                     token.dropped() if exc.overload else token.ignore()
                     self._count_error(exc)
@@ -428,7 +472,7 @@ class PlanRunner:
         if req.attempt > 1:
             stats.retries += 1
 
-    def _count_usage(self, completion: Completion) -> None:
+    def _count_usage(self, completion: Completion | Embeddings) -> None:
         """An answered request's tokens, and their cost at the tier's pricing."""
         stats, usage = self.tier.stats, completion.usage
         stats.input_tokens += usage.input_tokens
@@ -473,7 +517,7 @@ def _ctx(member: Member) -> JobContext:
     return cast(JobContext, member.ref)  # every Member a runner makes refers to its JobContext
 
 
-def _note_answer(tier: TierRuntime, token: Token, completion: Completion) -> None:
+def _note_answer(tier: TierRuntime, token: Token, completion: Completion | Embeddings) -> None:
     """The answer's budgets and token usage pace the tier's next requests."""
     usage = completion.usage
     tier.limiter.note_budget(
