@@ -4,9 +4,10 @@ Batch API lines (`offline.py`).
 Every vector is a function of its input text, the model and `dimensions` alone: a unit
 vector seeded by their hash (`embedding_vector`), so a test can check that each vector
 belongs to its own input whatever request carried it. The route checks what OpenAI checks
-(an `input` string or array of strings, vectors as floats or base64, at most `MAX_INPUTS` of them, each at most
-`MAX_INPUT_TOKENS` tokens: else a 400), and takes the online faults its chat route takes
-that matter to an array request: the rate limits (tokens counted), latency, 5xx errors.
+(an `input` string or array of strings, at most `MAX_INPUTS` of them, each at most
+`MAX_INPUT_TOKENS` tokens: else a 400), answers floats or base64 as `encoding_format` asks,
+and takes the online faults of its chat route that matter to an array request: the rate
+limits (tokens counted), latency, 5xx errors.
 """
 
 from __future__ import annotations
