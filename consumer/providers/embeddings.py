@@ -19,14 +19,18 @@ from consumer.core.errors import MalformedResponse
 from consumer.providers.httpapi import ProviderHttp
 
 __all__ = [
+    "EMBEDDINGS_ENDPOINT",
     "EMBEDDINGS_PATH",
     "EmbeddingProvider",
     "OpenAIEmbeddings",
     "build_embeddings_body",
+    "is_embeddings_body",
     "read_embeddings",
 ]
 
 EMBEDDINGS_PATH = "/embeddings"
+#: the Batch API's `endpoint` (and each line's `url`) for embeddings
+EMBEDDINGS_ENDPOINT = "/v1" + EMBEDDINGS_PATH
 
 
 @runtime_checkable
@@ -48,6 +52,12 @@ def build_embeddings_body(request: EmbeddingRequest) -> dict[str, Any]:
     body.update({k: v for k, v in request.options.items() if v is not None})
     body["encoding_format"] = "float"
     return body
+
+
+def is_embeddings_body(payload: Any) -> bool:
+    """True for an embeddings answer body (a Batch API line read without its request, e.g.
+    after a restart, is told apart from a chat completion by it)."""
+    return isinstance(payload, Mapping) and payload.get("object") == "list" and "data" in payload
 
 
 def read_embeddings(
