@@ -63,7 +63,8 @@ EMBED_TIER_OPTIONS = ("dimensions", "user")
 #: window never shares a key with a chat window
 EMBED_VARIABLE = "\0embed"
 
-Vector = tuple[float, ...]
+#: one input's embedding, as the provider's answer gave it
+Vector = Sequence[float]
 
 
 @dataclass(frozen=True, slots=True)

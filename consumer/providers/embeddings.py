@@ -72,10 +72,13 @@ def read_embeddings(
     MalformedResponse when it is not one (the plan splits an array request on it)."""
     try:
         data = payload["data"]
-        by_index: dict[int, tuple[float, ...]] = {}
+        by_index: dict[int, list[float]] = {}
         for position, item in enumerate(data):
-            index = int(item.get("index", position))
-            by_index[index] = tuple(float(x) for x in item["embedding"])
+            vector = item["embedding"]
+            # JSON numbers as parsed: a vector is published as it came, never converted
+            if not isinstance(vector, list) or (vector and not isinstance(vector[0], float | int)):
+                raise TypeError("embedding is not a list of numbers")
+            by_index[int(item.get("index", position))] = vector
         vectors = tuple(by_index[i] for i in range(len(by_index)))
         usage_raw = payload.get("usage") or {}
         tokens = usage_raw.get("prompt_tokens") if isinstance(usage_raw, Mapping) else None

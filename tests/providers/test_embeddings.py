@@ -67,7 +67,7 @@ async def test_our_adapter_embeds_in_order_and_maps_refusals(
             assert isinstance(adapter, EmbeddingProvider)
             texts = ("one", "two", "three")
             answer = await adapter.embed(EmbeddingRequest(texts, "embed-sim", {"dimensions": 8}))
-            assert answer.vectors == tuple(tuple(embedding_vector(t, "embed-sim", 8)) for t in texts)
+            assert list(answer.vectors) == [embedding_vector(t, "embed-sim", 8) for t in texts]
             assert answer.usage.input_tokens > 0 and answer.provider == provider
             with pytest.raises(Rejected) as caught:
                 await adapter.embed(EmbeddingRequest(("x" * (MAX_INPUT_TOKENS * 4 + 8),), "embed-sim"))
