@@ -4,6 +4,7 @@ requests) -> llama.cpp's server with SmolLM2 mean-pooled (`local-model serve --e
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import httpx
 import pytest
@@ -64,3 +65,18 @@ async def test_embed_jobs_through_kafka_and_the_real_model(
                 "/embeddings", json={"model": localmodel.EMBED_MODEL_ALIAS, "input": j["input"]}
             )
             assert cosine(alone.json()["data"][0]["embedding"], vectors[j["id"]]) > 0.999, j["id"]
+
+
+def test_status_and_stop_find_the_embedding_server(
+    model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROMPTBUS_LOCAL_STATE_DIR", str(tmp_path))
+    handle = localmodel.serve(port=0, wait_s=120, model_path=model_path, directory=tmp_path, embeddings=True)
+    try:
+        port = handle.info.port
+        current = localmodel.status(port, tmp_path)
+        assert current.running and current.answering and localmodel.EMBED_MODEL_ALIAS in current.models
+        assert localmodel.stop(port, tmp_path)
+        assert not localmodel.status(port, tmp_path).running
+    finally:
+        handle.stop()
