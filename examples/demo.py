@@ -6,8 +6,11 @@ DEMO_PROVIDER=simulator — runs `promptbus run`, submits examples/jobs.jsonl wi
 submit`, prints each job id with its answer (and the dead letters), then `promptbus stats`, and
 stops everything it started.
 
-Exits 0 only when every job has its result, except the jobs that name a tier the tier file
-lacks (there to show a dead letter), which must be dead-lettered `unknown_tier`. While it
+It also embeds a few texts through an embedding tier (`local-model serve --embeddings` on
+DEMO_EMBED_PORT, default 8081, or the simulator) and prints each text's vector size and first
+values. Exits 0 only when every text has its vector and every job has its result, except
+the jobs that name a tier the tier file lacks (there to show a dead letter), which must be
+dead-lettered `unknown_tier`. While it
 waits it watches the provider; when the provider is gone (crashed, refusing connections), it
 says so in one line and stops waiting.
 """
@@ -38,6 +41,10 @@ SIM_PORT = int(os.environ.get("DEMO_SIM_PORT", "18080"))
 WAIT_S = float(os.environ.get("DEMO_WAIT_S", "600"))
 #: how often the wait looks at the provider (a dead one holds jobs: nothing else would end it)
 HEALTH_EVERY_S = 3.0
+#: the embedding server's port (`local-model serve --embeddings`) and the texts the demo embeds
+EMBED_PORT = int(os.environ.get("DEMO_EMBED_PORT", "8081"))
+EMBED_TEXTS = ["The cat sat on the mat.", "A kitten rested on the rug.", "Stock markets fell today."]
+EMBED_TIER = "embed"
 
 
 def step(text: str) -> None:
@@ -91,6 +98,7 @@ def main() -> int:
             base_url = f"http://127.0.0.1:{SIM_PORT}/v1"
             tiers["tiers"]["small"]["base_url"] = base_url
             tiers["tiers"]["small"]["model"] = "sim-model"
+            tiers["tiers"][EMBED_TIER] = embed_tier(base_url, "sim-embed")
             health = ProviderHealth(base_url, env, simulator=sim)
         else:
             step("provider: llama.cpp server with SmolLM2-135M-Instruct (promptbus local-model serve)")
@@ -100,10 +108,22 @@ def main() -> int:
                 if served.returncode != 0:
                     print("demo failed: the local model server did not start (above)", flush=True)
                     return 1
-                cleanups.append(("local-model", None))
+                cleanups.append(("local-model", 8080))
             base_url = "http://127.0.0.1:8080/v1"
             tiers["tiers"]["small"]["base_url"] = base_url
             health = ProviderHealth(base_url, env, simulator=None)
+            step(f"provider: the same model, mean-pooled for embeddings (port {EMBED_PORT})")
+            port = ["--port", str(EMBED_PORT)]
+            status = subprocess.run(
+                [*PROMPTBUS, "local-model", "status", *port], env=env, capture_output=True
+            )
+            if status.returncode != 0:
+                served = subprocess.run([*PROMPTBUS, "local-model", "serve", "--embeddings", *port], env=env)
+                if served.returncode != 0:
+                    print("demo failed: the local embedding server did not start (above)", flush=True)
+                    return 1
+                cleanups.append(("local-model", EMBED_PORT))
+            tiers["tiers"][EMBED_TIER] = embed_tier(f"http://127.0.0.1:{EMBED_PORT}/v1", "smollm2-135m-embed")
 
         workdir = Path(tempfile.mkdtemp(prefix="promptbus-demo-"))
         config = workdir / "tiers.yaml"
@@ -139,6 +159,15 @@ def main() -> int:
             print(f"  {jid}  {r['output'].strip()[:60]!r:<40} ({via}, attempts {r['attempts']})")
         _print_dead_letters(dead)
 
+        vectors: list[list[float] | None] = []
+        if not provider_down:  # a dead provider would not embed either
+            step(f"client: map_embed({EMBED_TIER!r}, {len(EMBED_TEXTS)} texts): one array request")
+            vectors = asyncio.run(_embed_through_client())
+        for text, vector in zip(EMBED_TEXTS, vectors, strict=False):
+            first = [round(x, 4) for x in vector[:3]] if vector is not None else []
+            shown = "no vector" if vector is None else f"{len(vector)} floats, first {first}"
+            print(f"  {text[:30]!r:<34} {shown}")
+
         step("SIGTERM the service (graceful drain)")
         service.send_signal(signal.SIGTERM)
         code = service.wait(timeout=60)
@@ -153,6 +182,8 @@ def main() -> int:
             f"{len(dead)} dead letters, {len(missing)} missing"
         )
         problems = _verdict(expected, meant_to_fail, results, dead, code)
+        if any(v is None for v in vectors):
+            problems.append(f"{sum(v is None for v in vectors)} of {len(vectors)} texts got no embedding")
         if provider_down:
             problems.insert(0, provider_down)
         for problem in problems:
@@ -169,7 +200,7 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     proc.kill()
             elif kind == "local-model":
-                subprocess.run([*PROMPTBUS, "local-model", "stop"], env=env)
+                subprocess.run([*PROMPTBUS, "local-model", "stop", "--port", str(thing)], env=env)
             elif kind == "broker":
                 subprocess.run([str(KAFKA), "stop"])
 
@@ -186,6 +217,29 @@ def _wait_http(url: str, timeout_s: float = 30) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{url} did not answer within {timeout_s} s")
+
+
+def embed_tier(base_url: str, model: str) -> dict:
+    """The demo's embedding tier: embed jobs windowed into array requests of up to 32."""
+    return {
+        "provider": "openai_compat",
+        "base_url": base_url,
+        "model": model,
+        "timeout_s": 120,
+        "batching": {"enabled": True, "max_items": 32, "window_ms": 100, "max_wait_ms": 1000},
+    }
+
+
+async def _embed_through_client() -> list[list[float] | None]:
+    """The demo's texts embedded by the service: each text's vector (None: it got none)."""
+    from consumer.client import AsyncClient, MapTimeout
+
+    async with AsyncClient() as client:
+        try:
+            outcomes = await client.map_embed(EMBED_TIER, EMBED_TEXTS, timeout_s=120)
+        except MapTimeout as timeout:
+            outcomes = timeout.outcomes
+    return [o.result["embedding"] if o.ok and o.result else None for o in outcomes]
 
 
 async def _map_through_client(

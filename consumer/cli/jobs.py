@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -234,6 +234,8 @@ def cmd_map(args: argparse.Namespace) -> int:
     else:
         flag = "--inputs" if args.inputs else "--inputs-jsonl"
         _check_readable(flag, args.inputs or args.inputs_jsonl)
+        if args.embed and (args.prompt is not None or args.batch):
+            raise ConfigError("--embed", "each input is the text to embed: no --prompt or --batch")
     options = _options(args.options)
     if args.out:
         _check_writable("--out", args.out)
@@ -258,18 +260,31 @@ def cmd_map(args: argparse.Namespace) -> int:
                 )
             else:
                 path = args.inputs or args.inputs_jsonl
-                outcomes = client.map(
-                    args.tier,
-                    read_inputs(path, jsonl=bool(args.inputs_jsonl)),
-                    prompt=args.prompt,
-                    batch=args.batch,
-                    options=options,
-                    mode=args.mode,
-                    lane=args.lane,
-                    run_id=args.run_id,
-                    on_progress=bar,
-                    timeout_s=args.timeout_s,
-                )
+                inputs = read_inputs(path, jsonl=bool(args.inputs_jsonl))
+                if args.embed:
+                    outcomes = client.map_embed(
+                        args.tier,
+                        cast(list[str], inputs),  # map_embed names any input that is not a string
+                        options=options,
+                        mode=args.mode,
+                        lane=args.lane,
+                        run_id=args.run_id,
+                        on_progress=bar,
+                        timeout_s=args.timeout_s,
+                    )
+                else:
+                    outcomes = client.map(
+                        args.tier,
+                        inputs,
+                        prompt=args.prompt,
+                        batch=args.batch,
+                        options=options,
+                        mode=args.mode,
+                        lane=args.lane,
+                        run_id=args.run_id,
+                        on_progress=bar,
+                        timeout_s=args.timeout_s,
+                    )
     except MapTimeout as exc:
         bar.close()
         write(exc.outcomes)
@@ -333,6 +348,9 @@ def add_map_command(sub: Any) -> None:
     src.add_argument("--inputs", metavar="FILE", help="one input per line, plain text (- for stdin)")
     src.add_argument("--inputs-jsonl", metavar="FILE", help="one JSON string or object of variables per line")
     m.add_argument("--batch", action="store_true", help="the jobs may share a prompt (batchable template)")
+    m.add_argument(
+        "--embed", action="store_true", help="embed jobs: each input is a text to embed (result: `embedding`)"
+    )
     m.add_argument("--options", metavar="JSON", help="provider options, e.g. '{\"max_tokens\": 8}'")
     m.add_argument("--mode", default="online", help="online (default) or offline (provider Batch API)")
     m.add_argument("--lane", help="publish to this lane's topic (the tier file's lanes)")

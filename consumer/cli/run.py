@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from consumer.cli.environment import add_bootstrap, check_kafka, configure_logging, load_config
+from consumer.core.embed import embed_limits, no_embeddings
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -30,6 +31,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         if tier.offline.enabled:
             flags.append("offline")
         print(f"tier {name}: {tier.provider} {tier.model} limiter={tier.limiter.algorithm} {' '.join(flags)}")
+        if embed_limits(tier.provider) is None:
+            # valid for chat jobs; said here so an embed job's dead letter is no surprise
+            print(f"note: {no_embeddings(name, tier.provider)}")
     print(f"ok: {len(tier_file.tiers)} tier(s)")
     return 0
 

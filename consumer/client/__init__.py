@@ -48,7 +48,7 @@ caller carries no time: give `collect` the run's start as `since` (Unix seconds;
 from __future__ import annotations
 
 from consumer.client.aio import CLOCK_MARGIN_S, AsyncClient
-from consumer.client.jobs import chat_jobs, check_jobs, new_run_id, prompt_jobs, run_started_at
+from consumer.client.jobs import chat_jobs, check_jobs, embed_jobs, new_run_id, prompt_jobs, run_started_at
 from consumer.client.outcomes import MapError, MapTimeout, Outcome, OutcomeError, Progress, failure_counts
 from consumer.client.shell import ProgressBar, read_inputs, write_outcomes
 from consumer.client.sync import Client
@@ -67,6 +67,7 @@ __all__ = [
     "RunTracker",
     "chat_jobs",
     "check_jobs",
+    "embed_jobs",
     "failure_counts",
     "new_run_id",
     "prompt_jobs",

@@ -14,6 +14,7 @@ from consumer.client.jobs import (
     chat_jobs,
     check_jobs,
     check_run_id,
+    embed_jobs,
     encode_jobs,
     new_run_id,
     prompt_jobs,
@@ -126,6 +127,24 @@ class AsyncClient:
     ) -> list[Outcome]:
         """One chat job per conversation (`[{"role": ..., "content": ...}, ...]`); as `map`."""
         jobs = chat_jobs(tier, conversations, options, mode)
+        return await self._run(jobs, lane, run_id, on_progress, raise_on_error, timeout_s)
+
+    async def map_embed(
+        self,
+        tier: str,
+        texts: Sequence[str],
+        *,
+        options: Mapping[str, Any] | None = None,
+        mode: str = "online",
+        lane: str | None = None,
+        run_id: str | None = None,
+        on_progress: ProgressCallback | None = None,
+        raise_on_error: bool = False,
+        timeout_s: float | None = None,
+    ) -> list[Outcome]:
+        """One embed job per text (`options`: e.g. `dimensions`); as `map`. Each answered
+        outcome's `result["embedding"]` is its text's vector (its `output` is None)."""
+        jobs = embed_jobs(tier, texts, options, mode)
         return await self._run(jobs, lane, run_id, on_progress, raise_on_error, timeout_s)
 
     async def map_jobs(

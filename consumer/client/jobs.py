@@ -168,6 +168,27 @@ def chat_jobs(
     return jobs
 
 
+def embed_jobs(
+    tier: str, texts: Sequence[str], options: Mapping[str, Any] | None, mode: str
+) -> list[dict[str, Any]]:
+    """One embed job dict (without id) per text; ValueError naming the index and the reason."""
+    if isinstance(texts, str | bytes) or not isinstance(texts, Sequence):
+        raise ValueError("texts: must be a list of strings")
+    _check_common(tier, mode, len(texts), "texts")
+    opts = _probe_options(tier, options, mode)
+    base: dict[str, Any] = {"tier": tier, "kind": "embed"}
+    if opts:
+        base["options"] = opts
+    if mode != "online":
+        base["mode"] = mode
+    jobs: list[dict[str, Any]] = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"text {i}: expected a string, got {type(text).__name__}")
+        jobs.append({**base, "input": text})
+    return jobs
+
+
 def check_jobs(jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Whole job dicts (tier, prompt/messages, variables, batch, options, mode, deadline,
     metadata) checked as the service reads them; an `id` in them is dropped (the run gives
@@ -192,7 +213,7 @@ def check_jobs(jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if parsed.prompt is not None:
             if parsed.batch and split_batchable(parsed.prompt) is None:
                 raise ValueError(f"job {i}: {_not_batchable(parsed.prompt)}")
-        elif parsed.batch:
+        elif parsed.batch and parsed.kind == "chat":
             raise ValueError(f"job {i}: batch=True: a chat job (messages) cannot share a prompt")
         checked.append(job)
     return checked

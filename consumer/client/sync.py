@@ -73,5 +73,6 @@ class Client:
 
     map = _blocking(AsyncClient.map)
     map_chat = _blocking(AsyncClient.map_chat)
+    map_embed = _blocking(AsyncClient.map_embed)
     map_jobs = _blocking(AsyncClient.map_jobs)
     collect = _blocking(AsyncClient.collect)

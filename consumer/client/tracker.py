@@ -86,7 +86,8 @@ class RunTracker:
             return False
         index, record = found
         output = record.get("output")
-        if not isinstance(output, str):
+        # an embed job's result has no output: its answer is its `embedding`
+        if not isinstance(output, str) and not (output is None and isinstance(record.get("embedding"), list)):
             self.unreadable += 1
             return False
         self._slots[index] = Outcome(index, record["id"], True, output=output, result=record)

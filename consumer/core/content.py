@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer.core.completion import ChatMessage
+from consumer.core.embed import embed_options
 from consumer.core.jobs import Job, decode_job
 from consumer.core.output import OutputFormat, output_format
 from consumer.core.templates import BatchablePrompt, render_and_split
@@ -24,8 +25,10 @@ class JobContent:
     """A job's ordinary request and what it asks of the output.
 
     messages: the request's chat messages (the rendered prompt as one user message);
-    text: the batch variable's value, else the rendered prompt or the last message;
-    options: the job's options merged over the tier's; batchable: the prompt split for
+    text: the batch variable's value, else the rendered prompt or the last message (an embed
+    job: its input; it has no messages);
+    options: the job's options merged over the tier's (an embed job: over the tier's embedding
+    options only, `embed.embed_options`); batchable: the prompt split for
     batching, when it can be; output_format: what response_format asks (None: nothing).
     """
 
@@ -42,6 +45,9 @@ def job_content(job: Job, tier_options: Mapping[str, Any] | None = None) -> JobC
     Raises `JobError` (`template_error` for variables that do not fit the template,
     `invalid_job` for a response_format that cannot be checked).
     """
+    if job.kind == "embed":
+        assert job.input is not None  # the Job model holds an embed job's input
+        return JobContent((), job.input, embed_options(tier_options, job.options), None, None)
     options = {**(tier_options or {}), **job.options}
     batchable = None
     if job.messages is not None:

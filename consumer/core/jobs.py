@@ -119,6 +119,7 @@ class JobOptions(TypedDict, total=False):
     seed: StrictInt
     stop: StrictStr | list[StrictStr]
     response_format: dict[str, Any]
+    dimensions: Annotated[StrictInt, Field(ge=1)]
 
 
 if TYPE_CHECKING:
@@ -142,26 +143,38 @@ class Message(_Frozen):
 class Job(_Frozen):
     """A unit of LLM work read from the jobs topic (Kafka key: the job id).
 
-    Exactly one of `prompt` (a `${name}` template, optionally with `variables`) or
-    `messages` is given. Unknown fields are an error (a typo such as `varaibles` would
+    A chat job (`kind` "chat", the default) gives exactly one of `prompt` (a `${name}`
+    template, optionally with `variables`) or `messages`; an embed job (`kind` "embed") gives
+    its `input` text and neither. Unknown fields are an error (a typo such as `varaibles` would
     otherwise be silently ignored).
     """
 
     model_config = ConfigDict(
         frozen=True,
         extra="forbid",
-        # "exactly one of prompt / messages", where an explicit null counts as absent
+        # a chat job has exactly one of prompt / messages, an embed job its input and neither
+        # (an explicit null counts as absent)
         json_schema_extra={
             "oneOf": [
                 {
                     "required": ["prompt"],
-                    "properties": {"prompt": {"type": "string"}},
+                    "properties": {"prompt": {"type": "string"}, "kind": {"const": "chat"}},
                     "not": {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
                 },
                 {
                     "required": ["messages"],
-                    "properties": {"messages": {"type": "array"}},
+                    "properties": {"messages": {"type": "array"}, "kind": {"const": "chat"}},
                     "not": {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+                },
+                {
+                    "required": ["kind", "input"],
+                    "properties": {"kind": {"const": "embed"}, "input": {"type": "string"}},
+                    "not": {
+                        "anyOf": [
+                            {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+                            {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+                        ]
+                    },
                 },
             ]
         },
@@ -190,9 +203,21 @@ class Job(_Frozen):
     fallback: StrictBool = Field(
         default=True, description="The tier's fallback tier may answer this job while the tier is down."
     )
+    kind: Literal["chat", "embed"] = Field(
+        default="chat", description="chat: a prompt or messages; embed: the embedding of `input`."
+    )
+    input: StrictStr | None = Field(default=None, description="The text to embed (embed jobs only).")
 
     @model_validator(mode="after")
     def _one_input(self) -> Job:
+        if self.kind == "embed":
+            if self.input is None:
+                raise ValueError("an embed job needs 'input'")
+            if self.prompt is not None or self.messages is not None or self.variables is not None:
+                raise ValueError("an embed job takes 'input', not 'prompt', 'variables' or 'messages'")
+            return self
+        if self.input is not None:
+            raise ValueError("'input' is only allowed with kind 'embed'")
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("exactly one of 'prompt' or 'messages' is required")
         if self.variables is not None and self.prompt is None:
@@ -244,7 +269,9 @@ class Result(_Frozen):
     id: StrictStr
     tier: StrictStr = Field(description="The tier that answered.")
     status: Literal["ok"] = "ok"
-    output: StrictStr
+    output: StrictStr | None = Field(description="The answer; null for embed jobs.")
+    embedding: list[float] | None = Field(default=None, description="The input's vector (embed jobs).")
+    dimensions: StrictInt | None = Field(default=None, description="The embedding's length (embed jobs).")
     provider: StrictStr
     model: StrictStr
     finish_reason: StrictStr

@@ -109,8 +109,9 @@ class PlannedRequest:
 
     @property
     def batched(self) -> bool:
-        """True when several members share this request."""
-        return self.packed is not None
+        """True when several members share this request (a packed prompt, or an embeddings
+        array: `consumer.core.embed`)."""
+        return len(self.members) > 1
 
 
 @dataclass(slots=True)

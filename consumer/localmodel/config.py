@@ -13,6 +13,12 @@ DESCRIPTION = "A real local model: llama-cpp-python's OpenAI-compatible server w
 MODEL_ALIAS = "smollm2-135m-instruct"
 
 SERVER_MODULE = "llama_cpp.server"
+#: `serve --embeddings`: the same model as an embedding model (mean pooling, `embedserver.py`)
+EMBED_MODEL_ALIAS = "smollm2-135m-embed"
+EMBED_SERVER_MODULE = "consumer.localmodel.embedserver"
+#: an embedding server's context: every input is read in one physical batch of this many
+#: tokens (pooling needs the whole input at once), so its compute buffers grow with it
+DEFAULT_EMBED_N_CTX = 2048
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_N_CTX = 8192

@@ -8,7 +8,7 @@ import socket
 import urllib.error
 import urllib.request
 
-from consumer.localmodel.config import DEFAULT_HOST, MODEL_ALIAS
+from consumer.localmodel.config import DEFAULT_HOST, EMBED_MODEL_ALIAS, MODEL_ALIAS
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
@@ -49,6 +49,33 @@ _PROBE_BODY = {
     "max_tokens": 2,
     "temperature": 0,
 }
+
+
+def embeds(base_url: str, timeout_s: float = 60.0) -> str | None:
+    """None when `POST {base_url}/embeddings` answers two inputs with two equal-length vectors
+    of numbers (the readiness probe of an embedding server), else why not."""
+    body = {"model": EMBED_MODEL_ALIAS, "input": ["OK", "ready"]}
+    request = urllib.request.Request(
+        f"{base_url}/embeddings",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with _NO_PROXY.open(request, timeout=timeout_s) as resp:
+            payload = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return f"a test embedding got HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return f"a test embedding failed: {exc}"
+    try:
+        vectors = [item["embedding"] for item in payload["data"]]
+    except (KeyError, IndexError, TypeError):
+        return "a test embedding answered without vectors"
+    pooled = all(isinstance(x, float) for v in vectors for x in v)
+    if len(vectors) != 2 or not pooled or len(vectors[0]) != len(vectors[1]) or not vectors[0]:
+        return "a test embedding did not answer one vector of numbers per input"
+    return None
 
 
 def completes(base_url: str, timeout_s: float = 60.0) -> str | None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from consumer.localmodel.config import SERVER_MODULE
+from consumer.localmodel.config import EMBED_SERVER_MODULE, SERVER_MODULE
 from consumer.localmodel.records import write_json
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ def supervise(record: str, argv: Sequence[str]) -> int:
 
 
 def is_our_server(pid: int) -> bool:
-    """Guard against pid reuse: the process must be alive and be a llama_cpp.server."""
+    """Guard against pid reuse: the process must be alive and be a llama_cpp.server (or the
+    embedding server that runs it, `embedserver.py`)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -56,7 +57,7 @@ def is_our_server(pid: int) -> bool:
         except OSError:
             return False
         return True
-    return SERVER_MODULE.encode() in cmdline
+    return SERVER_MODULE.encode() in cmdline or EMBED_SERVER_MODULE.encode() in cmdline
 
 
 def terminate(pid: int, timeout_s: float, popen: subprocess.Popen[bytes] | None = None) -> None:

@@ -18,6 +18,8 @@ from consumer.localmodel.config import (
     DEFAULT_N_CTX,
     DEFAULT_PORT,
     DEFAULT_WAIT_S,
+    EMBED_MODEL_ALIAS,
+    EMBED_SERVER_MODULE,
     INSTALL_HINT,
     MODEL_ALIAS,
     POLL_INTERVAL_S,
@@ -29,7 +31,7 @@ from consumer.localmodel.config import (
 )
 from consumer.localmodel.errors import LocalModelError
 from consumer.localmodel.fetch import ensure_model
-from consumer.localmodel.health import completes, free_port, port_in_use, served_models
+from consumer.localmodel.health import completes, embeds, free_port, port_in_use, served_models
 from consumer.localmodel.process import is_our_server, terminate
 from consumer.localmodel.records import (
     ServerExit,
@@ -100,19 +102,25 @@ def server_command(
     n_threads: int,
     n_threads_batch: int,
     python: str | None = None,
+    embeddings: bool = False,
 ) -> list[str]:
     """The argv that starts llama-cpp-python's OpenAI-compatible server for the model.
 
     interrupt_requests is off so a new request never cuts a streaming one short.
+    `embeddings`: serve `/v1/embeddings` instead (`embedserver.py`), with physical batches of
+    the whole context, so one input of up to `n_ctx` tokens is pooled in one pass.
     """
+    extra: list[str] = []
+    if embeddings:
+        extra = ["--embedding", "True", "--n_batch", str(n_ctx), "--n_ubatch", str(n_ctx)]
     return [
         python or sys.executable,
         "-m",
-        SERVER_MODULE,
+        EMBED_SERVER_MODULE if embeddings else SERVER_MODULE,
         "--model",
         str(model_path),
         "--model_alias",
-        MODEL_ALIAS,
+        EMBED_MODEL_ALIAS if embeddings else MODEL_ALIAS,
         "--host",
         host,
         "--port",
@@ -125,6 +133,7 @@ def server_command(
         str(n_threads_batch),
         "--interrupt_requests",
         "False",
+        *extra,
     ]
 
 
@@ -139,8 +148,10 @@ def serve(
     model_path: Path | None = None,
     directory: Path | None = None,
     should_stop: Callable[[], bool] | None = None,
+    embeddings: bool = False,
 ) -> ServerHandle:
-    """Start the model server in the background; return once it has answered a real completion.
+    """Start the model server in the background; return once it has answered a real completion
+    (`embeddings`: the embedding server, once it has answered a real embeddings request).
 
     `should_stop` is polled while waiting; when it turns true the server is stopped and
     `StopRequested` is raised (the CLI's SIGTERM while starting).
@@ -169,7 +180,8 @@ def serve(
     state.mkdir(parents=True, exist_ok=True)
     log_path = state / f"server-{port}.log"
     cmd = server_command(
-        model, host=host, port=port, n_ctx=n_ctx, n_threads=threads, n_threads_batch=batch_threads
+        model, host=host, port=port, n_ctx=n_ctx, n_threads=threads, n_threads_batch=batch_threads,
+        embeddings=embeddings,
     )
     log.info(
         "starting local model server on %s:%d (n_ctx=%d, n_threads=%d, n_threads_batch=%d)",
@@ -204,7 +216,7 @@ def serve(
         host=host,
         port=port,
         base_url=base_url,
-        model=MODEL_ALIAS,
+        model=EMBED_MODEL_ALIAS if embeddings else MODEL_ALIAS,
         log_path=str(log_path),
         n_ctx=n_ctx,
         n_threads=threads,
@@ -268,8 +280,9 @@ def _wait_until_answering(
         if (dead := died()) is not None:
             raise dead
         models = served_models(base_url, timeout_s=1.0)
-        if models is not None and MODEL_ALIAS in models:
-            problem = completes(base_url, timeout_s=max(1.0, min(60.0, deadline - time.monotonic())))
+        if models is not None and handle.info.model in models:
+            probe = embeds if handle.info.model == EMBED_MODEL_ALIAS else completes
+            problem = probe(base_url, timeout_s=max(1.0, min(60.0, deadline - time.monotonic())))
             if problem is None:
                 return
             why = problem

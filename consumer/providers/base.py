@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from consumer.core.completion import Completion, CompletionRequest
+from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ProviderError
 
 
@@ -48,10 +49,11 @@ class BatchStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class BatchRequest:
-    """One request inside an offline batch; `custom_id` matches its result."""
+    """One request inside an offline batch; `custom_id` matches its result. An embeddings
+    request is answered with Embeddings (where the provider's Batch API has the endpoint)."""
 
     custom_id: str
-    request: CompletionRequest
+    request: CompletionRequest | EmbeddingRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,7 @@ class BatchItemResult:
     """
 
     custom_id: str
-    completion: Completion | None = None
+    completion: Completion | Embeddings | None = None
     error: ProviderError | None = None
     expired: bool = False
 

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Unpack
 import aiohttp
 import orjson
 
+from consumer.core.completion import CompletionRequest
 from consumer.core.errors import ProviderError
 from consumer.providers.anthropic import ANTHROPIC_API, DEFAULT_MAX_TOKENS, build_messages_body
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
@@ -67,6 +68,9 @@ class AnthropicBatchProvider(HttpBatchProvider):
 
     def batch_item(self, item: BatchRequest) -> dict[str, Any]:
         """One `{custom_id, params}` entry of a Message Batches request."""
+        if not isinstance(item.request, CompletionRequest):
+            # admission refuses embed jobs of a provider without embeddings
+            raise ValueError(f"{self.name}: Message Batches have no embeddings (request {item.custom_id})")
         return {
             "custom_id": item.custom_id,
             "params": build_messages_body(

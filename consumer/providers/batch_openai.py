@@ -21,10 +21,12 @@ from typing import Any, ClassVar, Unpack
 import aiohttp
 import orjson
 
+from consumer.core.embed import EmbeddingRequest
 from consumer.core.errors import ProviderError, Rejected
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
 from consumer.providers.batchapi import HttpBatchProvider
 from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
+from consumer.providers.embeddings import EMBEDDINGS_ENDPOINT, build_embeddings_body
 from consumer.providers.httpapi import AdapterOptions, ProviderHttp
 from consumer.providers.openai import OPENAI_API, build_chat_body
 from consumer.providers.structured import StructuredMode
@@ -75,12 +77,12 @@ class OpenAIBatchProvider(HttpBatchProvider):
 
     def jsonl_line(self, item: BatchRequest) -> bytes:
         """One input-file line (newline included)."""
-        line = {
-            "custom_id": item.custom_id,
-            "method": "POST",
-            "url": CHAT_ENDPOINT,
-            "body": build_chat_body(item.request, structured_mode=self.structured_mode),
-        }
+        request = item.request
+        if isinstance(request, EmbeddingRequest):
+            url, body = EMBEDDINGS_ENDPOINT, build_embeddings_body(request)
+        else:
+            url, body = CHAT_ENDPOINT, build_chat_body(request, structured_mode=self.structured_mode)
+        line = {"custom_id": item.custom_id, "method": "POST", "url": url, "body": body}
         return orjson.dumps(line) + b"\n"
 
     async def submit(self, requests: Sequence[BatchRequest]) -> list[BatchJob]:
@@ -92,9 +94,16 @@ class OpenAIBatchProvider(HttpBatchProvider):
         """
         check_custom_ids(requests)
         lines = [self.jsonl_line(item) for item in requests]
-        chunks = split_by_limits(
-            [len(line) for line in lines], max_requests=self.max_requests, max_bytes=self.max_bytes
-        )
+        # a provider batch has one endpoint: each run of one endpoint's requests is split apart
+        endpoints = [_endpoint(item) for item in requests]
+        chunks: list[range] = []
+        start = 0
+        for end in range(1, len(requests) + 1):
+            if end == len(requests) or endpoints[end] != endpoints[start]:
+                sizes = [len(line) for line in lines[start:end]]
+                run = split_by_limits(sizes, max_requests=self.max_requests, max_bytes=self.max_bytes)
+                chunks += [range(start + c.start, start + c.stop) for c in run]
+                start = end
 
         async def create(chunk: range) -> BatchJob:
             content = b"".join(lines[i] for i in chunk)
@@ -110,7 +119,7 @@ class OpenAIBatchProvider(HttpBatchProvider):
                 "/batches",
                 json_body={
                     "input_file_id": file_id,
-                    "endpoint": CHAT_ENDPOINT,
+                    "endpoint": endpoints[chunk.start],
                     "completion_window": self.completion_window,
                 },
             )
@@ -189,6 +198,10 @@ class OpenAIBatchProvider(HttpBatchProvider):
             cid,
             error=Rejected(f"{self.name}: batch item failed: {code}: {message[:200]}", provider=self.name),
         )
+
+
+def _endpoint(item: BatchRequest) -> str:
+    return EMBEDDINGS_ENDPOINT if isinstance(item.request, EmbeddingRequest) else CHAT_ENDPOINT
 
 
 def _field(payload: Any, key: str, http: ProviderHttp) -> str:

@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from consumer.core.completion import CompletionRequest
+from consumer.core.embed import EmbeddingRequest
 from consumer.core.errors import MalformedResponse
 from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest
+from consumer.providers.embeddings import is_embeddings_body, read_embeddings
 from consumer.providers.httpapi import HttpAdapter
 
 
@@ -82,8 +84,14 @@ class HttpBatchProvider(HttpAdapter):
         `cid` (an empty request when this process did not submit it, e.g. after a restart);
         an answer that is not the provider's format becomes the item's error."""
         original = submitted.get(cid)
-        request = original.request if original else CompletionRequest(messages=(), model="")
+        request = original.request if original else None
         try:
+            if isinstance(request, EmbeddingRequest) or (request is None and is_embeddings_body(payload)):
+                embedded = EmbeddingRequest((), "") if request is None else request
+                vectors = read_embeddings(payload, embedded, provider=self.name, request_id=request_id)
+                return BatchItemResult(cid, completion=vectors)
+            if request is None:
+                request = CompletionRequest(messages=(), model="")
             completion = self.read_answer(payload, request, request_id=request_id)
         except MalformedResponse as exc:
             return BatchItemResult(cid, error=exc)

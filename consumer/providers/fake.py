@@ -147,6 +147,8 @@ class FakeBatchProvider:
                     BatchItemResult(item.custom_id, error=ProviderError("cancelled", provider=self.name))
                 )
                 continue
+            if not isinstance(item.request, CompletionRequest):
+                raise TypeError("the fake batch provider answers chat requests only")
             answer = await _resolve(self.handler, item.request)
             if isinstance(answer, BatchItemResult):
                 results.append(answer)

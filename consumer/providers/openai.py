@@ -16,6 +16,7 @@ import orjson
 from pydantic import SecretStr
 
 from consumer.core.completion import CompletionRequest, Usage
+from consumer.providers.embeddings import OpenAIEmbeddings
 from consumer.providers.httpapi import HttpCompletionProvider, ProviderApi, ProviderHttp
 from consumer.providers.structured import (
     SCHEMA_NAME,
@@ -152,8 +153,8 @@ OPENAI_API = ProviderApi(
 )
 
 
-class OpenAIProvider(HttpCompletionProvider):
-    """OpenAI chat completions. Also the code behind `OpenAICompatProvider`.
+class OpenAIProvider(OpenAIEmbeddings, HttpCompletionProvider):
+    """OpenAI chat completions and embeddings. Also the code behind `OpenAICompatProvider`.
 
     Takes `HttpAdapter`'s arguments: base_url up to and including `/v1` (e.g.
     `https://host/v1`); api_key sent as `Authorization: Bearer`; structured_mode how

@@ -11,7 +11,7 @@ record's original bytes) and routes an admitted job. The checks, in order:
     5. its own content can be asked: its template renders, its response_format can be
        checked (`template_error` / `invalid_job`; `consumer.core.content`, which the CLI
        checks too); an Anthropic tier's chat job has a message besides system ones
-       (`invalid_job`).
+       (`invalid_job`); an embed job's tier has an embeddings endpoint (`invalid_job`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumer.core.content import job_content
+from consumer.core.embed import embed_limits, no_embeddings
 from consumer.core.errors import ErrorKind, JobError
 from consumer.core.jobs import Job, decode_job
 from consumer.kafka.intake import InRecord
@@ -89,7 +90,10 @@ class Admission:
         self, job: Job, ticket: Ticket, tier: TierRuntime, record: InRecord, now_s: float
     ) -> JobContext:
         content = job_content(job, tier.config.options)
-        if tier.config.provider == "anthropic" and all(m.role == "system" for m in content.messages):
+        if job.kind == "embed" and embed_limits(tier.config.provider) is None:
+            raise JobError(ErrorKind.INVALID_JOB, no_embeddings(tier.name, tier.config.provider))
+        only_system = job.kind == "chat" and all(m.role == "system" for m in content.messages)
+        if tier.config.provider == "anthropic" and only_system:
             # Anthropic takes system text apart from the messages and refuses a call
             # without one; in a Message Batches submission it would fail every member
             raise JobError(

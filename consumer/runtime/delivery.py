@@ -19,7 +19,7 @@ committed, read again by the partition's next owner.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from consumer.core.errors import ErrorKind, ProviderError
@@ -39,7 +39,8 @@ class SharedAnswer:
     """What identical jobs' results are built from: the answer's shared part and its output."""
 
     results: AnswerResults
-    output: str
+    output: str | None
+    embedding: Sequence[float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,16 +144,18 @@ class OutcomeWriter:
         self,
         ctx: JobContext,
         results: AnswerResults,
-        output: str,
+        output: str | None,
         *,
         attempts: int,
         now_s: float,
         dedupe_of: str | None = None,
+        embedding: Sequence[float] | None = None,
     ) -> None:
         """The job's answer as its result record, or the dead letter that says why it cannot
         be one (answered after its deadline, too large for the results topic). Jobs deduped
-        to this one are answered from the same answer, whatever becomes of its own record."""
-        shared = SharedAnswer(results, output) if ctx.dedupe_key is not None else None
+        to this one are answered from the same answer, whatever becomes of its own record.
+        An embed job's answer is its `embedding` (`output` None)."""
+        shared = SharedAnswer(results, output, embedding) if ctx.dedupe_key is not None else None
         if ctx.past_deadline(now_s):
             message = "answered after the job's deadline"
             self.fail(ctx, ErrorKind.DEADLINE_EXCEEDED, message, attempts=attempts, answer=shared)
@@ -168,6 +171,7 @@ class OutcomeWriter:
             lane=ctx.lane.name if ctx.lane is not None else None,
             tier=ctx.tier.name,
             mode=ctx.mode,
+            embedding=embedding,
         )
         problem = too_large_result(record, self.limits.results)
         if problem is not None:
@@ -195,7 +199,10 @@ class OutcomeWriter:
         ctx.tier.stats.deduped += 1
         now_s = self._clock()
         if answer is not None:
-            self.answered(ctx, answer.results, answer.output, attempts=0, now_s=now_s, dedupe_of=leader_id)
+            self.answered(
+                ctx, answer.results, answer.output, attempts=0, now_s=now_s, dedupe_of=leader_id,
+                embedding=answer.embedding,
+            )
             return
         if ctx.past_deadline(now_s):
             self.fail(ctx, ErrorKind.DEADLINE_EXCEEDED, "answered after the job's deadline", attempts=0)
@@ -251,7 +258,7 @@ class OutcomeWriter:
 
     def _job_series(self, ctx: JobContext, ok: bool) -> Series:
         """The job-latency series of the job's tier, lane and outcome (kept: no lookup by tuple)."""
-        offline = ctx.job.mode == "offline"
+        offline = ctx.mode == "offline"
         per_lane = self._series.get(ctx.tier.name)
         if per_lane is None:
             per_lane = self._series[ctx.tier.name] = {}

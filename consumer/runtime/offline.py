@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from consumer.core.completion import CompletionRequest
 from consumer.core.cost import Pricing, cost_usd
+from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, JobError, ProviderError
 from consumer.core.jobs import Job, checked_json_object
 from consumer.core.output import output_format
@@ -127,10 +128,9 @@ class OfflineCollector:
     async def _submit_batch(self, tier: str, ctxs: list[JobContext]) -> None:
         provider = self._providers[tier]
         model = ctxs[0].tier.config.model
-        requests = [
-            BatchRequest(f"pb-{i}", CompletionRequest(c.messages, model, c.options))
-            for i, c in enumerate(ctxs)
-        ]
+        # embed jobs after chat jobs: a provider batch has one endpoint, so each kind is one run
+        ctxs = sorted(ctxs, key=lambda c: c.job.kind == "embed")
+        requests = [BatchRequest(f"pb-{i}", offline_request(c, model)) for i, c in enumerate(ctxs)]
         delay_s = 1.0
         while True:
             try:
@@ -159,6 +159,13 @@ class OfflineCollector:
             for _, c in members:
                 self._outcomes.offline_recorded(c)
         log.info("tier %s: %d offline jobs submitted as %s", tier, len(ctxs), ", ".join(j.id for j in jobs))
+
+
+def offline_request(ctx: JobContext, model: str) -> CompletionRequest | EmbeddingRequest:
+    """A job's request in a provider batch: its ordinary chat request, or its input alone."""
+    if ctx.job.kind == "embed":
+        return EmbeddingRequest((ctx.input,), model, ctx.options)
+    return CompletionRequest(ctx.messages, model, ctx.options)
 
 
 def batch_key(tier: str, batch_id: str) -> bytes:
@@ -396,23 +403,35 @@ def outcome_records(
         source = SourceOffset(TopicPartition(src["topic"], int(src["partition"])), int(src["offset"]))
         item = by_id.get(member["custom_id"])
         problem: str | None = None
-        if item is not None and item.completion is not None:
-            output = item.completion.text
-            try:
-                wanted = output_format({**(tier_options or {}), **job.options})
-            except JobError as exc:  # the tier's options changed since the job was read
-                wanted, problem = None, str(exc)
-            if wanted is not None:
-                output, problem = wanted.accept(output)
+        answer = item.completion if item is not None else None
+        if answer is not None:
+            output: str | None = None
+            embedding = None
+            if isinstance(answer, Embeddings):
+                # one input per line: one vector
+                if len(answer.vectors) == 1:
+                    embedding = answer.vectors[0]
+                else:
+                    problem = f"the batch answered {len(answer.vectors)} vectors for one input"
+            else:
+                output = answer.text
+                try:
+                    wanted = output_format({**(tier_options or {}), **job.options})
+                except JobError as exc:  # the tier's options changed since the job was read
+                    wanted, problem = None, str(exc)
+                if wanted is not None:
+                    output, problem = wanted.accept(output)
             if problem is None:
-                result = AnswerResults(settings.results_topic, item.completion, 1).record(
+                result = AnswerResults(settings.results_topic, answer, 1).record(
                     job=job,
                     source=source,
                     output=output,
                     attempts=1,
                     latency_ms=latency_ms,
+                    lane=member.get("lane"),
                     tier=record.get("tier"),
                     mode="offline",
+                    embedding=embedding,
                 )
                 problem = too_large_result(result, limits.results)
                 if problem is None:

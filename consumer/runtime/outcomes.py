@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import orjson
 
 from consumer.core.completion import Completion
+from consumer.core.embed import Embeddings
 from consumer.core.errors import ErrorKind
 from consumer.core.jobs import DeadLetter, ErrorInfo, Job, SourceRef, encode
 from consumer.kafka.connection import MAX_MESSAGE_BYTES
@@ -89,14 +90,22 @@ class AnswerResults:
     __slots__ = ("_batch", "_completed_at", "_finish_reason", "_model", "_provider", "_topic", "_usage")
 
     def __init__(
-        self, topic: str, completion: Completion, batch_size: int, completed_at: datetime | None = None
+        self,
+        topic: str,
+        completion: Completion | Embeddings,
+        batch_size: int,
+        completed_at: datetime | None = None,
     ) -> None:
         share = max(batch_size, 1)
         usage = completion.usage
         self._topic = topic
         self._provider = completion.provider
         self._model = completion.model
-        self._finish_reason = completion.finish_reason if batch_size == 1 else "stop"
+        # an embeddings answer has no finish reason; a batched answer's is the batch's, not a job's
+        if isinstance(completion, Completion) and batch_size == 1:
+            self._finish_reason = completion.finish_reason
+        else:
+            self._finish_reason = "stop"
         mine = usage.share(share)
         self._usage = {
             "input_tokens": mine.input_tokens,
@@ -114,7 +123,7 @@ class AnswerResults:
         *,
         job: Job,
         source: SourceOffset,
-        output: str,
+        output: str | None,
         attempts: int,
         latency_ms: float,
         traceparent: str | None = None,
@@ -122,17 +131,21 @@ class AnswerResults:
         lane: str | None = None,
         tier: str | None = None,
         mode: str = "online",
+        embedding: Sequence[float] | None = None,
     ) -> OutRecord:
         """One job's Result record; `dedupe_of`: the job whose request answered it (dedupe):
         such a job's usage is zero, since no request of its own was sent; `lane`: the lane it
         was read from; tier: the tier that answered, when not the one the job asked for (its
-        fallback: `fallback_from`); mode: the way the job went."""
+        fallback: `fallback_from`); mode: the way the job went. An embed job's `embedding` is
+        its vector (its `output` None)."""
         tp = source.tp
         value = {
             "id": job.id,
             "tier": tier or job.tier,
             "status": "ok",
             "output": output,
+            "embedding": embedding,
+            "dimensions": len(embedding) if embedding is not None else None,
             "provider": self._provider,
             "model": self._model,
             "finish_reason": self._finish_reason,

@@ -30,6 +30,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
+from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane, LaneWindows
 from consumer.core.window import BatchKey, Flush, batch_key_for
@@ -39,10 +40,10 @@ from consumer.kafka.sink import OutcomeSink
 from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.embed_runner import EmbedRunner, embed_window
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.lanes import LaneGate
 from consumer.runtime.plangate import PlanGate, running_plan_limit
-from consumer.runtime.plans import PlanRunner
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings
@@ -108,7 +109,7 @@ class Pipeline:
         fallback = FallbackRouter(tiers, lambda ctx: self._route(ctx, self._clock(), counted=True), clock)
         self._fallback = fallback if fallback.active else None
         self._runners = {
-            name: PlanRunner(
+            name: EmbedRunner(
                 tier, outcomes, stats, telemetry,
                 rng=rng, clock=clock, spawn=self._spawn, fallback=self._fallback,
             )
@@ -127,7 +128,7 @@ class Pipeline:
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
 
-    def runner(self, tier: str) -> PlanRunner:
+    def runner(self, tier: str) -> EmbedRunner:
         """The plan runner of a tier (benchmarks and tests look at its tier)."""
         return self._runners[tier]
 
@@ -260,10 +261,17 @@ class Pipeline:
         if tier.dedupe is not None and not self._lead_or_share(ctx, tier.dedupe, now_s):
             return
         batchable = ctx.batchable if ctx.job.batch and tier.config.batching.enabled else None
-        if batchable is None:
+        # embed jobs share a window whenever the tier windows: an array request changes no vector
+        embedding = embed_window(ctx) if ctx.job.kind == "embed" else None
+        if batchable is None and embedding is None:
             self._start_plan([ctx], key=None)
             return
-        key = batch_key_for(ctx.job, batchable)
+        if embedding is not None:
+            key, limits = embedding
+        else:
+            assert batchable is not None
+            key = batch_key_for(ctx.job, batchable)
+            limits = tier.limits_for(key, now_s)
         if ctx.fallback_from is not None:
             key = key._replace(tier=tier.name)  # never in one window with the jobs of its own tier
         flushes = self._windows.add(
@@ -272,7 +280,7 @@ class Pipeline:
             lane=ctx.lane,
             input_chars=len(ctx.input),
             partition=ctx.source.tp,
-            limits=tier.limits_for(key, now_s),
+            limits=limits,
             now_s=now_s,
         )
         self._dispatch(flushes)
@@ -292,10 +300,11 @@ class Pipeline:
         the job would send alone, so a batched leader's answer is one its followers would
         have got in the same batch.
         """
-        options = ctx.options
-        key = dedupe_key(
-            ctx.tier.name, ctx.tier.config.model, options, ((m.role, m.content) for m in ctx.messages)
-        )
+        options, model = ctx.options, ctx.tier.config.model
+        if ctx.job.kind == "embed":
+            key: str | None = embed_dedupe_key(ctx.tier.name, model, options, ctx.input)
+        else:
+            key = dedupe_key(ctx.tier.name, model, options, ((m.role, m.content) for m in ctx.messages))
         if key is None:
             return True
         claim = table.claim(key, ctx.job.id, ctx, now_s)
@@ -321,7 +330,10 @@ class Pipeline:
     def _launch(
         self, key: tuple[str, str], plan: tuple[list[JobContext], BatchKey | None]
     ) -> asyncio.Task[None]:
-        return self._task(self._runners[key[0]].run(*plan))
+        runner = self._runners[key[0]]
+        members, pack_key = plan
+        embed = members[0].job.kind == "embed"  # a window holds jobs of one kind
+        return self._task(runner.run_embed(members) if embed else runner.run(members, pack_key))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._task(coro)

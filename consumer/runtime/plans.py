@@ -36,18 +36,20 @@ import logging
 import random
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, TypeVar, cast, overload
 
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.circuit import Admit, is_outage
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest, Usage, prompt_cache_key
 from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost_usd
+from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
 from consumer.core.output import response_format_schema
 from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.window import BatchKey
+from consumer.providers.embeddings import EmbeddingProvider
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.fallback import FallbackRouter
@@ -59,6 +61,9 @@ from consumer.runtime.tiers import TierRuntime
 from consumer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+
+#: the requests a plan sends: chat completions, or embeddings (`consumer.core.embed`)
+AnyRequest = TypeVar("AnyRequest", CompletionRequest, EmbeddingRequest)
 
 
 class PlanRunner:
@@ -151,46 +156,16 @@ class PlanRunner:
         key: BatchKey | None,
         batched_plan: bool,
     ) -> None:
-        if req.delay_s > 0:
-            await asyncio.sleep(req.delay_s)
-        request: CompletionRequest | None = None
-        traces = [_ctx(m).trace for m in req.members]
-        while True:
-            if self._expire(plan, req):
-                return
-            probe = await self._through_circuit(plan, req)
-            if isinstance(probe, PlannedRequest):  # some members moved to the fallback tier
-                req, request, traces = probe, None, [_ctx(m).trace for m in probe.members]
-                continue
-            if probe is None:
-                return
-            if request is None:
-                request = self.build_request(req, key)
-            # while waiting for a slot the deadline may pass or the circuit open
-            wanted = functools.partial(self._still_wanted, plan, req, probe)
-            lane, deadline_s = _schedule_of(req)
-            answer = await self.call(
-                request, traces, still_wanted=wanted, probe=probe, lane=lane, deadline_s=deadline_s
-            )
-            if answer is None:
-                if probe:
-                    self.tier.circuit.probe_abandoned()
-                if self._expire(plan, req):
-                    return
-            elif not (isinstance(answer, ProviderError) and self.tier.circuit.holds(answer)):
-                break
-            self.tier.stats.held_requests += 1  # held: sent again once the circuit admits it
-        if isinstance(answer, QuotaExhausted) and self._fallback is not None:
-            rest = self._moved(plan, req)
-            if rest is not req:
-                if rest is None:
-                    return
-                req = rest  # what stays is answered by the quota rules below
+        sent = await self.send_planned(plan, req, lambda planned: self.build_request(planned, key))
+        if sent is None:
+            return
+        req, request, answer = sent
         self._count_sent(req, batched_plan)
         if isinstance(answer, ProviderError):
             completion = None
             step = plan.on_error(req, answer)
         else:
+            assert isinstance(answer, Completion)
             completion = answer
             step = plan.on_answer(req, answer.text, answer.finish_reason)
         self._apply(plan, step, completion)
@@ -205,7 +180,53 @@ class PlanRunner:
             self._count_follow_up(req, nxt)
             group.create_task(self._send(plan, nxt, group, key, batched_plan))
 
+    async def send_planned(
+        self, plan: RequestPlan, req: PlannedRequest, build: Callable[[PlannedRequest], AnyRequest]
+    ) -> tuple[PlannedRequest, AnyRequest, Completion | Embeddings | ProviderError] | None:
+        """Send a planned request (built by `build` when it first goes) once its backoff passed
+        and the circuit lets it, in the lane of its most urgent member: the request as sent
+        (fewer members when some moved to the tier's fallback tier), its provider request and
+        the answer; None when nothing was left to send (its members' deadlines passed, the
+        outage outlasted `retry.max_outage_s`, or every member moved to the fallback tier)."""
+        if req.delay_s > 0:
+            await asyncio.sleep(req.delay_s)
+        request: AnyRequest | None = None
+        traces = [_ctx(m).trace for m in req.members]
+        while True:
+            if self._expire(plan, req):
+                return None
+            probe = await self._through_circuit(plan, req)
+            if isinstance(probe, PlannedRequest):  # some members moved to the fallback tier
+                req, request, traces = probe, None, [_ctx(m).trace for m in probe.members]
+                continue
+            if probe is None:
+                return None
+            if request is None:
+                request = build(req)
+            # while waiting for a slot the deadline may pass or the circuit open
+            wanted = functools.partial(self._still_wanted, plan, req, probe)
+            lane, deadline_s = _schedule_of(req)
+            answer: Completion | Embeddings | ProviderError | None = await self.call(
+                request, traces, still_wanted=wanted, probe=probe, lane=lane, deadline_s=deadline_s
+            )
+            if answer is None:
+                if probe:
+                    self.tier.circuit.probe_abandoned()
+                if self._expire(plan, req):
+                    return None
+            elif not (isinstance(answer, ProviderError) and self.tier.circuit.holds(answer)):
+                break
+            self.tier.stats.held_requests += 1  # held: sent again once the circuit admits it
+        if isinstance(answer, QuotaExhausted) and self._fallback is not None:
+            rest = self._moved(plan, req)
+            if rest is not req:
+                if rest is None:
+                    return None
+                req = rest  # what stays is answered by the quota rules
+        return req, request, answer
+
     # ------------------------------------------------------------------ the one provider call path
+    @overload
     async def call(
         self,
         request: CompletionRequest,
@@ -215,8 +236,32 @@ class PlanRunner:
         probe: bool = False,
         lane: Lane | None = None,
         deadline_s: float | None = None,
-    ) -> Completion | ProviderError | None:
-        """One provider call under the tier's limiter: the completion or the ProviderError.
+    ) -> Completion | ProviderError | None: ...
+
+    @overload
+    async def call(
+        self,
+        request: EmbeddingRequest,
+        traces: Sequence[Any],
+        *,
+        still_wanted: Callable[[], bool] | None = None,
+        probe: bool = False,
+        lane: Lane | None = None,
+        deadline_s: float | None = None,
+    ) -> Embeddings | ProviderError | None: ...
+
+    async def call(
+        self,
+        request: CompletionRequest | EmbeddingRequest,
+        traces: Sequence[Any],
+        *,
+        still_wanted: Callable[[], bool] | None = None,
+        probe: bool = False,
+        lane: Lane | None = None,
+        deadline_s: float | None = None,
+    ) -> Completion | Embeddings | ProviderError | None:
+        """One provider call under the tier's limiter: the answer or the ProviderError; an
+        embeddings request (`consumer.core.embed`) goes to the provider's `embed`.
 
         An unexpected exception from an adapter is a bug there; it must not lose jobs, so it
         becomes a retryable ServerError (which says nothing to the circuit). None:
@@ -231,7 +276,11 @@ class PlanRunner:
             with self._telemetry.provider_call(tier.name, traces) as span:
                 sent_s = self._clock()
                 try:
-                    completion = await tier.provider.complete(request)
+                    completion: Completion | Embeddings
+                    if isinstance(request, EmbeddingRequest):
+                        completion = await cast(EmbeddingProvider, tier.provider).embed(request)
+                    else:
+                        completion = await tier.provider.complete(request)
                 except ProviderError as exc:
                     self._request_s[RATE_LIMITED if exc.status_code == 429 else ERROR].observe(
                         self._clock() - sent_s
@@ -510,7 +559,7 @@ class PlanRunner:
         if req.attempt > 1:
             stats.retries += 1
 
-    def _count_usage(self, completion: Completion) -> None:
+    def _count_usage(self, completion: Completion | Embeddings) -> None:
         """An answered request's tokens, and their cost at the tier's pricing."""
         stats, usage = self.tier.stats, completion.usage
         stats.input_tokens += usage.input_tokens
@@ -564,7 +613,7 @@ def _schedule_of(req: PlannedRequest) -> tuple[Lane | None, float | None]:
     return (pack_lane(lanes) if lanes else None), (min(deadlines) if deadlines else None)
 
 
-def _note_answer(tier: TierRuntime, token: Token, completion: Completion) -> None:
+def _note_answer(tier: TierRuntime, token: Token, completion: Completion | Embeddings) -> None:
     """The answer's budgets and token usage pace the tier's next requests."""
     usage = completion.usage
     tier.limiter.note_budget(

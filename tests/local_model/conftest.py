@@ -54,3 +54,17 @@ def client(local_server: localmodel.ServerHandle) -> Iterator[httpx.Client]:
     """An httpx client on the server's /v1 base URL."""
     with httpx.Client(base_url=local_server.base_url, timeout=120) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def embed_server(
+    model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[localmodel.ServerHandle]:
+    """The embedding server (`serve --embeddings`) on a free port, for the whole session."""
+    require_server_installed()
+    state = tmp_path_factory.mktemp("local-embed")
+    handle = localmodel.serve(port=0, wait_s=120, model_path=model_path, directory=state, embeddings=True)
+    try:
+        yield handle
+    finally:
+        handle.stop()

@@ -31,9 +31,11 @@ def parser() -> argparse.ArgumentParser:
 
 def test_defaults_and_options_parse() -> None:
     args = parser().parse_args(["local-model", "serve"])
-    assert (args.host, args.port, args.n_ctx, args.n_threads, args.wait_s) == (
-        "127.0.0.1", 8080, 8192, None, 120.0,
+    # no --n-ctx: the server's default (DEFAULT_N_CTX, or DEFAULT_EMBED_N_CTX with --embeddings)
+    assert (args.host, args.port, args.n_ctx, args.n_threads, args.wait_s, args.embeddings) == (
+        "127.0.0.1", 8080, None, None, 120.0, False,
     )
+    assert parser().parse_args(["local-model", "serve", "--embeddings"]).embeddings is True
     args = parser().parse_args(
         ["local-model", "serve", "--port", "9001", "--n-ctx", "2048", "--n-threads", "2", "--foreground"]
     )

@@ -100,12 +100,14 @@ async def run_with_kills(
     workdir: Path,
     follower: OutcomeFollower,
     shape: CrashShape,
+    jobs: list[dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[int]]:
-    """Produce the jobs, run the service, SIGKILL + restart it KILLS times, wait for every id.
+    """Produce the jobs (default: `shape.jobs` mixed batched and unbatched ones), run the
+    service, SIGKILL + restart it KILLS times, wait for every id.
 
     Returns the jobs and the outcome count at each kill (the service is stopped).
     """
-    jobs = mixed_jobs(shape.jobs)
+    jobs = jobs if jobs is not None else mixed_jobs(shape.jobs)
     ids = {j["id"] for j in jobs}
     service = ServiceProcess(env, tiers, workdir)
     at_kill: list[int] = []

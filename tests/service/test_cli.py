@@ -94,6 +94,22 @@ def test_check_config_accepts_the_example_and_run_refuses_a_missing_key(tmp_path
     assert "tiers.a.api_key_env" in proc.stderr and "PB_SURELY_UNSET_KEY" in proc.stderr
 
 
+def test_check_config_notes_a_tier_without_embeddings_and_accepts_it(tmp_path: Path) -> None:
+    path = tmp_path / "tiers.yaml"
+    tiers = {
+        "chat": {"provider": "anthropic", "model": "m"},
+        "emb": {"provider": "openai_compat", "model": "e", "base_url": "http://127.0.0.1:8081/v1"},
+    }
+    path.write_text(yaml.safe_dump({"tiers": tiers}))
+    proc = cli("check-config", "--config", str(path), env={"ANTHROPIC_API_KEY": "k"})
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: tier 'chat' (anthropic): anthropic has no embeddings endpoint; "
+        "embed jobs are dead-lettered invalid_job"
+    ]
+
+
 #: tier files `run` refuses: check-config must refuse each the same way (one validation)
 BAD_TIER_FILES = {
     "base_url not a URL": (

@@ -139,6 +139,10 @@ NO_BROKER = "127.0.0.1:1"  # nothing listens: a check that passed would hang or 
         ),
         (lambda c: c.map_jobs([{"tier": "s", "prompt": "p", "typo": 1}]), "job 0: field 'typo'"),
         (lambda c: c.collect("plain-run-id", 3), "carries no start time"),
+        (lambda c: c.map_embed("small", []), "texts: empty list"),
+        (lambda c: c.map_embed("small", ["a", 3]), "text 1: expected a string, got int"),
+        (lambda c: c.map_embed("small", ["a"], options={"dimensions": 0}), "options.dimensions"),
+        (lambda c: c.map_jobs([{"tier": "s", "kind": "embed"}]), "job 0: job: an embed job needs 'input'"),
     ],
 )
 def test_bad_input_fails_before_anything_is_produced(call: Any, message: str) -> None:
@@ -599,3 +603,34 @@ async def test_service_killed_and_restarted_during_a_map(kafka_bootstrap: str, t
     print(
         f"SIGKILL mid-map: {len(outcomes)} outcomes, one per index; {redelivered} duplicate records dropped"
     )
+
+
+@pytest.mark.integration
+async def test_map_embed_gives_each_text_its_vector(shared: dict[str, str]) -> None:
+    from consumer.testing.simulator.embeddings import embedding_vector
+
+    settings = settings_from_env(shared)
+    inputs = texts("embed", 100)
+    async with AsyncClient(settings) as client:
+        outcomes = await client.map_embed("small", inputs, options={"dimensions": 6}, timeout_s=MAP_TIMEOUT_S)
+    assert [o.index for o in outcomes] == list(range(len(inputs)))
+    for o, text in zip(outcomes, inputs, strict=True):
+        assert o.ok and o.output is None and o.result is not None, o
+        assert o.result["embedding"] == embedding_vector(text, "sim-model", 6)
+    assert any(o.result and o.result["batch"] for o in outcomes), "embed jobs shared array requests"
+
+
+@pytest.mark.integration
+def test_cli_map_embed_writes_vectors_in_input_order(shared: dict[str, str], tmp_path: Path) -> None:
+    from consumer.testing.simulator.embeddings import embedding_vector
+
+    inputs = tmp_path / "texts.txt"
+    inputs.write_text("first text\nsecond text\nthird text\n")
+    proc = cli("map", "--embed", "--tier", "small", "--inputs", str(inputs), env=shared)
+    assert proc.returncode == 0, proc.stderr
+    lines = lines_of(proc.stdout)
+    assert [line["result"]["embedding"] for line in lines] == [
+        embedding_vector(t, "sim-model") for t in ("first text", "second text", "third text")
+    ]
+    refused = cli("map", "--embed", "--batch", "--tier", "small", "--inputs", str(inputs), env=shared)
+    assert refused.returncode != 0 and "--embed" in refused.stderr

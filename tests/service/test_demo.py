@@ -38,6 +38,7 @@ def test_the_demo_succeeds_with_28_results_and_the_one_bad_job(kafka_bootstrap: 
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "28 results, 1 dead letters, 0 missing" in out.stdout
     assert "DEAD LETTER unknown_tier" in out.stdout
+    assert out.stdout.count("64 floats, first [") == 3, "each demo text's vector, printed"
     assert "demo failed" not in out.stdout
 
 

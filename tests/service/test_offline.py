@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from consumer.testing.harness import tier_file_dict
+from consumer.kafka.clients import read_topic
+from consumer.testing.harness import (
+    InProcessService,
+    produce,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+    wait_for_outcomes,
+)
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
 from tests.service.harness import job
 
@@ -67,3 +75,54 @@ async def test_offline_batch_survives_a_restart(
     assert any("b'small:no-members'" in m and "field 'members': Field required" in m for m in skipped), (
         skipped
     )
+
+
+async def test_offline_embed_jobs_survive_a_restart(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Embed jobs with chat jobs in one offline collection: two provider batches (one per
+    endpoint, /v1/embeddings for the embed jobs), tracked to the end by a new instance."""
+    from consumer.testing.simulator.embeddings import embedding_vector
+
+    settings = settings_from_env(service_env(kafka_bootstrap, partitions=2))
+    monkeypatch.setenv("PB_TEST_BATCH_KEY", "k")
+    sim = SimulatorConfig(seed=5, batch_delay_s=3.0)
+    async with SimulatorServer(sim) as base_url:
+        tiers = tier_file_dict(
+            base_url + "/v1",
+            provider="openai",
+            api_key_env="PB_TEST_BATCH_KEY",
+            offline={"enabled": True, "poll_s": 0.3, "collect_s": 0.3},
+        )
+        embeds = [
+            {"id": f"emb-{i}", "tier": "small", "kind": "embed", "input": f"text {i}", "mode": "offline",
+             "options": {"dimensions": 10}}
+            for i in range(12)
+        ]
+        chats = [job(i, batch=False, mode="offline") for i in range(4)]
+        async with InProcessService(settings, tiers):
+            await produce(settings, [*embeds, *chats])
+            deadline = time.monotonic() + 30
+            recorded = 0
+            while time.monotonic() < deadline and recorded < 2:
+                recorded = len(
+                    [
+                        v
+                        async for _, v in read_topic(
+                            settings, settings.batches_topic, from_beginning=True, follow=False
+                        )
+                        if v is not None
+                    ]
+                )
+                await asyncio.sleep(0.2)
+            assert recorded == 2, "one provider batch per endpoint"
+        async with InProcessService(settings, tiers):
+            outcomes = await wait_for_outcomes(settings, {j["id"] for j in [*embeds, *chats]}, timeout_s=60)
+    assert not outcomes.dead, list(outcomes.dead.items())[:2]
+    assert outcomes.duplicates() == {}
+    for j in embeds:
+        (result,) = outcomes.results[j["id"]]
+        assert result["embedding"] == embedding_vector(j["input"], "sim-model", 10)
+        assert result["output"] is None and result["dimensions"] == 10
+    for j in chats:
+        assert outcomes.results[j["id"]][0]["output"] == answer_for(j["variables"]["text"])

@@ -31,7 +31,7 @@ def test_job_schema_content() -> None:
     assert schema["additionalProperties"] is False
     assert set(schema["required"]) == {"id", "tier"}
     assert schema["properties"]["id"]["maxLength"] == 256
-    assert len(schema["oneOf"]) == 2
+    assert len(schema["oneOf"]) == 3  # prompt, messages, an embed job's input
 
 
 def test_check_mode_detects_drift_and_write_mode_fixes_it(tmp_path: Path) -> None:

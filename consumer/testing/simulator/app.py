@@ -23,6 +23,7 @@ class SimulatorApp(ChatRoutes, BatchRoutes):
         super().__init__(config)
         routes = [
             Route("/v1/chat/completions", self.openai_chat, methods=["POST"]),
+            Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/files", self.openai_upload, methods=["POST"]),
             Route("/v1/files/{file_id}/content", self.openai_file_content, methods=["GET"]),

@@ -11,8 +11,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from consumer.testing.simulator import offline
+from consumer.testing.simulator.embeddings import EMBEDDINGS_URL
 from consumer.testing.simulator.state import BatchJob, Call, SimulatorState, endpoint
 from consumer.testing.simulator.wire import file_object, now_iso, parse_multipart
+
+#: the endpoints an OpenAI batch may name (every line's `url` is its batch's)
+BATCH_ENDPOINTS = ("/v1/chat/completions", EMBEDDINGS_URL)
 
 
 class BatchRoutes(SimulatorState):
@@ -48,9 +52,10 @@ class BatchRoutes(SimulatorState):
         file_id = body.get("input_file_id")
         if file_id not in self.files:
             return self._error("openai", 400, "invalid_request_error", f"input_file_id {file_id} not found")
-        if body.get("endpoint") != "/v1/chat/completions":
+        url = body.get("endpoint")
+        if url not in BATCH_ENDPOINTS:
             return self._error(
-                "openai", 400, "invalid_request_error", "endpoint must be /v1/chat/completions"
+                "openai", 400, "invalid_request_error", "endpoint must be " + " or ".join(BATCH_ENDPOINTS)
             )
         if body.get("completion_window") != "24h":
             return self._error("openai", 400, "invalid_request_error", "completion_window must be 24h")
@@ -61,14 +66,16 @@ class BatchRoutes(SimulatorState):
                 continue
             line = orjson.loads(raw)
             cid = line.get("custom_id")
-            if not cid or cid in seen or line.get("url") != "/v1/chat/completions":
+            if not cid or cid in seen or line.get("url") != url:
                 return self._error(
                     "openai", 400, "invalid_request_error", f"bad or duplicate custom_id {cid!r}"
                 )
             seen.add(cid)
             lines.append(line)
         batch = self._register(
-            BatchJob(self.new_id("batch_"), "openai", time.monotonic(), lines, input_file_id=file_id)
+            BatchJob(
+                self.new_id("batch_"), "openai", time.monotonic(), lines, input_file_id=file_id, endpoint=url
+            )
         )
         return JSONResponse(self._openai_batch(batch))
 

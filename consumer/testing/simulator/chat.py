@@ -8,6 +8,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from consumer.testing.simulator.embeddings import embeddings_body, embeddings_refusal, embeddings_tokens
 from consumer.testing.simulator.model import compact, estimate_tokens, model_answer
 from consumer.testing.simulator.refusals import request_refusal
 from consumer.testing.simulator.state import Call, SimulatorState, endpoint
@@ -23,7 +24,7 @@ SHARED_429_RETRY_MS = 200
 
 
 class ChatRoutes(SimulatorState):
-    """POST /v1/chat/completions, POST /v1/messages and GET /v1/models."""
+    """POST /v1/chat/completions, POST /v1/embeddings, POST /v1/messages and GET /v1/models."""
 
     async def _chat(self, request: Request, call: Call) -> Response:
         """The shared path of /v1/chat/completions and /v1/messages, after the preamble."""
@@ -138,6 +139,39 @@ class ChatRoutes(SimulatorState):
                 answer, model, input_tokens, output_tokens, self.new_id("msg_"), read, written
             )
             headers["request-id"] = self.new_id("req_")
+        return JSONResponse(payload, headers=headers)
+
+    @endpoint("openai", body=True, chat=True)
+    async def openai_embeddings(self, request: Request, call: Call) -> Response:
+        """POST /v1/embeddings: one vector per input, in order."""
+        cfg, counters = self.config, self.stats_.counters
+        body = call.body
+        refusal = embeddings_refusal(body)
+        if refusal is not None:
+            return self._refuse("openai", refusal)
+        assert body is not None
+        tokens = embeddings_tokens(body)
+        headers, wait_s = self._rate_headers("openai", time.monotonic(), tokens)
+        if wait_s is not None:
+            return self._error(
+                "openai",
+                429,
+                "tokens",
+                f"Rate limit reached for {self.limited_by} per {cfg.rate_window_s:g}s. Please try "
+                f"again in {wait_s:.3f}s.",
+                code="rate_limit_exceeded",
+                headers=headers,
+            )
+        fault = self.rng.random() if cfg.error_rate else 1.0
+        spread = (cfg.latency_ms - cfg.jitter_ms, cfg.latency_ms + cfg.jitter_ms)
+        await self._sleep(max(0.0, self.rng.uniform(*spread)) / 1000)
+        if fault < cfg.error_rate:
+            message = "The server had an error while processing your request."
+            return self._error("openai", 500, "server_error", message)
+        payload = embeddings_body(body)
+        counters["items_answered"] += len(payload["data"])
+        counters["embedding_requests"] += 1
+        headers["x-request-id"] = self.new_id("req_")
         return JSONResponse(payload, headers=headers)
 
     @endpoint("openai", body=True, chat=True)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from consumer.testing.simulator.embeddings import EMBEDDINGS_URL, embeddings_body, embeddings_refusal
 from consumer.testing.simulator.model import estimate_tokens, model_answer
 from consumer.testing.simulator.refusals import Refusal, request_refusal
 from consumer.testing.simulator.wire import (
@@ -44,6 +45,13 @@ def _item_errored(
     batch.results.append({"custom_id": cid, "result": {"type": "errored", "error": error_body}})
 
 
+def _openai_line(sim: SimulatorState, cid: str, body: dict[str, object]) -> bytes:
+    """One line of an OpenAI batch's output file: the 200 response `body` of request `cid`."""
+    record_id = sim.new_id("batch_req_")
+    response = {"status_code": 200, "request_id": sim.new_id("req_"), "body": body}
+    return orjson.dumps({"id": record_id, "custom_id": cid, "response": response, "error": None})
+
+
 def run_if_due(sim: SimulatorState, batch: BatchJob) -> None:
     """Run `batch` if it has not ended and `batch_delay_s` has passed since it was created."""
     cfg = sim.config
@@ -56,8 +64,9 @@ def run_if_due(sim: SimulatorState, batch: BatchJob) -> None:
         kind = batch.kind
         body = line.get("body") if kind == "openai" else line.get("params")
         sim.stats_.counters["batch_items"] += 1
+        embedding = kind == "openai" and line.get("url") == EMBEDDINGS_URL
         # each request is checked as the online API checks it, before it can run or expire
-        refusal = request_refusal(body, kind, in_batch=True)
+        refusal = embeddings_refusal(body) if embedding else request_refusal(body, kind, in_batch=True)
         if refusal is not None:
             _item_errored(sim, batch, cid, refusal, errors)
             continue
@@ -89,6 +98,11 @@ def run_if_due(sim: SimulatorState, batch: BatchJob) -> None:
             continue
         assert isinstance(body, dict)  # request_refusal refuses anything else
         batch.counts["succeeded"] += 1
+        if embedding:
+            answered = embeddings_body(body)
+            sim.stats_.counters["items_answered"] += len(answered["data"])
+            outputs.append(_openai_line(sim, cid, answered))
+            continue
         prompt, schema, tool, all_text = request_view(
             body, kind, ignore_structured=cfg.ignore_structured
         )

@@ -60,6 +60,7 @@ class SimulatorStats:
             "requests",
             "items_answered",
             "batched_requests",
+            "embedding_requests",
             "status_429",
             "quota_429",
             "shared_429",

@@ -1,0 +1,130 @@
+"""Embed plans: a flushed window of embed jobs, as array requests, to outcomes.
+
+`EmbedRunner` is the tier's `PlanRunner` that also runs embed plans (`consumer.core.embed`):
+each planned request becomes one `EmbeddingRequest` whose `input` is its members' texts and
+goes through the runner's one provider call path (`PlanRunner.send_planned` and `call`: the
+limiter, pacing by tokens, the circuit, the error taxonomy, usage and cost counters), so an
+embed job is held, retried, paced and counted as a chat job is. Answered members become
+results carrying their vector; the plan's splits and retries run as tasks of the same plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from consumer.core.embed import (
+    EmbeddingRequest,
+    Embeddings,
+    EmbedPlan,
+    embed_batch_key,
+    embed_limits,
+    embed_window_limits,
+)
+from consumer.core.errors import ProviderError
+from consumer.core.plan import Member, PlannedRequest, Step
+from consumer.core.window import BatchKey, WindowLimits
+from consumer.runtime.context import JobContext
+from consumer.runtime.outcomes import AnswerResults
+from consumer.runtime.plans import PlanRunner
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EmbedRunner", "embed_window"]
+
+
+def embed_window(ctx: JobContext) -> tuple[BatchKey, WindowLimits] | None:
+    """The window an embed job waits in and its limits; None when its tier does not window
+    (`batching.enabled` false): the job goes alone."""
+    config = ctx.tier.config
+    limits = embed_limits(config.provider)
+    if not config.batching.enabled or limits is None:
+        return None
+    key = embed_batch_key(ctx.tier.name, ctx.options, ctx.mode)
+    return key, embed_window_limits(WindowLimits.from_config(config.batching), limits)
+
+
+class EmbedRunner(PlanRunner):
+    """A tier's plan runner that also runs embed plans (`run_embed`)."""
+
+    async def run_embed(self, ctxs: list[JobContext]) -> None:
+        """Send the embed plan's requests until every member has an outcome.
+
+        Cancelled (shutdown) or a bug: members without an outcome stay uncommitted and are
+        read again after a restart, as for chat plans.
+        """
+        tier = self.tier
+        limits = embed_limits(tier.config.provider)
+        assert limits is not None  # admission refuses embed jobs of a provider without embeddings
+        plan = EmbedPlan(
+            [Member(c, c.input) for c in ctxs], limits=limits, retry=tier.retry_policy, rng=self._rng
+        )
+        batched = len(ctxs) > 1
+        if batched:
+            tier.stats.items_in_batched_plans += len(ctxs)
+        try:
+            first = plan.begin()
+            self._apply(plan, first, None)
+            async with asyncio.TaskGroup() as group:
+                for req in first.requests:
+                    group.create_task(self._send_embed(plan, req, group, batched))
+        except BaseException as exc:
+            unfinished = [c for c in ctxs if not c.done]
+            for c in unfinished:
+                self._outcomes.abandon(c)
+            if not isinstance(exc, asyncio.CancelledError):
+                log.error(
+                    "an embed plan of tier %s failed (a bug); its %d unfinished jobs stay "
+                    "uncommitted, holding back their partitions' commits until a restart reads them again",
+                    tier.name,
+                    len(unfinished),
+                    exc_info=exc,
+                )
+            raise
+
+    def embedding_request(self, req: PlannedRequest) -> EmbeddingRequest:
+        """The provider request of a planned one: its members' inputs, in order."""
+        first = _ctx(req.members[0])
+        return EmbeddingRequest(tuple(m.input for m in req.members), self.tier.config.model, first.options)
+
+    async def _send_embed(
+        self, plan: EmbedPlan, req: PlannedRequest, group: asyncio.TaskGroup, batched_plan: bool
+    ) -> None:
+        sent = await self.send_planned(plan, req, self.embedding_request)
+        if sent is None:
+            return
+        req, _, answer = sent
+        self._count_sent(req, batched_plan)
+        if isinstance(answer, ProviderError):
+            step = plan.on_error(req, answer)
+            self._apply(plan, step, None)
+        else:
+            assert isinstance(answer, Embeddings)
+            step = plan.on_vectors(req, answer.vectors)
+            self._apply_embedded(plan, step, answer)
+        for nxt in step.requests:
+            self._count_follow_up(req, nxt)
+            group.create_task(self._send_embed(plan, nxt, group, batched_plan))
+
+    def _apply_embedded(self, plan: EmbedPlan, step: Step, answer: Embeddings) -> None:
+        """Answered members' results with their vectors; the rest as a chat plan's step."""
+        now_s = self._clock()
+        results: AnswerResults | None = None
+        for member, _, answered_by in step.answered:
+            if results is None:
+                results = AnswerResults(self._outcomes.results_topic, answer, len(answered_by.members))
+            self._outcomes.answered(
+                _ctx(member),
+                results,
+                None,
+                attempts=plan.attempts(member),
+                now_s=now_s,
+                embedding=plan.embedding(member),
+            )
+        step.answered = []
+        self._apply(plan, step, None)
+
+
+def _ctx(member: Member) -> JobContext:
+    assert isinstance(member.ref, JobContext)
+    return member.ref
