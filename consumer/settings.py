@@ -28,7 +28,7 @@ from consumer.core.errors import ConfigError, JobError
 from consumer.core.fallback import FallbackCause, FallbackRule, chain_problem
 from consumer.core.lanes import DEFAULT_LANE_NAME, DEFAULT_MIN_SHARE, Lane
 from consumer.core.output import output_format
-from consumer.core.routing import parse_duration_s
+from consumer.core.routing import ModePolicy, parse_duration_s
 
 ProviderName = Literal["openai", "anthropic", "openai_compat"]
 
@@ -302,6 +302,11 @@ class TierConfig(_Strict):
             raise ValueError(str(exc)) from None
         return options
 
+    def mode_policy(self) -> ModePolicy:
+        """How this tier's jobs choose online or offline (`default_mode`, `mode: auto`)."""
+        off = self.offline
+        return ModePolicy(self.default_mode, off.enabled, off.completion_window_s, off.auto_margin_s)
+
     @model_validator(mode="after")
     def _check_provider(self) -> TierConfig:
         if self.base_url is None and self.provider == "openai_compat":
@@ -394,6 +399,24 @@ class TierFile(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_fallbacks(self) -> TierFile:
+        rules = {name: t.fallback.rule() if t.fallback else None for name, t in self.tiers.items()}
+        problem = chain_problem(rules)
+        if problem is not None:
+            raise KeyedProblem(f"tiers.{problem[0]}.fallback.tier", problem[1])
+        for name, tier in self.tiers.items():
+            if tier.fallback is None:
+                continue
+            other = self.tiers[tier.fallback.tier]
+            if tier.default_mode == "offline" and not other.offline.enabled:
+                raise KeyedProblem(
+                    f"tiers.{name}.fallback.tier",
+                    f"tier '{tier.fallback.tier}' cannot take this tier's jobs: they are offline"
+                    " (default_mode offline) and it has offline.enabled false",
+                )
+        return self
+
     def lane_list(self, jobs_topic: str, max_inflight: int) -> tuple[Lane, ...]:
         """The service's lanes, highest first: those of the tier file, or one lane named
         `default` on `jobs_topic` (PROMPTBUS_JOBS_TOPIC). `max_inflight`: the service's
@@ -431,24 +454,6 @@ def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) ->
     if lane not in lanes:
         raise ConfigError("--lane", f"lane {lane!r} is unknown (lanes: {', '.join(lanes)})")
     return lanes[lane].topic
-
-    @model_validator(mode="after")
-    def _check_fallbacks(self) -> TierFile:
-        rules = {name: t.fallback.rule() if t.fallback else None for name, t in self.tiers.items()}
-        problem = chain_problem(rules)
-        if problem is not None:
-            raise KeyedProblem(f"tiers.{problem[0]}.fallback.tier", problem[1])
-        for name, tier in self.tiers.items():
-            if tier.fallback is None:
-                continue
-            other = self.tiers[tier.fallback.tier]
-            if tier.default_mode == "offline" and not other.offline.enabled:
-                raise KeyedProblem(
-                    f"tiers.{name}.fallback.tier",
-                    f"tier '{tier.fallback.tier}' cannot take this tier's jobs: they are offline"
-                    " (default_mode offline) and it has offline.enabled false",
-                )
-        return self
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:

@@ -50,10 +50,7 @@ class TierRuntime:
     @cached_property
     def modes(self) -> ModePolicy:
         """How this tier's jobs choose online or offline (`default_mode`, `mode: auto`)."""
-        off = self.config.offline
-        return ModePolicy(
-            self.config.default_mode, off.enabled, off.completion_window_s, off.auto_margin_s
-        )
+        return self.config.mode_policy()
 
     def condition(self, now_s: float) -> TierCondition:
         """What the tier's own answers say now, for the fallback decision."""

@@ -14,6 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from consumer.core.errors import ErrorKind
+from consumer.core.routing import ModePolicy
 from consumer.kafka.intake import InRecord
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.kafka.sink import Ticket
@@ -34,6 +35,10 @@ class _Tier:
 
     name: str
     config: TierConfig
+
+    @property
+    def modes(self) -> ModePolicy:
+        return self.config.mode_policy()
 
 
 TIERS = {
