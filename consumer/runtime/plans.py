@@ -34,19 +34,16 @@ import contextlib
 import functools
 import logging
 import random
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.circuit import Admit, is_outage
-from consumer.core.completion import ChatMessage, Completion, CompletionRequest, Usage, prompt_cache_key
+from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost_usd
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
-from consumer.core.output import response_format_schema
-from consumer.core.packing import answer_schema
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.window import BatchKey
 from consumer.providers.embeddings import EmbeddingProvider
@@ -56,6 +53,7 @@ from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, QUEUE_WAIT, RATE_LIMITED, Series
 from consumer.runtime.limiter import Token
 from consumer.runtime.outcomes import AnswerResults
+from consumer.runtime.requests import build_request, ordinary_request
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.telemetry import Telemetry
@@ -411,54 +409,9 @@ class PlanRunner:
             if self._expire(plan, req):
                 return None
 
-    def ordinary_request(self, ctx: JobContext) -> CompletionRequest:
-        """A job's own request (unbatched), its shared prefix marked for prompt caching: the
-        template's text before its trailing variable, or every message before the last."""
-        tier = self.tier
-        request = CompletionRequest(ctx.messages, tier.config.model, ctx.options)
-        if tier.config.prompt_cache == "off" or not ctx.messages:
-            return request
-        last = ctx.messages[-1].content
-        if ctx.batchable is not None and ctx.batchable.prefix and last.startswith(ctx.batchable.prefix):
-            prefix_chars, shared = len(ctx.batchable.prefix), ctx.batchable.prefix
-        elif len(ctx.messages) > 1:
-            prefix_chars, shared = 0, "\0".join(m.content for m in ctx.messages[:-1])
-        else:
-            return request  # one message with no known shared part: nothing to cache
-        key = prompt_cache_key(tier.name, tier.config.model, "ordinary", shared)
-        return replace(request, cache_prefix_chars=prefix_chars, cache_key=key)
-
     def build_request(self, req: PlannedRequest, batch_key: BatchKey | None = None) -> CompletionRequest:
-        """The provider request of a planned one: the job's own, or a packed prompt with its
-        schema; `batch_key` names the prompt cache of a packed prompt's shared head."""
-        tier = self.tier
-        first = _ctx(req.members[0])
-        if req.packed is None:
-            return self.ordinary_request(first)
-        options = dict(first.options)
-        if req.max_tokens is not None:
-            options["max_tokens"] = req.max_tokens
-        # the job's own answer schema (if any) becomes the schema of each alias's value
-        item_schema = response_format_schema(options.pop("response_format", None))
-        caching = tier.config.prompt_cache == "auto"
-        schema = None
-        if tier.config.batching.structured != "off":
-            if caching and tier.config.provider == "anthropic":
-                # tools come before the prompt in Anthropic's cached prefix: a forced tool that
-                # named this request's aliases would make every batched prefix different
-                schema = _alias_free_answer_schema(item_schema)
-            else:
-                schema = answer_schema(req.packed.aliases, item_schema)
-        messages = (ChatMessage("user", req.packed.text),)
-        request = CompletionRequest(messages, tier.config.model, options, schema)
-        if not caching:
-            return request
-        # the packed prompt is the shared head (template text and batch instruction, the same
-        # bytes for every request of one batch key) and then the items, one JSON line
-        text = req.packed.text
-        head_chars = text.rfind("\n") + 1
-        key = prompt_cache_key(tier.name, tier.config.model, "batched", *(batch_key or ()))
-        return replace(request, cache_prefix_chars=head_chars, cache_key=key)
+        """The provider request of a planned one (`consumer.runtime.requests.build_request`)."""
+        return build_request(self.tier, req, batch_key)
 
     # ------------------------------------------------------------------ steps
     def _expire(self, plan: RequestPlan, req: PlannedRequest) -> bool:
@@ -532,7 +485,7 @@ class PlanRunner:
         tier = self.tier
         if tier.circuit.open:
             return  # while the provider is down only the probe goes out
-        request = self.ordinary_request(ctx)
+        request = ordinary_request(self.tier, ctx)
         answer = await self.call(request, [ctx.trace], lane=ctx.lane)
         self._count_verification()
         if not isinstance(answer, Completion):
@@ -628,14 +581,6 @@ def _note_rate_limited(tier: TierRuntime, token: Token, exc: RateLimited) -> Non
     tier.limiter.note_budget(exc.hint, token, rejected=True)
     if exc.hint.retry_after_s:
         tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
-
-
-def _alias_free_answer_schema(item_schema: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A batched answer's schema that names no alias (an object of answers, each following the
-    job's own schema), so it is the same for every request of one batch key; the answer's
-    aliases are still checked when it is read (`packing.parse_answer`)."""
-    item = dict(item_schema) if item_schema is not None else {"type": "string"}
-    return {"type": "object", "additionalProperties": item}
 
 
 def _max_tokens(options: dict[str, Any]) -> int | None:
