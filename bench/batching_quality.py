@@ -14,7 +14,7 @@ until every item has its answer), this classifies the labelled texts of
   answer schema, an enum of the labels; the job's ordinary requests carry it too). Size 1
   is an ordinary request (DESIGN.md rule 5): it runs once for free-text jobs and once for
   jobs with the label schema;
-- with the adaptive size (`consumer.core.adaptive.AdaptiveBatchSize`, max the largest
+- with the adaptive size (`consumer.core.adaptive.AdaptivePackSize`, max the largest
   `--sizes`, as a tier with `verify_fraction` > 0 builds it: nothing trusted beyond size 1,
   `--probe-fraction` 0.1 of the items sent at the probe size): every item asks `size_at`
   as the pipeline's jobs do (the first of a chunk fixes its size), every batched verdict,
@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from consumer import localmodel
-from consumer.core.adaptive import AdaptiveBatchSize, answers_agree, choose_verified, normalize_answer
+from consumer.core.adaptive import AdaptivePackSize, answers_agree, choose_verified, normalize_answer
 from consumer.core.completion import ChatMessage, CompletionRequest
 from consumer.core.errors import ProviderError, ServerError
 from consumer.core.packing import answer_schema
@@ -177,7 +177,7 @@ class Runner:
         self.wants_verification = wants_verification
 
     def timed(self, size: int, answered: int, elapsed_s: float, completion: Any) -> None:
-        """Report one answered request's time and tokens (`AdaptiveBatchSize.record_speed`)."""
+        """Report one answered request's time and tokens (`AdaptivePackSize.record_speed`)."""
         if self.on_speed is not None:
             usage = completion.usage
             tokens = usage.input_tokens + usage.output_tokens
@@ -405,7 +405,7 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
             **kwargs,
         )
 
-    #: per mode, what the last adaptive run measured (`AdaptiveBatchSize.export`, as JSON)
+    #: per mode, what the last adaptive run measured (`AdaptivePackSize.export`, as JSON)
     remembered: dict[str, bytes] = {}
     try:
         await runner(args.modes[0]).run(rows[:2], lambda _now: 1, None, 1)  # warm-up, not counted
@@ -435,7 +435,7 @@ async def bench(base_url: str, args: argparse.Namespace, rows: list[dict[str, st
             on_verdict: Callable[[str, int, float], object] | None = None
             if size in ADAPTIVE:
                 # as `TierRuntime` builds it for an openai_compat tier that verifies
-                adaptive = AdaptiveBatchSize(
+                adaptive = AdaptivePackSize(
                     max(args.sizes),
                     trusted=1,
                     measure_agreement=args.verify_fraction > 0,

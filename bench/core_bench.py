@@ -26,7 +26,7 @@ from consumer.core.jobs import Job, decode_job
 from consumer.core.plan import Member, PlannedRequest, RequestPlan
 from consumer.core.retry import RetryPolicy
 from consumer.core.templates import split_batchable
-from consumer.core.window import CollectionWindows, Flush, WindowLimits, batch_key_for
+from consumer.core.window import CollectionWindows, Flush, WindowLimits, pack_key_for
 
 PROMPT = (
     "Classify the sentiment of the review as positive, negative or neutral. Answer with one word.\n"
@@ -66,7 +66,7 @@ def _run(jobs: list[Job], max_items: int) -> dict[str, float]:
         split = split_batchable(job.prompt or "")
         assert split is not None and job.variables is not None
         value = job.variables[split.variable]
-        key = batch_key_for(job, split)
+        key = pack_key_for(job, split)
         now_s = i * 1e-4
         flushes += windows.add(key, job, input_chars=len(value), partition=i % 4, limits=limits, now_s=now_s)
     flushes += windows.drain_all()

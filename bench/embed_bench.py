@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-# run as a script, this file's directory is on sys.path: the raw loop is pipeline_bench's own
+# run as a script, this file's directory is importable: the raw loop is pipeline_bench's own
 from pipeline_bench import (
     ROOT,
     TIER,

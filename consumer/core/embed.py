@@ -1,7 +1,7 @@
 """Embed jobs: their request, answer, window and split rules (pure).
 
 An embed job (`kind: embed`) asks for the vector of one `input` text. Embed jobs of one tier,
-mode and options share a collection window (`core/window.py`, under `embed_batch_key`) and go
+mode and options share a collection window (`core/window.py`, under `embed_pack_key`) and go
 out as ONE provider request whose `input` is the array of their texts: providers embed each
 element on its own, so sharing a request changes no vector and needs no consent (`batch`).
 
@@ -37,7 +37,7 @@ from consumer.core.errors import ErrorKind, MalformedResponse, ProviderError, Ra
 from consumer.core.packing import PackedPrompt
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.retry import RetryPolicy
-from consumer.core.window import BatchKey, WindowLimits, options_key
+from consumer.core.window import PackKey, WindowLimits, options_key
 
 __all__ = [
     "EMBED_TIER_OPTIONS",
@@ -47,10 +47,10 @@ __all__ = [
     "EmbedPlan",
     "EmbeddingRequest",
     "Embeddings",
-    "embed_batch_key",
     "embed_dedupe_key",
     "embed_limits",
     "embed_options",
+    "embed_pack_key",
     "embed_window_limits",
     "input_tokens_estimate",
     "no_embeddings",
@@ -150,9 +150,9 @@ def embed_options(tier_options: Mapping[str, Any] | None, job_options: Mapping[s
     return {**tier, **job_options}
 
 
-def embed_batch_key(tier: str, options: Mapping[str, Any], mode: str) -> BatchKey:
+def embed_pack_key(tier: str, options: Mapping[str, Any], mode: str) -> PackKey:
     """The window key of an embed job: its tier, options and mode."""
-    return BatchKey(tier, "", EMBED_VARIABLE, options_key(options), mode)
+    return PackKey(tier, "", EMBED_VARIABLE, options_key(options), mode)
 
 
 def embed_window_limits(batching: WindowLimits, limits: EmbedLimits) -> WindowLimits:

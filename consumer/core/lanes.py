@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
-from consumer.core.window import BatchKey, CollectionWindows, Flush, WindowLimits
+from consumer.core.window import CollectionWindows, Flush, PackKey, WindowLimits
 
 __all__ = [
     "DEFAULT_LANE_NAME",
@@ -208,7 +208,7 @@ class LaneWindows(Generic[T]):
 
     def add(
         self,
-        key: BatchKey,
+        key: PackKey,
         item: T,
         *,
         lane: Lane | None,
@@ -229,7 +229,7 @@ class LaneWindows(Generic[T]):
             key, item, input_chars=input_chars, partition=partition, limits=limits, now_s=now_s
         )
 
-    def due(self, now_s: float, *, can_still_join: Callable[[BatchKey], bool]) -> list[Flush[T]]:
+    def due(self, now_s: float, *, can_still_join: Callable[[PackKey], bool]) -> list[Flush[T]]:
         """The windows due at `now_s` (`CollectionWindows.due`)."""
         return [f for w in self._by_wait.values() for f in w.due(now_s, can_still_join=can_still_join)]
 

@@ -1,6 +1,6 @@
 """Collection windows: batch-eligible jobs wait briefly to share one request (DESIGN.md rules 2-4).
 
-One window per `BatchKey` (tier, prompt prefix, variable name, canonical options, mode).
+One window per `PackKey` (tier, prompt prefix, variable name, canonical options, mode).
 The caller owns the clock: every call takes `now_s` (monotonic seconds) and returns the
 windows to send as `Flush`es; nothing here sleeps or schedules.
 
@@ -30,13 +30,13 @@ import orjson
 from consumer.core.templates import BatchablePrompt
 
 __all__ = [
-    "BatchKey",
     "CollectionWindows",
     "Flush",
     "FlushReason",
+    "PackKey",
     "WindowLimits",
-    "batch_key_for",
     "options_key",
+    "pack_key_for",
 ]
 
 T = TypeVar("T")
@@ -44,7 +44,7 @@ T = TypeVar("T")
 FlushReason = Literal["max_items", "max_input_chars", "window", "max_wait", "idle", "drain"]
 
 
-class BatchKey(NamedTuple):
+class PackKey(NamedTuple):
     """Jobs share a request only when all of these are equal (DESIGN.md rule 2).
 
     options_key is the canonical JSON (sorted keys) of the job's options. A NamedTuple: one
@@ -63,9 +63,9 @@ def options_key(options: Mapping[str, Any]) -> str:
     return orjson.dumps(options, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def batch_key_for(job: Any, batchable: BatchablePrompt) -> BatchKey:
+def pack_key_for(job: Any, batchable: BatchablePrompt) -> PackKey:
     """The batch key of a `consumer.core.jobs.Job` whose prompt split into `batchable`."""
-    return BatchKey(
+    return PackKey(
         tier=job.tier,
         prefix=batchable.prefix,
         variable=batchable.variable,
@@ -93,7 +93,7 @@ class WindowLimits:
 class Flush(Generic[T]):
     """Items to send together; `reason` says why the window closed."""
 
-    key: BatchKey
+    key: PackKey
     items: tuple[T, ...]
     reason: FlushReason
 
@@ -117,25 +117,25 @@ class CollectionWindows(Generic[T]):
     """Open collection windows by batch key, generic over the caller's item type."""
 
     def __init__(self) -> None:
-        self._windows: dict[BatchKey, _Window[T]] = {}
+        self._windows: dict[PackKey, _Window[T]] = {}
         self._count = 0
 
     def __len__(self) -> int:
         """Items held in open windows."""
         return self._count
 
-    def keys(self) -> list[BatchKey]:
+    def keys(self) -> list[PackKey]:
         """Keys of the open windows."""
         return list(self._windows)
 
-    def _close(self, key: BatchKey, reason: FlushReason) -> Flush[T]:
+    def _close(self, key: PackKey, reason: FlushReason) -> Flush[T]:
         window = self._windows.pop(key)
         self._count -= len(window.items)
         return Flush(key, tuple(window.items), reason)
 
     def add(
         self,
-        key: BatchKey,
+        key: PackKey,
         item: T,
         *,
         input_chars: int,
@@ -169,14 +169,14 @@ class CollectionWindows(Generic[T]):
             flushes.append(self._close(key, "max_items"))
         return flushes
 
-    def due(self, now_s: float, *, can_still_join: Callable[[BatchKey], bool]) -> list[Flush[T]]:
+    def due(self, now_s: float, *, can_still_join: Callable[[PackKey], bool]) -> list[Flush[T]]:
         """Close and return the windows due at `now_s`.
 
         A window is due when `window_ms` passed since its last member, when `max_wait_ms`
         passed since its first, or when `can_still_join(key)` is False: the caller has
         nothing fetched and unrouted that could join it (rule 3).
         """
-        closing: list[tuple[BatchKey, FlushReason]] = []
+        closing: list[tuple[PackKey, FlushReason]] = []
         for key, window in self._windows.items():
             if now_s >= window.first_s + window.limits.max_wait_ms / 1000.0:
                 closing.append((key, "max_wait"))

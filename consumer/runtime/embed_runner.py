@@ -17,13 +17,13 @@ from consumer.core.embed import (
     EmbeddingRequest,
     Embeddings,
     EmbedPlan,
-    embed_batch_key,
     embed_limits,
+    embed_pack_key,
     embed_window_limits,
 )
 from consumer.core.errors import ProviderError
 from consumer.core.plan import Member, PlannedRequest, Step
-from consumer.core.window import BatchKey, WindowLimits
+from consumer.core.window import PackKey, WindowLimits
 from consumer.runtime.context import JobContext
 from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.plans import PlanRunner
@@ -33,14 +33,14 @@ log = logging.getLogger(__name__)
 __all__ = ["EmbedRunner", "embed_window"]
 
 
-def embed_window(ctx: JobContext) -> tuple[BatchKey, WindowLimits] | None:
+def embed_window(ctx: JobContext) -> tuple[PackKey, WindowLimits] | None:
     """The window an embed job waits in and its limits; None when its tier does not window
     (`batching.enabled` false): the job goes alone."""
     config = ctx.tier.config
     limits = embed_limits(config.provider)
     if not config.batching.enabled or limits is None:
         return None
-    key = embed_batch_key(ctx.tier.name, ctx.options, ctx.mode)
+    key = embed_pack_key(ctx.tier.name, ctx.options, ctx.mode)
     return key, embed_window_limits(WindowLimits.from_config(config.batching), limits)
 
 

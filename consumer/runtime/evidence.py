@@ -1,7 +1,7 @@
 """What the tiers' adaptive batch sizes measured, kept in the compacted batching topic.
 
 A restarted instance, or a new one joining the group, starts each (tier, batch key) from
-the latest measurements any instance published for it (`AdaptiveBatchSize.restore`),
+the latest measurements any instance published for it (`AdaptivePackSize.restore`),
 instead of at size 1 with nothing known; every instance publishes what its keys learnt
 every `stats_interval_s` and once more at stop.
 
@@ -9,7 +9,7 @@ Record key: ``<tier>/<digest>``, the digest a hash of what the measurements are 
 tier's provider, base URL, model and `batching.structured`, and the batch key (prompt
 prefix, variable, options, mode). Changing any of them starts that key afresh; the prompt
 itself is never written. Record value: ``{"tier", "instance", "written_at" (unix s),
-"state"}`` with `state` as `AdaptiveBatchSize.export` gives it. The last writer wins:
+"state"}`` with `state` as `AdaptivePackSize.export` gives it. The last writer wins:
 instances measuring the same key replace each other's record, each one a sample of the
 same provider and prompt.
 
@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from consumer.core.adaptive import AdaptiveBatchSize, AdaptiveSizes
-from consumer.core.window import BatchKey
+from consumer.core.adaptive import AdaptivePackSize, AdaptiveSizes
+from consumer.core.window import PackKey
 from consumer.settings import TierConfig
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,12 @@ class MeasuredTier(Protocol):
     def config(self) -> TierConfig: ...
 
     @property
-    def sizes(self) -> AdaptiveSizes[BatchKey]:
+    def sizes(self) -> AdaptiveSizes[PackKey]:
         """The adaptive batch size of each batch key of the tier."""
         ...
 
 
-def evidence_key(tier: str, config: TierConfig, key: BatchKey) -> bytes:
+def evidence_key(tier: str, config: TierConfig, key: PackKey) -> bytes:
     """The batching topic's record key of one tier's batch key (see the module docstring)."""
     about = [config.provider, config.resolved_base_url, config.model, config.batching.structured, *key]
     digest = hashlib.sha256(orjson.dumps(about)).hexdigest()[:24]
@@ -61,7 +61,7 @@ class RememberedEvidence:
     """The measurements per record key: read at start, restored into new trackers, and the
     records of what the tiers' trackers learnt since the last round (for `SidePublisher`).
 
-    states: record key -> `AdaptiveBatchSize.export` data, the latest known (this instance's
+    states: record key -> `AdaptivePackSize.export` data, the latest known (this instance's
         own once it has published).
     per_round: records one round of `records` returns at most.
     """
@@ -77,7 +77,7 @@ class RememberedEvidence:
         self._instance = instance
         self._per_round = per_round
         #: (tier, batch key) -> the tracker's `changes` when it was last published or restored
-        self._published: dict[tuple[str, BatchKey], int] = {}
+        self._published: dict[tuple[str, PackKey], int] = {}
 
     @classmethod
     def read(cls, latest: Mapping[bytes, bytes], *, instance: str = "") -> RememberedEvidence:
@@ -98,7 +98,7 @@ class RememberedEvidence:
             log.info("batching evidence of %d batch keys read; their tiers start from it", len(states))
         return cls(states, instance=instance)
 
-    def restore(self, tier: str, config: TierConfig, key: BatchKey, tracker: AdaptiveBatchSize) -> None:
+    def restore(self, tier: str, config: TierConfig, key: PackKey, tracker: AdaptivePackSize) -> None:
         """Give a new tracker of `key` what was measured for it, if anything."""
         record_key = evidence_key(tier, config, key)
         state = self.states.get(record_key)
@@ -119,7 +119,7 @@ class RememberedEvidence:
         """(record key, value) of the `tiers`' trackers that learnt something since their last
         record: at most `per_round`, those with the most new reports first (the others stay
         due for the next round)."""
-        due: list[tuple[int, str, BatchKey, AdaptiveBatchSize]] = []
+        due: list[tuple[int, str, PackKey, AdaptivePackSize]] = []
         for name, tier in tiers.items():
             for key in list(tier.sizes):
                 tracker = tier.sizes.get(key)

@@ -33,7 +33,7 @@ from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane, LaneWindows
-from consumer.core.window import BatchKey, Flush, batch_key_for
+from consumer.core.window import Flush, PackKey, pack_key_for
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import OutcomeSink
@@ -121,7 +121,7 @@ class Pipeline:
         lanes = lanes or (Lane(DEFAULT_LANE_NAME, settings.jobs_topic, max_inflight=settings.max_inflight),)
         self._lanes = LaneGate(lanes, intake, sink, stats, max_poll_records=MAX_POLL_RECORDS)
         # plans start per (tier, lane): a lane's queued plans never wait behind another lane's
-        self._gate: PlanGate[tuple[str, str], tuple[list[JobContext], BatchKey | None]] = PlanGate(
+        self._gate: PlanGate[tuple[str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
             lambda key: running_plan_limit(tiers[key[0]].config.limiter.max),
             self._launch,
         )
@@ -163,7 +163,7 @@ class Pipeline:
         finally:
             await self._drain()
 
-    def _can_still_join(self, key: BatchKey) -> bool:
+    def _can_still_join(self, key: PackKey) -> bool:
         # Rule 3: a window waits only while records that could join it are still unfetched.
         return self._intake.has_unfetched()
 
@@ -270,7 +270,7 @@ class Pipeline:
             key, limits = embedding
         else:
             assert batchable is not None
-            key = batch_key_for(ctx.job, batchable)
+            key = pack_key_for(ctx.job, batchable)
             limits = tier.limits_for(key, now_s)
         if ctx.fallback_from is not None:
             key = key._replace(tier=tier.name)  # never in one window with the jobs of its own tier
@@ -322,13 +322,13 @@ class Pipeline:
             if members:
                 self._start_plan(members, key=flush.key)
 
-    def _start_plan(self, members: list[JobContext], *, key: BatchKey | None) -> None:
+    def _start_plan(self, members: list[JobContext], *, key: PackKey | None) -> None:
         # a request waits in its most urgent member's lane (the limiter's too)
         lane = min(members, key=lambda c: c.lane.rank if c.lane is not None else 0).lane_name
         self._gate.submit((members[0].tier.name, lane), (members, key))
 
     def _launch(
-        self, key: tuple[str, str], plan: tuple[list[JobContext], BatchKey | None]
+        self, key: tuple[str, str], plan: tuple[list[JobContext], PackKey | None]
     ) -> asyncio.Task[None]:
         runner = self._runners[key[0]]
         members, pack_key = plan

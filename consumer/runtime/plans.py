@@ -45,7 +45,7 @@ from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
-from consumer.core.window import BatchKey
+from consumer.core.window import PackKey
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
@@ -105,7 +105,7 @@ class PlanRunner:
         self._circuit_changed = asyncio.Event()
 
     # ------------------------------------------------------------------ a plan
-    async def run(self, ctxs: list[JobContext], key: BatchKey | None) -> None:
+    async def run(self, ctxs: list[JobContext], key: PackKey | None) -> None:
         """Send the plan's requests until every member has an outcome.
 
         Cancelled (shutdown) or a bug: members without an outcome stay uncommitted and are
@@ -151,7 +151,7 @@ class PlanRunner:
         plan: RequestPlan,
         req: PlannedRequest,
         group: asyncio.TaskGroup,
-        key: BatchKey | None,
+        key: PackKey | None,
         batched_plan: bool,
     ) -> None:
         sent = await self.send_planned(plan, req, lambda planned: self.build_request(planned, key))
@@ -409,9 +409,9 @@ class PlanRunner:
             if self._expire(plan, req):
                 return None
 
-    def build_request(self, req: PlannedRequest, batch_key: BatchKey | None = None) -> CompletionRequest:
+    def build_request(self, req: PlannedRequest, pack_key: PackKey | None = None) -> CompletionRequest:
         """The provider request of a planned one (`consumer.runtime.requests.build_request`)."""
-        return build_request(self.tier, req, batch_key)
+        return build_request(self.tier, req, pack_key)
 
     # ------------------------------------------------------------------ steps
     def _expire(self, plan: RequestPlan, req: PlannedRequest) -> bool:
@@ -449,7 +449,7 @@ class PlanRunner:
             )
 
     # ------------------------------------------------------------------ adaptive size and verification
-    def _learn(self, key: BatchKey, step: Step, size: int, share: Usage | None) -> None:
+    def _learn(self, key: PackKey, step: Step, size: int, share: Usage | None) -> None:
         tier = self.tier
         assert step.verdict is not None
         new_size = tier.sizes.record(key, step.verdict.kind.value, size, self._clock())
@@ -464,7 +464,7 @@ class PlanRunner:
                 self._spawn(self._verify(key, _ctx(member), answer, len(by.members), share))
 
     def _learn_speed(
-        self, key: BatchKey, req: PlannedRequest | None, step: Step | None, completion: Completion
+        self, key: PackKey, req: PlannedRequest | None, step: Step | None, completion: Completion
     ) -> None:
         """What one answered request took per item feeds the adaptive size's speed evidence
         (`req` None: a verification, one job asked alone)."""
@@ -477,7 +477,7 @@ class PlanRunner:
         )
 
     async def _verify(
-        self, key: BatchKey, ctx: JobContext, batched: str, size: int, share: Usage | None = None
+        self, key: PackKey, ctx: JobContext, batched: str, size: int, share: Usage | None = None
     ) -> None:
         """Ask a batched job alone too; the two answers' agreement feeds the adaptive size, and
         the two usages (`share`: the job's share of its batched request) measure what batching

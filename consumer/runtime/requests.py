@@ -11,7 +11,7 @@ from consumer.core.completion import ChatMessage, CompletionRequest, prompt_cach
 from consumer.core.output import response_format_schema
 from consumer.core.packing import answer_schema
 from consumer.core.plan import PlannedRequest
-from consumer.core.window import BatchKey
+from consumer.core.window import PackKey
 from consumer.runtime.context import JobContext
 from consumer.runtime.tiers import TierRuntime
 
@@ -36,10 +36,10 @@ def ordinary_request(tier: TierRuntime, ctx: JobContext) -> CompletionRequest:
 
 
 def build_request(
-    tier: TierRuntime, req: PlannedRequest, batch_key: BatchKey | None = None
+    tier: TierRuntime, req: PlannedRequest, pack_key: PackKey | None = None
 ) -> CompletionRequest:
     """The provider request of a planned one: the job's own, or a packed prompt with its
-    schema; `batch_key` names the prompt cache of a packed prompt's shared head."""
+    schema; `pack_key` names the prompt cache of a packed prompt's shared head."""
     first = cast(JobContext, req.members[0].ref)
     if req.packed is None:
         return ordinary_request(tier, first)
@@ -65,7 +65,7 @@ def build_request(
     # bytes for every request of one batch key) and then the items, one JSON line
     text = req.packed.text
     head_chars = text.rfind("\n") + 1
-    key = prompt_cache_key(tier.name, tier.config.model, "batched", *(batch_key or ()))
+    key = prompt_cache_key(tier.name, tier.config.model, "batched", *(pack_key or ()))
     return replace(request, cache_prefix_chars=head_chars, cache_key=key)
 
 

@@ -6,14 +6,14 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from consumer.core.adaptive import AdaptiveBatchSize, AdaptiveSizes
+from consumer.core.adaptive import AdaptivePackSize, AdaptiveSizes
 from consumer.core.circuit import CircuitBreaker
 from consumer.core.dedupe import DedupeTable
 from consumer.core.fallback import FallbackRule, QuotaWatch, TierCondition
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
 from consumer.core.routing import ModePolicy
-from consumer.core.window import BatchKey, WindowLimits
+from consumer.core.window import PackKey, WindowLimits
 from consumer.providers.base import CompletionProvider
 from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.limiter import AsyncLimiter
@@ -34,7 +34,7 @@ class TierRuntime:
     window_limits: WindowLimits
     stats: TierStats
     #: the adaptive batch size of each batch key of this tier
-    sizes: AdaptiveSizes[BatchKey]
+    sizes: AdaptiveSizes[PackKey]
     #: holds the tier's requests while its provider is down
     circuit: CircuitBreaker = field(default_factory=CircuitBreaker)
     #: identical deterministic requests in flight and answered recently (`dedupe: true`)
@@ -58,9 +58,9 @@ class TierRuntime:
             self.circuit.open, self.circuit.outage_s(now_s), self.quota.exhausted(now_s)
         )
 
-    def limits_for(self, key: BatchKey, now_s: float) -> WindowLimits:
+    def limits_for(self, key: PackKey, now_s: float) -> WindowLimits:
         """The window limits for a job routed to `key`'s window: max_items follows the key's
-        adaptive batch size (asked once per job, as `AdaptiveBatchSize.size_at` wants)."""
+        adaptive batch size (asked once per job, as `AdaptivePackSize.size_at` wants)."""
         # a learnt request budget means the provider is paid in requests: batching saves them
         request_limited = bool(self.limiter.pacer.rate_per_s)
         size = self.sizes.size_at(key, now_s, request_limited=request_limited)
@@ -99,7 +99,7 @@ class TierRuntime:
         """remembered: what earlier runs measured; each new batch key starts from it."""
         b, r = config.batching, config.retry
 
-        def new_size(key: BatchKey) -> AdaptiveBatchSize:
+        def new_size(key: PackKey) -> AdaptivePackSize:
             tracker = adaptive_size_for(config)
             if remembered is not None:
                 remembered.restore(name, config, key, tracker)
@@ -129,11 +129,11 @@ def trusted_items(batching: BatchingConfig) -> int:
     return batching.max_items if batching.verify_fraction == 0 else 1
 
 
-def adaptive_size_for(config: TierConfig) -> AdaptiveBatchSize:
+def adaptive_size_for(config: TierConfig) -> AdaptivePackSize:
     """A new key's adaptive batch size, from the tier's `batching` settings and provider."""
     b = config.batching
     per_token = b.charges == "tokens" or (b.charges == "auto" and config.provider in PER_TOKEN_PROVIDERS)
-    return AdaptiveBatchSize(
+    return AdaptivePackSize(
         b.max_items,
         trusted=trusted_items(b),
         measure_agreement=b.verify_fraction > 0,

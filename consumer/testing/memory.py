@@ -231,7 +231,7 @@ class MemoryTopicReader:
         return out
 
 
-class _Batch:
+class _RecordBatch:
     """aiokafka's BatchBuilder surface: `append` returns None when the batch is full."""
 
     def __init__(self, max_records: int) -> None:
@@ -274,10 +274,10 @@ class MemoryProducer:
     async def partitions_for(self, topic: str) -> set[int]:
         return set(range(len(self._broker.topic(topic))))
 
-    def create_batch(self) -> _Batch:
-        return _Batch(self.BATCH_RECORDS)
+    def create_batch(self) -> _RecordBatch:
+        return _RecordBatch(self.BATCH_RECORDS)
 
-    async def send_batch(self, batch: _Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+    async def send_batch(self, batch: _RecordBatch, topic: str, *, partition: int) -> asyncio.Future[Any]:
         delivered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self._failures:
             delivered.set_exception(self._failures.pop(0))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from consumer.core.adaptive import (
     INVALID_KINDS,
     MIN_SINGLE_REQUESTS,
-    AdaptiveBatchSize,
+    AdaptivePackSize,
     AdaptiveSizes,
     AgreementCount,
     AgreementStats,
@@ -45,7 +45,7 @@ def test_levels_double_up_to_max_items() -> None:
     assert levels_for(2) == (1, 2)
     assert levels_for(16) == (1, 2, 4, 8, 16)
     assert levels_for(10) == (1, 2, 4, 8, 10)
-    s = AdaptiveBatchSize(10)
+    s = AdaptivePackSize(10)
     assert [s.level_of(n) for n in (1, 2, 3, 7, 8, 9, 10)] == [1, 2, 2, 4, 8, 8, 10]
 
 
@@ -77,7 +77,7 @@ class Run:
 
 
 def drive(
-    s: AdaptiveBatchSize,
+    s: AdaptivePackSize,
     jobs: int,
     *,
     agrees: Callable[[random.Random], bool] = lambda _rng: True,
@@ -122,20 +122,20 @@ def drive(
 
 
 def test_with_verification_a_key_starts_at_one() -> None:
-    s = AdaptiveBatchSize(8)
+    s = AdaptivePackSize(8)
     assert s.size == 1 and s.size_at(0) == 1
     assert s.reason() == "size 1: at size 2, agreement not measured yet (probing 10% of jobs)"
 
 
 def test_without_verification_the_configured_size_is_trusted() -> None:
-    s = AdaptiveBatchSize(8, trusted=8, measure_agreement=False)
+    s = AdaptivePackSize(8, trusted=8, measure_agreement=False)
     assert s.size == 8 and s.size_at(0) == 8
     assert s.reason() == "size 8: configured, 7.0 requests saved per 8 jobs (max_items)"
-    assert AdaptiveBatchSize(8, trusted=4).size == 4  # initial_items vouches for 4
+    assert AdaptivePackSize(8, trusted=4).size == 4  # initial_items vouches for 4
 
 
 def test_grows_only_once_agreement_is_proven() -> None:
-    s = AdaptiveBatchSize(8, min_agreement=0.8, confidence=0.9)
+    s = AdaptivePackSize(8, min_agreement=0.8, confidence=0.9)
     for _ in range(4):
         s.record("complete", 2, 0)
     for _ in range(6):
@@ -148,7 +148,7 @@ def test_grows_only_once_agreement_is_proven() -> None:
 
 
 def test_shape_must_be_proven_too() -> None:
-    s = AdaptiveBatchSize(4)
+    s = AdaptivePackSize(4)
     s.record_agreement(7, 7, 2, 0)
     assert s.size == 1, "agreement alone, no judged answers"
     s.record("complete", 2, 0)
@@ -159,14 +159,14 @@ def test_shape_must_be_proven_too() -> None:
     assert s.size == 2
 
 
-def _proven(s: AdaptiveBatchSize, size: int, n: int = 10) -> None:
+def _proven(s: AdaptivePackSize, size: int, n: int = 10) -> None:
     for _ in range(n):
         s.record("complete", size, 0)
     s.record_agreement(n, n, size, 0)
 
 
 def test_a_disagreement_shrinks_at_once() -> None:
-    s = AdaptiveBatchSize(8)
+    s = AdaptivePackSize(8)
     _proven(s, 2, n=7)
     _proven(s, 4, n=7)
     assert s.size == 4
@@ -179,14 +179,14 @@ def test_a_disagreement_shrinks_at_once() -> None:
 
 
 def test_evidence_from_a_small_window_speaks_for_the_level_below() -> None:
-    s = AdaptiveBatchSize(8)
+    s = AdaptivePackSize(8)
     _proven(s, 3)  # 3 items: evidence for size 2, never for 4
     assert s.size == 2
 
 
 def test_invalid_answers_leave_a_trusted_size_until_size_one() -> None:
     """Without verification, answers that keep dropping ids take the size down to 1."""
-    s = AdaptiveBatchSize(8, trusted=8, measure_agreement=False, probe_fraction=0.0)
+    s = AdaptivePackSize(8, trusted=8, measure_agreement=False, probe_fraction=0.0)
     assert s.record("missing", 8, 0) == 4
     assert s.record("missing", 4, 1) == 2
     assert s.record("malformed", 2, 2) == 1
@@ -196,19 +196,19 @@ def test_invalid_answers_leave_a_trusted_size_until_size_one() -> None:
 
 @pytest.mark.parametrize("kind", sorted(INVALID_KINDS))
 def test_each_invalid_kind_counts_against_the_size(kind: str) -> None:
-    s = AdaptiveBatchSize(16, trusted=16, measure_agreement=False)
+    s = AdaptivePackSize(16, trusted=16, measure_agreement=False)
     assert s.record(kind, 16, 0) == 8
 
 
 def test_ordinary_requests_are_never_judged() -> None:
-    s = AdaptiveBatchSize(8, trusted=4, measure_agreement=False)
+    s = AdaptivePackSize(8, trusted=4, measure_agreement=False)
     assert s.record("malformed", 1, 0) == 4
     assert s.record_agreement(0, 5, 1, 2) == 4
 
 
 def test_unknown_kind_and_bad_bounds_are_errors() -> None:
     with pytest.raises(ValueError):
-        AdaptiveBatchSize(8).record("great", 4, 0)
+        AdaptivePackSize(8).record("great", 4, 0)
     for kwargs in (
         {"trusted": 0},
         {"trusted": 9},
@@ -217,20 +217,20 @@ def test_unknown_kind_and_bad_bounds_are_errors() -> None:
         {"probe_fraction": -0.1},
     ):
         with pytest.raises(ValueError):
-            AdaptiveBatchSize(8, **kwargs)
+            AdaptivePackSize(8, **kwargs)
     with pytest.raises(ValueError):
-        AdaptiveBatchSize(0)
+        AdaptivePackSize(0)
     with pytest.raises(ValueError):
-        AdaptiveBatchSize(8).record_agreement(3, 2, 2, 0)
+        AdaptivePackSize(8).record_agreement(3, 2, 2, 0)
     with pytest.raises(ValueError):
-        AdaptiveBatchSize(8).record_speed(2, 3, 1.0, 0)
+        AdaptivePackSize(8).record_speed(2, 3, 1.0, 0)
 
 
 # --- probes -----------------------------------------------------------------------------------
 
 
 def test_a_share_of_jobs_goes_out_at_the_probe_size() -> None:
-    s = AdaptiveBatchSize(8, probe_fraction=0.2)
+    s = AdaptivePackSize(8, probe_fraction=0.2)
     answers = [s.size_at(t) for t in range(101)]
     # one probe of 2 jobs per 10 jobs (the probe's own jobs count): 2 / 10 = the share
     assert answers[:22] == [1] * 9 + [2, 2] + [1] * 8 + [2, 2, 1]
@@ -238,15 +238,15 @@ def test_a_share_of_jobs_goes_out_at_the_probe_size() -> None:
 
 
 def test_no_probes_when_the_share_is_zero_or_nothing_is_left_to_learn() -> None:
-    s = AdaptiveBatchSize(8, probe_fraction=0.0)
+    s = AdaptivePackSize(8, probe_fraction=0.0)
     assert {s.size_at(t) for t in range(100)} == {1}
-    full = AdaptiveBatchSize(8, trusted=8, measure_agreement=False)
+    full = AdaptivePackSize(8, trusted=8, measure_agreement=False)
     assert {full.size_at(t) for t in range(100)} == {8}
-    assert AdaptiveBatchSize(1, probe_fraction=1.0).size_at(0) == 1
+    assert AdaptivePackSize(1, probe_fraction=1.0).size_at(0) == 1
 
 
 def test_probes_back_off_from_a_level_that_failed() -> None:
-    s = AdaptiveBatchSize(8, probe_fraction=0.2)
+    s = AdaptivePackSize(8, probe_fraction=0.2)
     s.record_agreement(0, 4, 2, 0)  # size 2 is known to be worse than 80 %
     answers = [s.size_at(t) for t in range(1000)]
     # the share would probe every 10 jobs; each probe's bad evidence makes the next 4 times
@@ -256,7 +256,7 @@ def test_probes_back_off_from_a_level_that_failed() -> None:
 
 
 def test_probes_grow_the_size_one_level_at_a_time() -> None:
-    s = AdaptiveBatchSize(8, probe_fraction=0.5)
+    s = AdaptivePackSize(8, probe_fraction=0.5)
     _proven(s, 2)
     assert s.size == 2
     # the next probe tries 4: 4 jobs once the share has built up 4 jobs' worth
@@ -265,7 +265,7 @@ def test_probes_grow_the_size_one_level_at_a_time() -> None:
 
 
 def test_a_probe_is_answered_to_as_many_jobs_as_it_takes() -> None:
-    s = AdaptiveBatchSize(8, probe_fraction=1.0)
+    s = AdaptivePackSize(8, probe_fraction=1.0)
     _proven(s, 2)
     _proven(s, 4)
     assert [s.size_at(t) for t in range(10)] == [4] * 7 + [8] * 3
@@ -274,14 +274,14 @@ def test_a_probe_is_answered_to_as_many_jobs_as_it_takes() -> None:
 # --- speed and charges ------------------------------------------------------------------------
 
 
-def _timed(s: AdaptiveBatchSize, size: int, seconds_each: float, requests: int = 3, tokens: int = 0) -> None:
+def _timed(s: AdaptivePackSize, size: int, seconds_each: float, requests: int = 3, tokens: int = 0) -> None:
     for _ in range(requests):
         s.record_speed(size, size, seconds_each, 0, tokens=tokens)
 
 
 def test_slower_batching_on_a_free_server_stops() -> None:
     """A local server charges nothing per request: batching that is slower per item is worse."""
-    s = AdaptiveBatchSize(8)
+    s = AdaptivePackSize(8)
     _proven(s, 2)
     assert s.size == 2
     _timed(s, 1, 0.2)  # 5 items/s alone
@@ -294,7 +294,7 @@ def test_slower_batching_on_a_free_server_stops() -> None:
 
 
 def test_faster_batching_is_kept() -> None:
-    s = AdaptiveBatchSize(8)
+    s = AdaptivePackSize(8)
     _proven(s, 2)
     _timed(s, 1, 0.2)
     _timed(s, 2, 0.3)
@@ -304,7 +304,7 @@ def test_faster_batching_is_kept() -> None:
 
 def test_slower_batching_is_kept_where_requests_are_limited() -> None:
     """Under a request budget every request saved is throughput and money."""
-    s = AdaptiveBatchSize(8)
+    s = AdaptivePackSize(8)
     _proven(s, 2)
     _timed(s, 1, 0.2)
     _timed(s, 2, 0.8)
@@ -316,7 +316,7 @@ def test_slower_batching_is_kept_where_requests_are_limited() -> None:
 
 
 def test_under_a_request_limit_batches_that_answer_nothing_save_nothing() -> None:
-    s = AdaptiveBatchSize(8, trusted=8, measure_agreement=False)
+    s = AdaptivePackSize(8, trusted=8, measure_agreement=False)
     _timed(s, 1, 0.2)
     assert s.size_at(0, request_limited=True) == 8
     for _ in range(3):
@@ -325,12 +325,12 @@ def test_under_a_request_limit_batches_that_answer_nothing_save_nothing() -> Non
 
 
 def test_per_token_providers_keep_slower_batching_only_while_it_saves_tokens() -> None:
-    saving = AdaptiveBatchSize(8, per_token=True)
+    saving = AdaptivePackSize(8, per_token=True)
     _proven(saving, 2)
     _timed(saving, 1, 0.2, tokens=100)  # 100 tokens per item alone
     _timed(saving, 2, 0.8, tokens=120)  # 60 per item batched: the prefix is sent once
     assert saving.size == 2
-    costly = AdaptiveBatchSize(8, per_token=True)
+    costly = AdaptivePackSize(8, per_token=True)
     _proven(costly, 2)
     _timed(costly, 1, 0.2, tokens=100)
     _timed(costly, 2, 0.8, tokens=260)  # 130 per item: the instruction costs more than it saves
@@ -338,18 +338,18 @@ def test_per_token_providers_keep_slower_batching_only_while_it_saves_tokens() -
 
 
 def test_verification_is_wanted_only_where_agreement_can_still_decide() -> None:
-    s = AdaptiveBatchSize(8)
+    s = AdaptivePackSize(8)
     assert s.wants_verification(2) and s.wants_verification(5)
     assert not s.wants_verification(1), "an ordinary request has nothing to compare"
     _timed(s, 1, 0.2)
     _timed(s, 2, 0.8)  # size 2 is slower and saves nothing: agreement cannot make it worth it
     assert not s.wants_verification(3)
     assert s.wants_verification(4), "size 4 is not timed yet"
-    assert not AdaptiveBatchSize(8, trusted=8, measure_agreement=False).wants_verification(8)
+    assert not AdaptivePackSize(8, trusted=8, measure_agreement=False).wants_verification(8)
 
 
 def test_speed_is_judged_only_with_enough_single_requests() -> None:
-    s = AdaptiveBatchSize(8)
+    s = AdaptivePackSize(8)
     _proven(s, 2)
     _timed(s, 2, 10.0)
     _timed(s, 1, 0.1, requests=MIN_SINGLE_REQUESTS - 1)
@@ -360,7 +360,7 @@ def test_speed_is_judged_only_with_enough_single_requests() -> None:
 
 def test_a_batching_key_probes_single_requests_to_time_them() -> None:
     """Batching with speed reported but never timed alone: a share of jobs goes alone."""
-    s = AdaptiveBatchSize(4, trusted=4, measure_agreement=False, probe_fraction=0.25)
+    s = AdaptivePackSize(4, trusted=4, measure_agreement=False, probe_fraction=0.25)
     s.record_speed(4, 4, 1.0, 0)
     answers = [s.size_at(t) for t in range(16)]
     assert answers == [4] * 15 + [1]  # one probe of size 1 for 4 jobs ...
@@ -370,7 +370,7 @@ def test_a_batching_key_probes_single_requests_to_time_them() -> None:
 
 
 def test_a_discarded_batched_answer_costs_its_time() -> None:
-    s = AdaptiveBatchSize(4, trusted=4, measure_agreement=False)
+    s = AdaptivePackSize(4, trusted=4, measure_agreement=False)
     _timed(s, 1, 0.5)
     s.record_speed(4, 0, 1.0, 0)  # malformed: answered nothing
     assert s.size == 2, "size 4 is slower than single requests; size 2 is not timed yet"
@@ -391,7 +391,7 @@ events = st.lists(
 )
 
 
-def replay(s: AdaptiveBatchSize, kind: str, value: object, size: int, now: float) -> bool:
+def replay(s: AdaptivePackSize, kind: str, value: object, size: int, now: float) -> bool:
     """Report one generated event to `s` (False for "look": the caller asks `size_at`)."""
     if kind == "record":
         s.record(str(value), size, now)
@@ -410,7 +410,7 @@ def replay(s: AdaptiveBatchSize, kind: str, value: object, size: int, now: float
 def test_size_is_always_a_level_within_bounds(
     max_items: int, trusted: int, measure: bool, probe_fraction: float, evs: list[tuple[str, object, int]]
 ) -> None:
-    s = AdaptiveBatchSize(
+    s = AdaptivePackSize(
         max_items, trusted=min(trusted, max_items), measure_agreement=measure, probe_fraction=probe_fraction
     )
     for now, (kind, value, size) in enumerate(evs, start=1):
@@ -433,7 +433,7 @@ def test_a_faithful_model_reaches_max_items_and_saves_requests(
 ) -> None:
     """Answers always agree and a batch is faster per item: the size climbs to max_items,
     and the requests (verification included) are far fewer than the jobs."""
-    s = AdaptiveBatchSize(max_items, probe_fraction=probe_fraction)
+    s = AdaptivePackSize(max_items, probe_fraction=probe_fraction)
     run = drive(s, 3000, verify_fraction=verify_fraction, rng=random.Random(seed))
     assert s.size == max_items, s.reason()
     assert run.requests - run.verify_requests < run.jobs
@@ -450,7 +450,7 @@ def test_a_faithful_model_reaches_max_items_and_saves_requests(
 def test_a_model_that_never_agrees_stays_at_one_and_probes_less_and_less(
     max_items: int, verify_fraction: float, probe_fraction: float, seed: int
 ) -> None:
-    s = AdaptiveBatchSize(max_items, probe_fraction=probe_fraction)
+    s = AdaptivePackSize(max_items, probe_fraction=probe_fraction)
     first = drive(s, 500, agrees=lambda _rng: False, verify_fraction=verify_fraction, rng=random.Random(seed))
     assert s.size == 1
     assert first.batched_jobs <= probe_fraction * 500 + 2
@@ -460,7 +460,7 @@ def test_a_model_that_never_agrees_stays_at_one_and_probes_less_and_less(
 
 def test_a_model_that_agrees_half_the_time_batches_little() -> None:
     for seed in range(20):
-        s = AdaptiveBatchSize(16, probe_fraction=0.2)
+        s = AdaptivePackSize(16, probe_fraction=0.2)
         run = drive(s, 2000, agrees=lambda rng: rng.random() < 0.5, rng=random.Random(seed))
         assert s.size == 1, (seed, s.reason())
         assert run.batched_jobs <= 0.2 * 2000, seed
@@ -473,7 +473,7 @@ def test_slower_batching_on_a_free_server_is_dropped_and_probed_less_and_less(
 ) -> None:
     """Answers agree but a batch takes longer per item than single requests (a small model
     on a one-slot CPU server): the key stays at ordinary requests."""
-    s = AdaptiveBatchSize(max_items, probe_fraction=probe_fraction)
+    s = AdaptivePackSize(max_items, probe_fraction=probe_fraction)
 
     def slow(n: int) -> float:
         return 0.2 * n * (1.8 if n > 1 else 1.0)
@@ -506,8 +506,8 @@ def test_a_restored_tracker_decides_as_the_one_it_came_from(
 ) -> None:
     """Same size and reason at once, and after every further report the same decision."""
 
-    def make() -> AdaptiveBatchSize:
-        return AdaptiveBatchSize(max_items, measure_agreement=measure, probe_fraction=probe_fraction)
+    def make() -> AdaptivePackSize:
+        return AdaptivePackSize(max_items, measure_agreement=measure, probe_fraction=probe_fraction)
 
     s = make()
     now = 0.0
@@ -526,10 +526,10 @@ def test_a_restored_tracker_decides_as_the_one_it_came_from(
 
 
 def test_a_restarted_key_starts_at_its_proven_size_without_probing_again() -> None:
-    s = AdaptiveBatchSize(8, probe_fraction=0.2)
+    s = AdaptivePackSize(8, probe_fraction=0.2)
     drive(s, 3000, rng=random.Random(1))
     assert s.size == 8
-    restarted = AdaptiveBatchSize(8, probe_fraction=0.2)
+    restarted = AdaptivePackSize(8, probe_fraction=0.2)
     assert restarted.restore(through_json(s.export())) == 8
     run = drive(restarted, 400, rng=random.Random(2))
     assert run.requests - run.verify_requests <= 400 / 8 + 1, "batched at 8 from its first job"
@@ -542,10 +542,10 @@ def test_a_restarted_key_keeps_its_probe_backoff_where_batching_was_slower() -> 
     def slow(n: int) -> float:
         return 0.2 * n * (1.8 if n > 1 else 1.0)
 
-    s = AdaptiveBatchSize(8, probe_fraction=0.1)
+    s = AdaptivePackSize(8, probe_fraction=0.1)
     drive(s, 300, seconds=slow)
     assert s.size == 1 and s.probes >= 1
-    fresh, restarted = AdaptiveBatchSize(8, probe_fraction=0.1), AdaptiveBatchSize(8, probe_fraction=0.1)
+    fresh, restarted = AdaptivePackSize(8, probe_fraction=0.1), AdaptivePackSize(8, probe_fraction=0.1)
     restarted.restore(through_json(s.export()))
     assert "batching slower" in restarted.reason()
     fresh_run, restarted_run = drive(fresh, 64, seconds=slow), drive(restarted, 64, seconds=slow)
@@ -554,16 +554,16 @@ def test_a_restarted_key_keeps_its_probe_backoff_where_batching_was_slower() -> 
 
 
 def test_restore_matches_levels_by_size_and_refuses_what_is_not_evidence() -> None:
-    s = AdaptiveBatchSize(4, measure_agreement=False, trusted=1)  # levels 1, 2, 4
+    s = AdaptivePackSize(4, measure_agreement=False, trusted=1)  # levels 1, 2, 4
     for _ in range(20):
         s.record("complete", 2, 1.0)
         s.record("complete", 4, 1.0)
     assert s.size == 4
     state = through_json(s.export())
     # levels 1, 2, 4, 6: 2 and 4 come back proven, 6 is not measured yet
-    assert AdaptiveBatchSize(6, measure_agreement=False, trusted=1).restore(state) == 4
+    assert AdaptivePackSize(6, measure_agreement=False, trusted=1).restore(state) == 4
     # levels 1, 2, 3: only 2 matches
-    assert AdaptiveBatchSize(3, measure_agreement=False, trusted=1).restore(state) == 2
+    assert AdaptivePackSize(3, measure_agreement=False, trusted=1).restore(state) == 2
     bad: list[tuple[object, str]] = [
         ({}, "levels must be an object"),
         ({"levels": {"two": {}}}, "level 'two' must be a size"),
@@ -572,7 +572,7 @@ def test_restore_matches_levels_by_size_and_refuses_what_is_not_evidence() -> No
         ({"levels": {"2": {"gap": 0.5}}}, "level 2: gap must be within 1..256"),
         ({"levels": {}, "probes": "3"}, "probes must be an integer >= 0"),
     ]
-    fresh = AdaptiveBatchSize(4, measure_agreement=False, trusted=1)
+    fresh = AdaptivePackSize(4, measure_agreement=False, trusted=1)
     for state_, message in bad:
         with pytest.raises(ValueError, match=re.escape(message)):
             fresh.restore(state_)  # type: ignore[arg-type]
@@ -585,9 +585,9 @@ def test_restore_matches_levels_by_size_and_refuses_what_is_not_evidence() -> No
 def test_registry_keeps_one_tracker_per_key_explains_and_expires_idle_ones() -> None:
     made: list[tuple[str, str]] = []
 
-    def factory(key: tuple[str, str]) -> AdaptiveBatchSize:
+    def factory(key: tuple[str, str]) -> AdaptivePackSize:
         made.append(key)
-        return AdaptiveBatchSize(16, trusted=4 if key[0] == "small" else 2, measure_agreement=False)
+        return AdaptivePackSize(16, trusted=4 if key[0] == "small" else 2, measure_agreement=False)
 
     sizes: AdaptiveSizes[tuple[str, str]] = AdaptiveSizes(factory)
     assert sizes.explain() == ""

@@ -14,9 +14,9 @@ from consumer.core.content import job_content
 from consumer.core.embed import (
     EmbedLimits,
     EmbedPlan,
-    embed_batch_key,
     embed_dedupe_key,
     embed_options,
+    embed_pack_key,
     embed_window_limits,
     too_long,
 )
@@ -24,7 +24,7 @@ from consumer.core.errors import ErrorKind, JobError, MalformedResponse, Rejecte
 from consumer.core.jobs import decode_job
 from consumer.core.plan import Member
 from consumer.core.retry import RetryPolicy
-from consumer.core.window import BatchKey, CollectionWindows, WindowLimits, options_key
+from consumer.core.window import CollectionWindows, PackKey, WindowLimits, options_key
 
 RETRY = RetryPolicy(max_attempts=3, backoff_initial_s=0.0, backoff_max_s=0.0)
 
@@ -64,10 +64,10 @@ def test_dedupe_keys_name_model_options_and_text() -> None:
 
 
 def test_an_embed_window_never_shares_a_chat_key() -> None:
-    key = embed_batch_key("t", {"dimensions": 8}, "online")
+    key = embed_pack_key("t", {"dimensions": 8}, "online")
     assert key.options_key == options_key({"dimensions": 8})
     # a chat batch key's variable is a template's ${name}, never the embed marker
-    assert key != BatchKey("t", "", "input", key.options_key, "online")
+    assert key != PackKey("t", "", "input", key.options_key, "online")
 
 
 texts = st.lists(st.text(alphabet="ab ", max_size=60), min_size=1, max_size=60)
@@ -81,7 +81,7 @@ def test_windows_hold_at_most_what_one_request_takes(
     limits = EmbedLimits(max_inputs, max_request_tokens, 10_000)
     window = embed_window_limits(WindowLimits(max_items, 10**9, 100, 1000), limits)
     windows: CollectionWindows[int] = CollectionWindows()
-    key = embed_batch_key("t", {}, "online")
+    key = embed_pack_key("t", {}, "online")
     flushes = []
     for i, text in enumerate(inputs):
         flushes += windows.add(key, i, input_chars=len(text), partition=0, limits=window, now_s=0.0)

@@ -8,14 +8,14 @@ from typing import Any
 import orjson
 import pytest
 
-from consumer.core.window import BatchKey
+from consumer.core.window import PackKey
 from consumer.providers.fake import FakeProvider
 from consumer.runtime.evidence import RememberedEvidence, evidence_key
 from consumer.runtime.stats import TierStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import TierConfig
 
-KEY = BatchKey("small", "Classify:\nTEXT:\n", "text", "{}", "template")
+KEY = PackKey("small", "Classify:\nTEXT:\n", "text", "{}", "template")
 
 
 def tier_config(**changes: Any) -> TierConfig:

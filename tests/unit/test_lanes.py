@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from consumer.core.errors import ConfigError
 from consumer.core.lanes import DEFAULT_MIN_SHARE, Lane, LaneScheduler, LaneWindows, pack_lane
-from consumer.core.window import BatchKey, WindowLimits
+from consumer.core.window import PackKey, WindowLimits
 from consumer.settings import lane_topic, parse_tier_file
 
 TIERS = {"small": {"provider": "openai", "model": "m"}}
@@ -165,12 +165,12 @@ def test_share_is_measured_over_a_sliding_window() -> None:
 
 
 # ---------------------------------------------------------------- windows
-KEY = BatchKey("small", "Classify:\n", "text", "{}", "online")
+KEY = PackKey("small", "Classify:\n", "text", "{}", "online")
 LIMITS = WindowLimits(max_items=10, max_input_chars=10_000, window_ms=100, max_wait_ms=2000)
 FAST = Lane("interactive", "t.i", rank=0, max_wait_ms=50)
 
 
-def _never(_key: BatchKey) -> bool:
+def _never(_key: PackKey) -> bool:
     return True  # something could still join: only time flushes
 
 

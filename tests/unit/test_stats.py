@@ -143,7 +143,7 @@ def test_the_stats_text_says_why_each_tier_batches_as_it_does() -> None:
 
 def test_the_reason_flows_from_the_tier_runtime_into_a_readable_snapshot() -> None:
     from consumer.core.completion import Completion, CompletionRequest
-    from consumer.core.window import BatchKey
+    from consumer.core.window import PackKey
     from consumer.providers.fake import FakeProvider
     from consumer.runtime.tiers import TierRuntime
     from consumer.settings import TierConfig
@@ -162,7 +162,7 @@ def test_the_reason_flows_from_the_tier_runtime_into_a_readable_snapshot() -> No
 
     tier = TierRuntime.build("small", config, FakeProvider(unused), stats.tier("small"))
     assert tier.current_batch_size() == 1, "measuring agreement: nothing is trusted beyond 1"
-    key = BatchKey("small", "Classify:\n", "text", "{}", "online")
+    key = PackKey("small", "Classify:\n", "text", "{}", "online")
     assert tier.limits_for(key, 0.0).max_items == 1
     for _ in range(4):
         tier.sizes.record(key, "complete", 2, 1.0)

@@ -7,18 +7,18 @@ from hypothesis import strategies as st
 
 from consumer.core.jobs import Job
 from consumer.core.templates import split_batchable
-from consumer.core.window import BatchKey, CollectionWindows, Flush, WindowLimits, batch_key_for, options_key
+from consumer.core.window import CollectionWindows, Flush, PackKey, WindowLimits, options_key, pack_key_for
 
 LIMITS = WindowLimits(max_items=3, max_input_chars=100, window_ms=100, max_wait_ms=1000)
-K1 = BatchKey("small", "Summarize:\n", "text", "{}", "online")
-K2 = BatchKey("small", "Classify:\n", "text", "{}", "online")
+K1 = PackKey("small", "Summarize:\n", "text", "{}", "online")
+K2 = PackKey("small", "Classify:\n", "text", "{}", "online")
 
 
-def never(_key: BatchKey) -> bool:
+def never(_key: PackKey) -> bool:
     return True
 
 
-def _add(w: CollectionWindows[str], item: str, now_s: float, *, key: BatchKey = K1, chars: int = 10,
+def _add(w: CollectionWindows[str], item: str, now_s: float, *, key: PackKey = K1, chars: int = 10,
          partition: int = 0, limits: WindowLimits = LIMITS) -> list[Flush[str]]:
     return w.add(key, item, input_chars=chars, partition=partition, limits=limits, now_s=now_s)
 
@@ -127,8 +127,8 @@ def test_batch_key_for_a_job() -> None:
               options={"temperature": 0, "max_tokens": 50}, batch=True)
     split = split_batchable(job.prompt or "")
     assert split is not None
-    key = batch_key_for(job, split)
-    assert key == BatchKey("small", "Summarize:\n", "text", '{"max_tokens":50,"temperature":0}', "online")
+    key = pack_key_for(job, split)
+    assert key == PackKey("small", "Summarize:\n", "text", '{"max_tokens":50,"temperature":0}', "online")
     assert options_key({"b": 1, "a": {"z": 1, "y": 2}}) == options_key({"a": {"y": 2, "z": 1}, "b": 1})
     assert options_key({"a": 1}) != options_key({"a": 1.5})
 

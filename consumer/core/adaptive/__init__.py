@@ -24,7 +24,7 @@ from consumer.core.adaptive.size import (
     DEFAULT_MIN_AGREEMENT,
     DEFAULT_PROBE_FRACTION,
     MIN_SINGLE_REQUESTS,
-    AdaptiveBatchSize,
+    AdaptivePackSize,
     AdaptiveSizes,
 )
 
@@ -35,7 +35,7 @@ __all__ = [
     "INVALID_KINDS",
     "MIN_SINGLE_REQUESTS",
     "VALID_KIND",
-    "AdaptiveBatchSize",
+    "AdaptivePackSize",
     "AdaptiveSizes",
     "AgreementCount",
     "AgreementStats",

@@ -36,7 +36,7 @@ MAX_PROBE_GAP = 256.0
 K = TypeVar("K", bound=Hashable)
 
 
-class AdaptiveBatchSize:
+class AdaptivePackSize:
     """The batch size of one (tier, batch key), decided from evidence (docs/batching-adaptive.md).
 
     max_items: the tier's `batching.max_items`; the size never exceeds it.
@@ -393,17 +393,17 @@ class AdaptiveBatchSize:
         return f"{batched:.1f} vs {single:.1f} items/s alone"
 
     def __repr__(self) -> str:
-        return f"AdaptiveBatchSize(size={self._size}, max_items={self.max_items}, probing={self.probing})"
+        return f"AdaptivePackSize(size={self._size}, max_items={self.max_items}, probing={self.probing})"
 
 
 class AdaptiveSizes(Generic[K]):
-    """One `AdaptiveBatchSize` per key (e.g. (tier, batch key)), created on first use by `factory`."""
+    """One `AdaptivePackSize` per key (e.g. (tier, batch key)), created on first use by `factory`."""
 
-    def __init__(self, factory: Callable[[K], AdaptiveBatchSize]) -> None:
+    def __init__(self, factory: Callable[[K], AdaptivePackSize]) -> None:
         self._factory = factory
-        self._sizes: dict[K, AdaptiveBatchSize] = {}
+        self._sizes: dict[K, AdaptivePackSize] = {}
 
-    def get(self, key: K) -> AdaptiveBatchSize:
+    def get(self, key: K) -> AdaptivePackSize:
         """The size tracker of `key` (created by the factory the first time)."""
         tracker = self._sizes.get(key)
         if tracker is None:
@@ -411,25 +411,25 @@ class AdaptiveSizes(Generic[K]):
         return tracker
 
     def size_at(self, key: K, now_s: float, *, request_limited: bool | None = None) -> int:
-        """`AdaptiveBatchSize.size_at` for `key`."""
+        """`AdaptivePackSize.size_at` for `key`."""
         return self.get(key).size_at(now_s, request_limited=request_limited)
 
     def record(self, key: K, verdict_kind: str, size: int, now_s: float) -> int:
-        """`AdaptiveBatchSize.record` for `key`."""
+        """`AdaptivePackSize.record` for `key`."""
         return self.get(key).record(verdict_kind, size, now_s)
 
     def record_agreement(self, key: K, agreed: int, compared: int, size: int, now_s: float) -> int:
-        """`AdaptiveBatchSize.record_agreement` for `key`."""
+        """`AdaptivePackSize.record_agreement` for `key`."""
         return self.get(key).record_agreement(agreed, compared, size, now_s)
 
     def record_speed(
         self, key: K, size: int, answered: int, elapsed_s: float, now_s: float, *, tokens: int = 0
     ) -> int:
-        """`AdaptiveBatchSize.record_speed` for `key`."""
+        """`AdaptivePackSize.record_speed` for `key`."""
         return self.get(key).record_speed(size, answered, elapsed_s, now_s, tokens=tokens)
 
     def wants_verification(self, key: K, size: int) -> bool:
-        """`AdaptiveBatchSize.wants_verification` for `key`."""
+        """`AdaptivePackSize.wants_verification` for `key`."""
         return self.get(key).wants_verification(size)
 
     def snapshot(self) -> dict[K, int]:

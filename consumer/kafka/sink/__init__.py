@@ -32,7 +32,7 @@ from consumer.kafka.sink.record_batch import (
     PRODUCER_BATCH_BYTES,
     ProducerFactory,
     kafka_producer_factory,
-    produce_batches,
+    produce_record_batches,
 )
 
 __all__ = [
@@ -46,5 +46,5 @@ __all__ = [
     "ProducerFactory",
     "Ticket",
     "kafka_producer_factory",
-    "produce_batches",
+    "produce_record_batches",
 ]

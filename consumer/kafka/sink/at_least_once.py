@@ -16,7 +16,7 @@ from consumer.core.offsets import CommitPoint
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.records import OutRecord, TopicPartition
 from consumer.kafka.sink.base import COMMIT_TIMEOUT_S, CommitFn, SinkBase, Ticket
-from consumer.kafka.sink.record_batch import produce_batches
+from consumer.kafka.sink.record_batch import produce_record_batches
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class AtLeastOnceSink(SinkBase):
 
     async def _send_batches(self, outcomes: list[_Outgoing]) -> None:
         try:
-            await produce_batches(
+            await produce_record_batches(
                 self._producer, [(o, r) for o in outcomes for r in o.records], self._handed_over
             )
         except BaseException:

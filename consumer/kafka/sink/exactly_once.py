@@ -15,7 +15,7 @@ from aiokafka.errors import ProducerFenced
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.records import OutRecord, TopicPartition
 from consumer.kafka.sink.base import COMMIT_TIMEOUT_S, CommitFn, SinkBase, Ticket
-from consumer.kafka.sink.record_batch import ProducerFactory, produce_batches
+from consumer.kafka.sink.record_batch import ProducerFactory, produce_record_batches
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class ExactlyOnceSink(SinkBase):
             try:
                 async with producer.transaction():
                     records = [(o, r) for o in offsets for r in waiting[o]]
-                    await produce_batches(producer, records, lambda fut, _offsets: sent.append(fut))
+                    await produce_record_batches(producer, records, lambda fut, _offsets: sent.append(fut))
                     await producer.send_offsets_to_transaction({tp: next_offset}, self._group_id)
             finally:
                 # the commit (or its error) covers every send; fetch their outcomes so a failed

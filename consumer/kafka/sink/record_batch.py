@@ -1,5 +1,5 @@
 """Producing in Kafka record batches: the sinks' producers (acks=all, idempotent, large
-batches) and `produce_batches`, which hands records over one batch per partition."""
+batches) and `produce_record_batches`, which hands records over one batch per partition."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _append(batch: Any, record: OutRecord) -> Any:
 M = TypeVar("M")
 
 
-async def produce_batches(
+async def produce_record_batches(
     producer: AIOKafkaProducer,
     items: Sequence[tuple[M, OutRecord]],
     on_batch: Callable[[asyncio.Future[Any], list[M]], None],
