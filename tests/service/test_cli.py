@@ -229,7 +229,24 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     inputs = tmp / "inputs.txt"
     inputs.write_text("a\n")
     directory = str(tmp)  # a path that exists and cannot be read as a file
+    lanes = tmp / "lanes.yaml"
+    lanes.write_text(
+        "tiers: {t: {provider: openai, model: m}}\n"
+        "lanes: {interactive: {topic: jobs.fast}, standard: {topic: jobs.std}}\n"
+    )
     return {
+        "submit unknown lane": (
+            ["submit", "--tier", "t", "--prompt", "x", "--lane", "nope", "--config", str(lanes)],
+            "--lane: lane 'nope' is unknown (lanes: interactive, standard)",
+        ),
+        "submit lane without a tier file": (
+            ["submit", "--tier", "t", "--prompt", "x", "--lane", "interactive"],
+            "--config: no tier file given",
+        ),
+        "map unknown lane": (
+            ["map", "--tier", "t", "--inputs", str(inputs), "--lane", "nope", "--config", str(lanes)],
+            "lane: lane 'nope' is unknown (lanes: interactive, standard)",
+        ),
         "check-config missing file": (["check-config", "--config", missing], "--config: cannot read"),
         "check-config unreadable": (["check-config", "--config", directory], "Is a directory"),
         "check-config no file": (["check-config"], "--config: no tier file given"),
@@ -436,3 +453,35 @@ def test_stats_and_results_before_any_topic_exists(kafka_bootstrap: str) -> None
     assert every.stdout.strip() == "no promptbus instance has published stats on this cluster", every.stderr
     results = cli("results", env=env)
     assert (results.returncode, results.stdout, results.stderr) == (0, "", "")
+
+
+@pytest.mark.integration
+def test_submit_and_the_client_publish_to_the_lanes_topic(kafka_bootstrap: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from consumer.client import AsyncClient
+    from consumer.kafka.clients import read_topic
+    from consumer.testing.harness import service_env, settings_from_env
+
+    env = service_env(kafka_bootstrap, partitions=1)
+    settings = settings_from_env(env)
+    fast = f"{settings.jobs_topic}.fast"
+    tiers = tmp_path / "tiers.yaml"
+    tiers.write_text(
+        "tiers: {t: {provider: openai, model: m}}\n"
+        f"lanes: {{interactive: {{topic: {fast}}}, standard: {{topic: {settings.jobs_topic}}}}}\n"
+    )
+    proc = cli("submit", "--tier", "t", "--prompt", "hi", "--lane", "interactive", "--config", str(tiers), env=env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    client = AsyncClient(settings, config=str(tiers))
+    assert client.lane_settings("interactive").jobs_topic == fast
+    assert client.lane_settings(None).jobs_topic == settings.jobs_topic
+    with pytest.raises(ValueError, match="lane 'bulk' is unknown"):
+        client.lane_settings("bulk")
+
+    async def read(topic: str) -> list[bytes | None]:
+        return [k async for k, _ in read_topic(settings, topic, from_beginning=True, follow=False)]
+
+    assert asyncio.run(read(fast)) == [job_id.encode()], "the job is on the lane's topic"
+    assert asyncio.run(read(settings.jobs_topic)) == [], "and not on the jobs topic"
