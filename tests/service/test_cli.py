@@ -471,7 +471,9 @@ def test_submit_and_the_client_publish_to_the_lanes_topic(kafka_bootstrap: str, 
         "tiers: {t: {provider: openai, model: m}}\n"
         f"lanes: {{interactive: {{topic: {fast}}}, standard: {{topic: {settings.jobs_topic}}}}}\n"
     )
-    proc = cli("submit", "--tier", "t", "--prompt", "hi", "--lane", "interactive", "--config", str(tiers), env=env)
+    proc = cli(
+        "submit", "--tier", "t", "--prompt", "hi", "--lane", "interactive", "--config", str(tiers), env=env
+    )
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     client = AsyncClient(settings, config=str(tiers))
