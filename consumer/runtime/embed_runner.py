@@ -69,17 +69,7 @@ class EmbedRunner(PlanRunner):
                 for req in first.requests:
                     group.create_task(self._send_embed(plan, req, group, batched))
         except BaseException as exc:
-            unfinished = [c for c in ctxs if not c.done]
-            for c in unfinished:
-                self._outcomes.abandon(c)
-            if not isinstance(exc, asyncio.CancelledError):
-                log.error(
-                    "an embed plan of tier %s failed (a bug); its %d unfinished jobs stay "
-                    "uncommitted, holding back their partitions' commits until a restart reads them again",
-                    tier.name,
-                    len(unfinished),
-                    exc_info=exc,
-                )
+            self.abandon_unfinished(ctxs, exc, "an embed plan")
             raise
 
     def embedding_request(self, req: PlannedRequest) -> EmbeddingRequest:

@@ -132,19 +132,25 @@ class PlanRunner:
                 # task per request was a large share of an unbatched job's cost
                 await self._send(plan, first, group, key, batched)
         except BaseException as exc:
-            unfinished = [c for c in ctxs if not c.done]
-            for c in unfinished:
-                self._outcomes.abandon(c)
-            if not isinstance(exc, asyncio.CancelledError):
-                # a stalled commit watermark must not be silent: say why and what it holds
-                log.error(
-                    "a request plan of tier %s failed (a bug); its %d unfinished jobs stay "
-                    "uncommitted, holding back their partitions' commits until a restart reads them again",
-                    tier.name,
-                    len(unfinished),
-                    exc_info=exc,
-                )
+            self.abandon_unfinished(ctxs, exc, "a request plan")
             raise
+
+    def abandon_unfinished(self, ctxs: list[JobContext], exc: BaseException, what: str) -> None:
+        """A plan ended by `exc` (shutdown, or a bug): its members without an outcome stay
+        uncommitted and are read again after a restart; a bug says so, since a stalled commit
+        watermark must not be silent."""
+        unfinished = [c for c in ctxs if not c.done]
+        for c in unfinished:
+            self._outcomes.abandon(c)
+        if not isinstance(exc, asyncio.CancelledError):
+            log.error(
+                "%s of tier %s failed (a bug); its %d unfinished jobs stay uncommitted, holding "
+                "back their partitions' commits until a restart reads them again",
+                what,
+                self.tier.name,
+                len(unfinished),
+                exc_info=exc,
+            )
 
     async def _send(
         self,
