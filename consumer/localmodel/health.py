@@ -7,6 +7,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
+from typing import Any
 
 from consumer.localmodel.config import DEFAULT_HOST, EMBED_MODEL_ALIAS, MODEL_ALIAS
 
@@ -51,23 +52,28 @@ _PROBE_BODY = {
 }
 
 
+def _probe(url: str, body: dict[str, Any], what: str, timeout_s: float) -> tuple[Any, str | None]:
+    """POST `body` to `url`: (the JSON answer, None), or (None, why it failed), `what` naming
+    the probe ("a test completion")."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with _NO_PROXY.open(request, timeout=timeout_s) as resp:
+            return json.loads(resp.read()), None
+    except urllib.error.HTTPError as exc:
+        return None, f"{what} got HTTP {exc.code}"
+    except (OSError, ValueError) as exc:  # refused, reset (the server died), timed out, not JSON
+        return None, f"{what} failed: {exc}"
+
+
 def embeds(base_url: str, timeout_s: float = 60.0) -> str | None:
     """None when `POST {base_url}/embeddings` answers two inputs with two equal-length vectors
     of numbers (the readiness probe of an embedding server), else why not."""
     body = {"model": EMBED_MODEL_ALIAS, "input": ["OK", "ready"]}
-    request = urllib.request.Request(
-        f"{base_url}/embeddings",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with _NO_PROXY.open(request, timeout=timeout_s) as resp:
-            payload = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return f"a test embedding got HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
-        return f"a test embedding failed: {exc}"
+    payload, problem = _probe(f"{base_url}/embeddings", body, "a test embedding", timeout_s)
+    if problem is not None:
+        return problem
     try:
         vectors = [item["embedding"] for item in payload["data"]]
     except (KeyError, IndexError, TypeError):
@@ -80,19 +86,9 @@ def embeds(base_url: str, timeout_s: float = 60.0) -> str | None:
 
 def completes(base_url: str, timeout_s: float = 60.0) -> str | None:
     """None when `POST {base_url}/chat/completions` answers a short prompt with text, else why not."""
-    request = urllib.request.Request(
-        f"{base_url}/chat/completions",
-        data=json.dumps(_PROBE_BODY).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with _NO_PROXY.open(request, timeout=timeout_s) as resp:
-            payload = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return f"a test completion got HTTP {exc.code}"
-    except (OSError, ValueError) as exc:  # refused, reset (the server died), timed out, not JSON
-        return f"a test completion failed: {exc}"
+    payload, problem = _probe(f"{base_url}/chat/completions", _PROBE_BODY, "a test completion", timeout_s)
+    if problem is not None:
+        return problem
     try:
         text = payload["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
