@@ -47,16 +47,22 @@ lint: venv
 
 # One shell for the whole recipe so that the EXIT trap stops the broker this run started,
 # whether lint or the tests fail or the run is interrupted; the exit code is kept. The
-# 3-node cluster is the test fixture's to stop, but a killed pytest cannot, so it is
-# stopped here too when it was not running before.
+# 3-node clusters (the cluster tests' and the soak's) are their fixtures' to stop, but a
+# killed pytest cannot, so they are stopped here too when they were not running before.
 CLUSTER_HOME := .local/kafka-cluster
+# the soak's own 3-node cluster (consumer/testing/soak.py), on its own ports
+SOAK_CLUSTER := KAFKA_LOCAL_HOME=$${PROMPTBUS_SOAK_KAFKA_HOME:-/tmp/promptbus-soak-kafka} \
+	KAFKA_LOCAL_BROKER_PORT=29092 KAFKA_LOCAL_CONTROLLER_PORT=29192
 test: venv
-	@started=0; cluster_was_up=0; \
+	@started=0; cluster_was_up=0; soak_was_up=0; \
 	KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) status >/dev/null 2>&1 && cluster_was_up=1; \
+	$(SOAK_CLUSTER) $(KAFKA) status >/dev/null 2>&1 && soak_was_up=1; \
 	stop_started() { \
 		if [ "$$started" = 1 ]; then $(KAFKA) stop; fi; \
 		if [ "$$cluster_was_up" = 0 ] && KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) status >/dev/null 2>&1; then \
 			KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) stop; fi; \
+		if [ "$$soak_was_up" = 0 ] && $(SOAK_CLUSTER) $(KAFKA) status >/dev/null 2>&1; then \
+			$(SOAK_CLUSTER) $(KAFKA) stop; fi; \
 	}; \
 	trap stop_started EXIT; trap 'exit 130' INT TERM; \
 	if [ -z "$${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then \
