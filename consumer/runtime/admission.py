@@ -25,6 +25,7 @@ from consumer.core.content import job_content
 from consumer.core.embed import embed_limits, no_embeddings
 from consumer.core.errors import ErrorKind, JobError
 from consumer.core.jobs import Job, decode_job
+from consumer.core.lanes import Lane
 from consumer.kafka.intake import InRecord
 from consumer.kafka.sink import Ticket
 from consumer.runtime.context import JobContext
@@ -64,8 +65,10 @@ class Admission:
         self._start_trace = start_trace
         self._known = ", ".join(sorted(tiers))
 
-    def admit(self, record: InRecord, ticket: Ticket, now_s: float) -> JobContext | Rejection:
-        """The job context of `record`, or the reason it is rejected."""
+    def admit(
+        self, record: InRecord, ticket: Ticket, now_s: float, lane: Lane | None = None
+    ) -> JobContext | Rejection:
+        """The job context of `record` (read in `lane`), or the reason it is rejected."""
         raw = record.value if record.value is not None else b""
         if len(raw) > self._max_job_bytes:
             message = f"job is {len(raw)} bytes, over max_job_bytes ({self._max_job_bytes})"
@@ -82,12 +85,12 @@ class Admission:
             message = f"tier '{tier.name}' does not allow mode 'offline' (offline.enabled is false)"
             return Rejection(ErrorKind.INVALID_JOB, message, raw, job=job)
         try:
-            return self._context(job, ticket, tier, record, now_s)
+            return self._context(job, ticket, tier, record, now_s, lane)
         except JobError as exc:
             return Rejection(exc.kind, str(exc), raw, job=job)
 
     def _context(
-        self, job: Job, ticket: Ticket, tier: TierRuntime, record: InRecord, now_s: float
+        self, job: Job, ticket: Ticket, tier: TierRuntime, record: InRecord, now_s: float, lane: Lane | None
     ) -> JobContext:
         content = job_content(job, tier.config.options)
         if job.kind == "embed" and embed_limits(tier.config.provider) is None:
@@ -118,6 +121,7 @@ class Admission:
             trace,
             content.output_format,
             timestamp_s=record.timestamp_ms / 1000.0,
+            lane=lane,
             mode=tier.modes.mode_for(job.mode, None if deadline_s is None else deadline_s - now_s),
         )
 

@@ -23,13 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from consumer.core.errors import ErrorKind, ProviderError
+from consumer.core.lanes import Lane
 from consumer.kafka.records import OutRecord
 from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.admission import Rejection
 from consumer.runtime.context import JobContext
 from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATENCY, RESULT, Series
 from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
-from consumer.runtime.stats import ServiceStats
+from consumer.runtime.stats import LaneStats, ServiceStats
 from consumer.settings import Settings
 from consumer.telemetry import Telemetry
 
@@ -74,9 +75,8 @@ class OutcomeWriter:
         #: jobs deduped to a leader whose own deadline passed before it was answered: they are
         #: routed again under their own deadlines, by whoever routes jobs (`take_rerouted`)
         self._rerouted: list[JobContext] = []
-        #: per tier and lane: job-latency series, (online result, online dead letter, offline
-        #: result, offline dead letter)
-        self._series: dict[str, dict[str, tuple[Series, ...]]] = {}
+        #: per (tier, lane): what a job's end is counted in (`_ends_of`)
+        self._series: dict[tuple[str, Lane | None], tuple[LaneStats | None, tuple[Series, ...]]] = {}
 
     @property
     def stats(self) -> ServiceStats:
@@ -249,24 +249,28 @@ class OutcomeWriter:
                 self.abandon(follower)
 
     def _end(self, ctx: JobContext, record: OutRecord, *, ok: bool) -> None:
-        if ctx.lane is not None:
-            self._stats.lane(ctx.lane.name).ended(self._clock() - ctx.received_s, ok=ok)
         ctx.done = True
         self._telemetry.end_job(ctx.trace, ok=ok)
         self._sink.deliver(ctx.ticket, [record])
-        self._job_series(ctx, ok).observe(time.time() - ctx.timestamp_s)
+        lane_stats, series = self._ends_of(ctx)
+        if lane_stats is not None:
+            lane_stats.ended(self._clock() - ctx.received_s, ok=ok)
+        series[2 * (ctx.mode == "offline") + (not ok)].observe(time.time() - ctx.timestamp_s)
 
-    def _job_series(self, ctx: JobContext, ok: bool) -> Series:
-        """The job-latency series of the job's tier, lane and outcome (kept: no lookup by tuple)."""
-        offline = ctx.mode == "offline"
-        per_lane = self._series.get(ctx.tier.name)
-        if per_lane is None:
-            per_lane = self._series[ctx.tier.name] = {}
-        pair = per_lane.get(ctx.lane_name)
-        if pair is None:
-            pair = per_lane[ctx.lane_name] = tuple(
-                self._stats.latency.child(family, (ctx.tier.name, ctx.lane_name, outcome))
-                for family in (JOB_LATENCY, OFFLINE_JOB_LATENCY)
-                for outcome in (RESULT, DEAD_LETTER)
+    def _ends_of(self, ctx: JobContext) -> tuple[LaneStats | None, tuple[Series, ...]]:
+        """What a job's end is counted in, per tier and lane (made once, kept): its lane's
+        stats and its job-latency series (online result, online dead letter, offline result,
+        offline dead letter)."""
+        key = (ctx.tier.name, ctx.lane)
+        found = self._series.get(key)
+        if found is None:
+            lane = ctx.lane_name
+            found = self._series[key] = (
+                self._stats.lane(lane) if ctx.lane is not None else None,
+                tuple(
+                    self._stats.latency.child(family, (ctx.tier.name, lane, outcome))
+                    for family in (JOB_LATENCY, OFFLINE_JOB_LATENCY)
+                    for outcome in (RESULT, DEAD_LETTER)
+                ),
             )
-        return pair[2 * offline + (not ok)]
+        return found

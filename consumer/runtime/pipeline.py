@@ -220,11 +220,10 @@ class Pipeline:
         ticket = self._sink.track(record.source)
         self._stats.items_in += 1
         try:
-            admitted = self._admission.admit(record, ticket, now_s)
+            admitted = self._admission.admit(record, ticket, now_s, self._lanes.lane_of(record.source.topic))
             if isinstance(admitted, Rejection):
                 self._outcomes.reject(ticket, admitted)
             else:
-                admitted.lane = self._lanes.lane_of(record.source.topic)
                 self._route(admitted, now_s)
         except Exception:
             # a bug on one record must not stop the service (restarted, it would meet the same
