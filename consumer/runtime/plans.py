@@ -30,7 +30,6 @@ batched answer, measured on the verified ones).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import random
@@ -57,6 +56,7 @@ from consumer.runtime.requests import build_request, ordinary_request
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.telemetry import Telemetry
+from consumer.waits import wait_at_most
 
 log = logging.getLogger(__name__)
 
@@ -410,8 +410,7 @@ class PlanRunner:
             if deadlines:
                 wait_s = min(wait_s, max(0.0, min(deadlines) - now_s))
             changed = self._circuit_changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), max(wait_s, 0.001))
+            await wait_at_most(changed.wait(), max(wait_s, 0.001))
             if self._expire(plan, req):
                 return None
 

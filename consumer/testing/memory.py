@@ -31,6 +31,7 @@ from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.kafka.topicreader import TopicRead
 from consumer.settings import Settings
+from consumer.waits import wait_at_most
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +85,7 @@ class MemoryBroker:
     async def wait_for_records(self, timeout_s: float) -> None:
         """Return when a record is appended, or after `timeout_s`."""
         self._appended.clear()
-        try:
-            await asyncio.wait_for(self._appended.wait(), timeout_s)
-        except TimeoutError:
-            pass
+        await wait_at_most(self._appended.wait(), timeout_s)
 
 
 class MemoryIntake:

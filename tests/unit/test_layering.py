@@ -28,7 +28,8 @@ CONSUMER = ROOT / "consumer"
 
 CORE = "consumer.core"
 SETTINGS = "consumer.settings"
-BASE = frozenset({CORE, SETTINGS})
+WAITS = "consumer.waits"
+BASE = frozenset({CORE, SETTINGS, WAITS})
 EDGES = BASE | {"consumer.kafka", "consumer.providers", "consumer.telemetry"}
 RUNTIME = EDGES | {"consumer.runtime"}
 
@@ -36,6 +37,7 @@ RUNTIME = EDGES | {"consumer.runtime"}
 ALLOWED: Mapping[str, frozenset[str]] = {
     CORE: frozenset(),
     SETTINGS: frozenset({CORE}),
+    WAITS: frozenset(),
     "consumer.kafka": BASE,
     "consumer.providers": BASE,
     "consumer.telemetry": BASE,

@@ -14,6 +14,7 @@ from typing import Protocol
 from consumer.core.offsets import CommitPoint, OffsetTracker
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
+from consumer.waits import wait_at_most
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,7 @@ class SinkBase:
         self._progress.clear()
         if self.inflight() < max_inflight:
             return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._progress.wait(), timeout_s)
+        await wait_at_most(self._progress.wait(), timeout_s)
 
     def _completed(self, tp: TopicPartition, offset: int) -> None:
         if self._tracker.complete(tp, offset):
@@ -157,8 +157,7 @@ class SinkBase:
 
     async def _commit_loop(self) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), COMMIT_INTERVAL_S)
+            await wait_at_most(self._wakeup.wait(), COMMIT_INTERVAL_S)
             if self._wakeup.is_set():
                 await asyncio.sleep(COMMIT_GATHER_S)
             # cleared before committing: what completes during the commit asks for the next one
