@@ -66,7 +66,10 @@ async def test_a_bulk_backlog_pauses_only_its_lane_and_interactive_jobs_overtake
             assert await _until(bulk_paused, 0)  # still paused: only its own lane
             all_ids = {j["id"] for j in bulk} | int_ids
             outcomes = await bus.wait_for_outcomes(all_ids, timeout_s=90)
+            # the gauges follow the acks (an outcome is readable before its ack is counted)
+            settled = await _until(lambda: lanes["bulk"].paused == 0 and lanes["bulk"].inflight == 0, 10)
             snapshot = svc.stats_snapshot()
+            assert settled, snapshot["lanes"]
     assert set(outcomes.results) == all_ids and not outcomes.dead
     for j in bulk + interactive:
         (r,) = outcomes.results[j["id"]]
