@@ -1,6 +1,6 @@
 """The provider edge: one Protocol for online completions, one for offline Batch APIs.
 
-Each has real implementations in this package (aiohttp, injected `ClientSession`) and a fake for
+Each has real implementations in this package (HTTP through an injected `HttpTransport`) and a fake for
 tests. Adapters raise only `consumer.core.errors` classes.
 """
 

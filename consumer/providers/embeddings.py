@@ -106,7 +106,7 @@ class OpenAIEmbeddings:
     async def embed(self, request: EmbeddingRequest) -> Embeddings:
         """One embeddings call; raises only consumer.core.errors classes."""
         body = build_embeddings_body(request)
-        reply = await self.http.request("POST", EMBEDDINGS_PATH, json_body=body, cache_url=True)
+        reply = await self.http.request("POST", EMBEDDINGS_PATH, json_body=body)
         answer = read_embeddings(
             reply.json, request, provider=self.name, request_id=reply.request_id, latency_ms=reply.latency_ms
         )
