@@ -43,7 +43,7 @@ from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
-from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
+from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
 from consumer.core.window import PackKey
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.runtime.context import JobContext
@@ -113,7 +113,7 @@ class PlanRunner:
         """
         tier = self.tier
         plan = RequestPlan(
-            [Member(c, c.input, _max_tokens(c.options), c.output_check()) for c in ctxs],
+            ctxs,  # a job's context is its own plan member
             prefix=key.prefix if key else "",
             variable=key.variable if key else "",
             retry=tier.retry_policy,
@@ -558,8 +558,8 @@ class PlanRunner:
                 self.tier.stats.splits += 1
 
 
-def _ctx(member: Member) -> JobContext:
-    return cast(JobContext, member.ref)  # every Member a runner makes refers to its JobContext
+def _ctx(member: PlanMember) -> JobContext:
+    return cast(JobContext, member)  # a runner's plan members are its jobs' contexts
 
 
 def _schedule_of(req: PlannedRequest) -> tuple[Lane | None, float | None]:
@@ -586,8 +586,3 @@ def _note_rate_limited(tier: TierRuntime, token: Token, exc: RateLimited) -> Non
     tier.limiter.note_budget(exc.hint, token, rejected=True)
     if exc.hint.retry_after_s:
         tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
-
-
-def _max_tokens(options: dict[str, Any]) -> int | None:
-    value = options.get("max_tokens")
-    return value if isinstance(value, int) and value > 0 else None
