@@ -131,6 +131,15 @@ class JobContext:
             return (ChatMessage("user", self.batchable.prefix + self.input),)
         return ()
 
+    @property
+    def alone_chars(self) -> int:
+        """Characters of the job's own request's messages (what it costs asked alone)."""
+        if self._messages is not None:
+            return sum(len(m.content) for m in self._messages)
+        if self.batchable is not None:
+            return len(self.batchable.prefix) + len(self.input)
+        return 0
+
     def parsed_job(self) -> Job:
         """The job as it was read (decoded again from the record's bytes, which admission
         accepted): what a dead letter or an offline batch carries whole."""

@@ -534,7 +534,7 @@ class PlanRunner:
         from the ordinary prompts' lengths at the batched prompt's own tokens per character."""
         usage, size = completion.usage, len(req.members)
         batched_chars = sum(len(m.content) for m in request.messages) if request is not None else 0
-        alone_chars = sum(len(m.content) for member in req.members for m in _ctx(member).messages)
+        alone_chars = sum(_ctx(member).alone_chars for member in req.members)
         stats = self.tier.stats
         stats.batched_tokens += usage.input_tokens + usage.output_tokens
         stats.alone_tokens_estimate += alone_input_estimate(
