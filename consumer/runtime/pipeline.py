@@ -17,7 +17,7 @@ One asyncio task runs this loop; it owns no decision of its own. Step by step fo
        and commits the input offset (`kafka/sink.py`).
 
 Around that the loop keeps each lane's intake within its `max_inflight` (pause / resume,
-`lanes.py`), drains on stop and hands revoked partitions back.
+`backpressure.py`), drains on stop and hands revoked partitions back.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.embed_runner import EmbedRunner, embed_window
 from consumer.runtime.fallback import FallbackRouter
-from consumer.runtime.lanes import LaneGate
+from consumer.runtime.backpressure import LaneGate
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
