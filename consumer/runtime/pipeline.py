@@ -32,17 +32,17 @@ from typing import Any, Protocol
 from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
-from consumer.core.lanes import DEFAULT_LANE_NAME, Lane, LaneWindows
-from consumer.core.window import Flush, PackKey, pack_key_for
+from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
+from consumer.core.window import Flush, LaneWindows, PackKey, pack_key_for
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import OutcomeSink
 from consumer.runtime.admission import Admission, Rejection
+from consumer.runtime.backpressure import LaneGate
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.embed_runner import EmbedRunner, embed_window
 from consumer.runtime.fallback import FallbackRouter
-from consumer.runtime.backpressure import LaneGate
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
