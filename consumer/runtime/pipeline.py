@@ -220,9 +220,10 @@ class Pipeline:
         ticket = self._sink.track(record.source)
         self._stats.items_in += 1
         try:
-            admitted = self._admission.admit(record, ticket, now_s, self._lanes.lane_of(record.source.topic))
+            lane = self._lanes.lane_of(record.source.topic)
+            admitted = self._admission.admit(record, ticket, now_s, lane)
             if isinstance(admitted, Rejection):
-                self._outcomes.reject(ticket, admitted)
+                self._outcomes.reject(ticket, admitted, lane)
             else:
                 self._route(admitted, now_s)
         except Exception:

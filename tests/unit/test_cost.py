@@ -10,7 +10,8 @@ from consumer.cli.stats import format_stats
 from consumer.core.completion import Usage
 from consumer.core.cost import BatchSaving, Pricing, alone_input_estimate, alone_output_estimate, cost_usd
 from consumer.core.errors import ConfigError
-from consumer.runtime.stats import ServiceStats, merge_snapshots, read_snapshot
+from consumer.core.snapshots import merge_snapshots, read_snapshot
+from consumer.runtime.stats import ServiceStats
 from consumer.settings import parse_tier_file
 
 PRICES = Pricing(
