@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
-from consumer.core.completion import CHARS_PER_TOKEN, Usage
-from consumer.core.errors import ErrorKind, MalformedResponse, ProviderError, RateLimitHint
+from consumer.core.completion import CHARS_PER_TOKEN, ProviderAnswer
+from consumer.core.errors import ErrorKind, MalformedResponse, ProviderError
 from consumer.core.packing import PackedPrompt
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.retry import RetryPolicy
@@ -102,20 +102,11 @@ class EmbeddingRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class Embeddings:
-    """A provider's embeddings answer: `vectors[i]` is the vector of the request's `inputs[i]`.
-
-    Its other fields mean what `consumer.core.completion.Completion`'s do (usage counts
-    input tokens only).
-    """
+class Embeddings(ProviderAnswer):
+    """A provider's embeddings answer: `vectors[i]` is the vector of the request's `inputs[i]`
+    (usage counts input tokens only)."""
 
     vectors: tuple[Vector, ...]
-    usage: Usage
-    provider: str
-    model: str
-    request_id: str | None = None
-    latency_ms: float = 0.0
-    rate_limit: RateLimitHint | None = None
 
 
 def no_embeddings(tier: str, provider: str) -> str:
