@@ -179,20 +179,11 @@ class EmbedPlan(RequestPlan):
         self._limits = limits
         self._vectors: dict[Hashable, Vector] = {}
 
-    def _request(
-        self,
-        members: Sequence[Member],
-        *,
-        attempt: int = 1,
-        delay_s: float = 0.0,
-        packed: PackedPrompt | None = None,
-        quota_waited_s: float = 0.0,
-    ) -> PlannedRequest:
+    def _written(
+        self, members: tuple[Member, ...], packed: PackedPrompt | None
+    ) -> tuple[PackedPrompt | None, int | None]:
         # an array request: each member's input is an element, nothing is packed
-        self._seq += 1
-        req = PlannedRequest(self._seq, tuple(members), attempt, delay_s, None, None, quota_waited_s)
-        self._outstanding[req.seq] = req
-        return req
+        return None, None
 
     def begin(self) -> Step:
         """The inputs too long for the model fail alone; the others go as one request."""
