@@ -58,9 +58,9 @@ class Settings(BaseSettings):
         description="at_least_once, or exactly_once (transactions; readers use read_committed)",
     )
     # Input records held (windows, requests, unacked outcomes) before partitions pause. Sized
-    # so 64 concurrent requests of 50 items plus open windows fit, and so a fast provider is
-    # not held to max_inflight / (produce round trip): at 2,000 the service ran at ~60% of
-    # its speed at 10,000 (bench/pipeline_bench.py). A few KB each.
+    # so 64 concurrent requests of 50 items plus open windows fit, and well above what one
+    # produce round trip acknowledges: the service cannot run faster than max_inflight /
+    # (produce round trip). Each held record costs memory (bench/README.md has both figures).
     max_inflight: int = Field(
         10_000,
         ge=1,
