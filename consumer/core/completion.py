@@ -117,6 +117,8 @@ class Completion:
     finish_reason: normalized to "stop", "length", "tool_use", "content_filter" or the
         provider's own word when none of these fits.
     request_id: the provider's request id (x-request-id / request-id / body id), if any.
+    response_id: the answer body's own id (OpenAI `chatcmpl-...`, Anthropic `msg_...`), if any:
+        what tracing reports as the completion's id (`gen_ai.response.id`).
     latency_ms: wall time of the HTTP call as measured by the adapter.
     rate_limit: the provider's rate-limit budget from the answer's headers, when it sent one
         (the limiter paces new requests by it, so they stop before a 429 rather than after).
@@ -130,3 +132,4 @@ class Completion:
     request_id: str | None = None
     latency_ms: float = 0.0
     rate_limit: RateLimitHint | None = None
+    response_id: str | None = None

@@ -116,6 +116,7 @@ class Embeddings:
     request_id: str | None = None
     latency_ms: float = 0.0
     rate_limit: RateLimitHint | None = None
+    response_id: str | None = None
 
 
 def no_embeddings(tier: str, provider: str) -> str:
