@@ -35,7 +35,7 @@ from consumer.runtime.reachability import check_tier_providers
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings, TierFile
-from consumer.telemetry import Telemetry, meter_provider_from_env
+from consumer.telemetry import Telemetry, meter_provider_from_env, service_resource
 
 log = logging.getLogger(__name__)
 
@@ -261,14 +261,15 @@ async def run_service(
     instance = instance_id()
     stats = ServiceStats(instance=instance, group=settings.group_id)
     async with contextlib.AsyncExitStack() as parts:
-        telemetry = Telemetry(tracer_provider)
-        parts.callback(telemetry.shutdown)
+        resource = service_resource(instance)  # what every exported signal says it comes from
         if meter_provider is None:  # made here from OTEL_* (an injected one stays its owner's)
-            meter_provider = meter_provider_from_env()
+            meter_provider = meter_provider_from_env(resource)
             if meter_provider is not None:
                 parts.callback(meter_provider.shutdown)  # exports what the last interval counted
         if meter_provider is not None:
             register_otel_metrics(meter_provider, stats)
+        telemetry = Telemetry(tracer_provider, meter_provider, group_id=settings.group_id, resource=resource)
+        parts.callback(telemetry.shutdown)
 
         lanes = tier_file.lane_list(settings.jobs_topic, settings.max_inflight)
         lane_topics = [lane.topic for lane in lanes]

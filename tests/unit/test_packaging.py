@@ -91,3 +91,20 @@ def test_simulate_raises_an_import_error_that_is_not_the_extra() -> None:
     assert out.returncode == 1
     assert "ModuleNotFoundError" in out.stderr and "consumer.testing.simulator.cache" in out.stderr
     assert MISSING_EXTRA not in out.stderr
+
+
+def test_the_plain_install_exports_otlp_without_the_simulator_stack() -> None:
+    """`OTEL_TRACES_EXPORTER=otlp` works on the service's own install: the OTLP/HTTP exporter is
+    one of its dependencies, and it needs no web server stack."""
+    assert "opentelemetry-exporter-otlp-proto-http" in {_name(r) for r in _project()["dependencies"]}
+    probe = BLOCK_SIMULATOR_STACK + (
+        "import os\n"
+        "os.environ.update(OTEL_TRACES_EXPORTER='otlp', OTEL_METRICS_EXPORTER='otlp')\n"
+        "from consumer.telemetry.sdk import exporters_from_env\n"
+        "print(*(type(e).__name__ for e in exporters_from_env('traces') + exporters_from_env('metrics')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    made = (out.returncode, out.stdout.strip())
+    assert made == (0, "OTLPSpanExporter OTLPMetricExporter"), out.stderr[-2000:]
