@@ -25,7 +25,7 @@ start`). Prints one JSON object on stdout; progress goes to stderr.
    outcomes (at_least_once commits as acks arrive, gathered for a few ms), what committing
    early costs per job.
    `ratio_vs_raw` = median items/s / raw's median (target >= 0.6). The process runs with the
-   service's GC settings (`consumer.app.tune_gc`) for every variant. N must be well above the
+   service's GC settings (`consumer.runtime.heap.tune_gc`) for every variant. N must be well above the
    service's max_inflight (10,000) to measure a steady state: with N = 20,000 half the input
    sat in memory while the output was timed, and the ratios read ~1.7x too high.
 2. Limiter vs ceiling. The simulator has `capacity` (requests served at once; more queue),
@@ -82,7 +82,6 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from consumer.app import tune_gc
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
 from consumer.core.errors import ProviderError
 from consumer.kafka.admin import ensure_topics
@@ -91,6 +90,7 @@ from consumer.kafka.connection import client_kwargs
 from consumer.kafka.sink import kafka_producer_factory
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.providers.fake import FakeProvider, text_completion
+from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings, TierConfig
 from consumer.testing.harness import InProcessService, service_env, settings_from_env
 from consumer.testing.simulator import answer_for, batched_answer, extract_input, parse_batch_items

@@ -62,7 +62,6 @@ from pipeline_bench import (
     tier_dict,
 )
 
-from consumer.app import tune_gc
 from consumer.core.completion import ChatMessage, CompletionRequest
 from consumer.core.jobs import decode_job
 from consumer.kafka.admin import ensure_topics
@@ -70,6 +69,7 @@ from consumer.kafka.clients import submit_jobs
 from consumer.kafka.intake import InRecord
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.providers.fake import FakeProvider, text_completion
+from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings
 from consumer.telemetry import Telemetry
 from consumer.testing.harness import service_env, settings_from_env

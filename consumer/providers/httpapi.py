@@ -6,7 +6,8 @@ modes, auth, answer format); each holds a `ProviderHttp`, which owns nothing but
 never stored as plain text on the object) and the provider name used in errors.
 
 aiohttp rather than httpx: the service's throughput target is bound by client CPU per request,
-and httpx/httpcore cost about 5x aiohttp's per chat call (see `factory.make_http_client`).
+and httpx/httpcore cost several times aiohttp's per chat call (bench/README.md has the
+figures; see `factory.make_http_client`).
 Redirects are not followed (a 3xx is an error like any other non-2xx), so a key is only ever
 sent to the URL we built.
 """

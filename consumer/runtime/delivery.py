@@ -4,8 +4,9 @@ Every part that ends a job (admission's rejections, plan runners, the offline co
 it here, so each job ends exactly once (`JobContext.done`), its trace ends with it, and the
 service counters for results and dead letters are counted in one place, and so is each
 online job's latency (`promptbus_job_latency_seconds`: its record's Kafka timestamp to its
-outcome handed to the sink, which acknowledges it within a produce round trip; records that
-never became jobs, rejections, are counted as dead letters only).
+outcome handed to the sink, which acknowledges it within a produce round trip; a record that
+never became a job, a rejection, is counted as a dead letter of the service and of the lane it
+was read in, and in no latency histogram).
 
 Dedupe (`consumer.core.dedupe`): a job that leads its tier's dedupe table ends here, and so do
 the identical jobs that waited for it. Each follower gets a record of its own, built from the
@@ -92,8 +93,9 @@ class OutcomeWriter:
         taken, self._rerouted = self._rerouted, []
         return taken
 
-    def reject(self, ticket: Ticket, rejection: Rejection) -> None:
-        """An input that cannot become a job context: dead letter with the original bytes."""
+    def reject(self, ticket: Ticket, rejection: Rejection, lane: Lane | None = None) -> None:
+        """An input that cannot become a job context: dead letter with the original bytes,
+        counted in the totals and in the dead letters of `lane`, the lane it was read in."""
         record = dead_letter_record(
             self._settings.dlq_topic,
             source=ticket.source,
@@ -105,6 +107,8 @@ class OutcomeWriter:
             max_bytes=self.limits.dead_letters,
         )
         self._stats.dead_letters[rejection.kind.value] += 1
+        if lane is not None:  # rejected as it is read: its outcome took no time after its read
+            self._stats.lane(lane.name).ended(0.0, ok=False)
         self._sink.deliver(ticket, [record])
 
     def fail(

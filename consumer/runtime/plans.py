@@ -131,8 +131,8 @@ class PlanRunner:
                 first, *others = plan.start()
                 for req in others:
                     group.create_task(self._send(plan, req, group, key, batched))
-                # the first request runs in this task: most plans are one request, and a
-                # task per request was a large share of an unbatched job's cost
+                # the first request runs in this task: most plans are one request, and a task
+                # of its own is CPU an unbatched job need not spend (bench/README.md)
                 await self._send(plan, first, group, key, batched)
         except BaseException as exc:
             self.abandon_unfinished(ctxs, exc, "a request plan")

@@ -39,7 +39,13 @@ REQUEST = CompletionRequest(
     {"temperature": 0, "max_tokens": 50, "top_p": 0.5, "seed": 3, "stop": ["\n\n"]},
 )
 ANSWER = Completion(
-    "positive", "stop", Usage(120, 7), "openai", "gpt-test-0613", request_id="req_1", response_id="chatcmpl-1"
+    "positive",
+    "stop",
+    usage=Usage(120, 7),
+    provider="openai",
+    model="gpt-test-0613",
+    request_id="req_1",
+    response_id="chatcmpl-1",
 )
 
 
@@ -224,7 +230,7 @@ def test_an_embeddings_call_counts_input_tokens_only() -> None:
     telemetry, spans, reader = _tracing()
     target = telemetry.call_target("small", "openai", "https://api.openai.com/v1")
     request = EmbeddingRequest(("a", "b"), "text-embedding-3-small", {"dimensions": 256})
-    answer = Embeddings(((0.1,), (0.2,)), Usage(9), "openai", "text-embedding-3-small")
+    answer = Embeddings(((0.1,), (0.2,)), usage=Usage(9), provider="openai", model="text-embedding-3-small")
     with telemetry.provider_call(target, request, [None, None]) as call:
         call.answered(answer)
     (span,) = _finished(spans, "embeddings text-embedding-3-small")
