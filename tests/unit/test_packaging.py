@@ -63,17 +63,17 @@ def test_the_service_starts_its_endpoints_without_the_simulator_stack() -> None:
         "asyncio.run(main())\n"
         "print('ok')\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
+    out = _python(probe)
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr[-2000:]
 
 
+def _python(probe: str) -> subprocess.CompletedProcess[str]:
+    """`probe` run by a fresh interpreter from the repository's root."""
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
 def _simulate(block: str, *args: str) -> subprocess.CompletedProcess[str]:
-    probe = block + f"import consumer.cli\nsys.exit(consumer.cli.main({['simulate', *args]!r}))\n"
-    return subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
+    return _python(block + f"import consumer.cli\nsys.exit(consumer.cli.main({['simulate', *args]!r}))\n")
 
 
 def test_simulate_without_the_extra_names_it_in_one_line() -> None:
@@ -103,8 +103,6 @@ def test_the_plain_install_exports_otlp_without_the_simulator_stack() -> None:
         "from consumer.telemetry.sdk import exporters_from_env\n"
         "print(*(type(e).__name__ for e in exporters_from_env('traces') + exporters_from_env('metrics')))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
+    out = _python(probe)
     made = (out.returncode, out.stdout.strip())
     assert made == (0, "OTLPSpanExporter OTLPMetricExporter"), out.stderr[-2000:]
