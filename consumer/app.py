@@ -43,7 +43,7 @@ from consumer.runtime.reachability import ReachabilityCheck
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings, TierFile
-from consumer.telemetry import Telemetry, meter_provider_from_env
+from consumer.telemetry import Telemetry, meter_provider_from_env, service_resource
 
 log = logging.getLogger(__name__)
 
@@ -211,16 +211,18 @@ async def build_service(
 def open_telemetry(
     stack: contextlib.AsyncExitStack, stats: ServiceStats, tracer_provider: Any, meter_provider: Any
 ) -> Telemetry:
-    """Tracing (an injected tracer provider, else OTEL_TRACES_EXPORTER's), and `stats` as
-    OpenTelemetry instruments when metrics are exported; shut down when `stack` closes."""
-    telemetry = Telemetry(tracer_provider)
-    stack.callback(telemetry.shutdown)
+    """Tracing (an injected tracer provider, else OTEL_TRACES_EXPORTER's), and `stats` and the
+    GenAI client histograms as OpenTelemetry instruments when metrics are exported; shut down
+    when `stack` closes."""
+    resource = service_resource(stats.instance)  # what every exported signal says it comes from
     if meter_provider is None:  # made here from OTEL_* (an injected one stays its owner's)
-        meter_provider = meter_provider_from_env()
+        meter_provider = meter_provider_from_env(resource)
         if meter_provider is not None:
             stack.callback(meter_provider.shutdown)  # exports what the last interval counted
     if meter_provider is not None:
         register_otel_metrics(meter_provider, stats)
+    telemetry = Telemetry(tracer_provider, meter_provider, group_id=stats.group, resource=resource)
+    stack.callback(telemetry.shutdown)
     return telemetry
 
 

@@ -121,6 +121,8 @@ class ProviderAnswer:
     latency_ms: wall time of the HTTP call as measured by the adapter.
     rate_limit: the provider's rate-limit budget from the answer's headers, when it sent one
         (the limiter paces new requests by it, so they stop before a 429 rather than after).
+    response_id: the answer body's own id (OpenAI `chatcmpl-...`, Anthropic `msg_...`), if any:
+        what tracing reports as the completion's id (`gen_ai.response.id`).
     """
 
     usage: Usage
@@ -129,6 +131,7 @@ class ProviderAnswer:
     request_id: str | None = None
     latency_ms: float = 0.0
     rate_limit: RateLimitHint | None = None
+    response_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -302,6 +302,7 @@ class HttpAdapter:
             usage_raw = payload.get("usage") or {}
             usage = api.usage(usage_raw if isinstance(usage_raw, Mapping) else {})
             model = str(payload.get("model") or request.model)
+            body_id = str(payload["id"]) if payload.get("id") else None
         except _NOT_AN_ANSWER as exc:
             raise MalformedResponse(
                 f"{self.name}: 2xx body is not a {api.answer} ({type(exc).__name__})", provider=self.name
@@ -312,8 +313,9 @@ class HttpAdapter:
             usage=usage,
             provider=self.name,
             model=model,
-            request_id=request_id or (str(payload["id"]) if payload.get("id") else None),
+            request_id=request_id or body_id,
             latency_ms=latency_ms,
+            response_id=body_id,
         )
 
     async def aclose(self) -> None:

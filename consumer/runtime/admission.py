@@ -52,7 +52,7 @@ class Rejection:
 class Admission:
     """Turns records into job contexts for the configured tiers.
 
-    start_trace: starts a job's tracing span from the job and its record headers.
+    start_trace: starts a job's tracing span from the job and its record.
     offline_runs: offline processing is wired (some tier enables it).
     """
 
@@ -62,7 +62,7 @@ class Admission:
         *,
         max_job_bytes: int,
         offline_runs: bool,
-        start_trace: Callable[[Job, Any], Any],
+        start_trace: Callable[[Job, InRecord], Any],
     ) -> None:
         self._tiers = tiers
         self._max_job_bytes = max_job_bytes
@@ -128,7 +128,7 @@ class Admission:
             options_key=options_key,
             deadline_s=deadline_s,
             output_format=content.output_format,
-            trace=self._start_trace(job, record.headers),
+            trace=self._start_trace(job, record),
             mode=tier.modes.mode_for(job.mode, None if deadline_s is None else deadline_s - now_s),
             lane=lane,
             timestamp_s=record.timestamp_ms / 1000.0,

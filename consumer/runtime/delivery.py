@@ -33,7 +33,7 @@ from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATEN
 from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
 from consumer.runtime.stats import LaneStats, ServiceStats
 from consumer.settings import Settings
-from consumer.telemetry import Telemetry
+from consumer.telemetry import ABANDONED, Telemetry
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +140,7 @@ class OutcomeWriter:
             max_bytes=self.limits.dead_letters,
         )
         self._stats.dead_letters[kind.value] += 1
-        self._end(ctx, record, ok=False)
+        self._end(ctx, record, kind.value)
         if ctx.dedupe_key is not None:
             self._settle(ctx, answer, SharedFailure(kind, message, error))
 
@@ -193,7 +193,7 @@ class OutcomeWriter:
         self._stats.results += 1
         if ctx.fallback_from is not None:
             ctx.tier.stats.fallback_jobs[ctx.fallback_from] += 1
-        self._end(ctx, record, ok=True)
+        self._end(ctx, record, None)
         self._settle(ctx, answer, None)
 
     def share(
@@ -236,7 +236,7 @@ class OutcomeWriter:
         if ctx.done:
             return
         ctx.done = True
-        self._telemetry.end_job(ctx.trace, ok=True)
+        self._telemetry.end_job(ctx.trace)
         self._sink.deliver(ctx.ticket, [])
 
     def offline_failed(self, ctx: JobContext, kind: ErrorKind, message: str, error: ProviderError) -> None:
@@ -247,16 +247,18 @@ class OutcomeWriter:
         """No outcome: the job stays uncommitted and is read again by the partition's next
         owner; so do the jobs deduped to it."""
         ctx.done = True
-        self._telemetry.end_job(ctx.trace, ok=False)
+        self._telemetry.end_job(ctx.trace, error=ABANDONED)
         key, table = ctx.dedupe_key, ctx.tier.dedupe
         if key is not None and table is not None:
             ctx.dedupe_key = None
             for follower in table.abandon(key):
                 self.abandon(follower)
 
-    def _end(self, ctx: JobContext, record: OutRecord, *, ok: bool) -> None:
+    def _end(self, ctx: JobContext, record: OutRecord, error: str | None) -> None:
+        """Hand the job's outcome record to the sink (`error`: its dead letter's kind)."""
+        ok = error is None
         ctx.done = True
-        self._telemetry.end_job(ctx.trace, ok=ok)
+        self._telemetry.end_job(ctx.trace, record, error=error)
         self._sink.deliver(ctx.ticket, [record])
         lane_stats, series = self._ends_of(ctx)
         if lane_stats is not None:
