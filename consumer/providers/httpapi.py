@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Required, TypedDict
 
 import orjson
@@ -58,13 +58,19 @@ class HttpReply:
     @property
     def rate_limit(self) -> RateLimitHint | None:
         """The rate-limit budget the provider announced in this answer's headers, if any."""
+        if not any("ratelimit" in name or name.startswith("retry-after") for name in self.headers):
+            return None  # most answers of servers without limits: nothing to parse
         hint = parse_rate_limit_headers(self.headers, now_s=time.time())
-        return hint if hint != RateLimitHint() else None
+        return hint if hint != _NO_HINT else None
 
     @property
     def request_id(self) -> str | None:
         """The provider's request id header, when sent."""
         return self.headers.get("x-request-id") or self.headers.get("request-id")
+
+
+#: a hint that says nothing
+_NO_HINT = RateLimitHint()
 
 
 def is_http_url(url: str) -> bool:
@@ -289,9 +295,11 @@ class HttpAdapter:
         *,
         request_id: str | None = None,
         latency_ms: float = 0.0,
+        rate_limit: RateLimitHint | None = None,
     ) -> Completion:
         """One answer body (online, or a Batch API result) as the Completion of `request`;
-        MalformedResponse when it is not the provider's format.
+        MalformedResponse when it is not the provider's format. `rate_limit`: the budget an
+        online answer's headers announced.
 
         The model and id are the body's when it has them, else the request's model and
         `request_id` (an online answer's request id header wins over the body's id).
@@ -316,6 +324,7 @@ class HttpAdapter:
             request_id=request_id or body_id,
             latency_ms=latency_ms,
             response_id=body_id,
+            rate_limit=rate_limit,
         )
 
     async def aclose(self) -> None:
@@ -342,10 +351,13 @@ class HttpCompletionProvider(HttpAdapter):
     async def complete(self, request: CompletionRequest) -> Completion:
         """One call; raises only consumer.core.errors classes."""
         reply = await self.http.request("POST", self.path, json_body=self.build_body(request))
-        completion = self.read_answer(
-            reply.json, request, request_id=reply.request_id, latency_ms=reply.latency_ms
+        return self.read_answer(
+            reply.json,
+            request,
+            request_id=reply.request_id,
+            latency_ms=reply.latency_ms,
+            rate_limit=reply.rate_limit,
         )
-        return replace(completion, rate_limit=reply.rate_limit)
 
     async def check_reachable(self) -> str:
         """GET the models listing; any answer but an auth refusal means the provider is there.

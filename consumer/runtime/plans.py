@@ -127,13 +127,7 @@ class PlanRunner:
         if batched:
             tier.stats.items_in_batched_plans += len(ctxs)
         try:
-            async with asyncio.TaskGroup() as group:
-                first, *others = plan.start()
-                for req in others:
-                    group.create_task(self._send(plan, req, group, key, batched))
-                # the first request runs in this task: most plans are one request, and a task
-                # of its own is CPU an unbatched job need not spend (bench/README.md)
-                await self._send(plan, first, group, key, batched)
+            await self._send_all(plan, plan.start(), key, batched)
         except BaseException as exc:
             self.abandon_unfinished(ctxs, exc, "a request plan")
             raise
@@ -155,17 +149,26 @@ class PlanRunner:
                 exc_info=exc,
             )
 
-    async def _send(
-        self,
-        plan: RequestPlan,
-        req: PlannedRequest,
-        group: asyncio.TaskGroup,
-        key: PackKey | None,
-        batched_plan: bool,
+    async def _send_all(
+        self, plan: RequestPlan, reqs: list[PlannedRequest], key: PackKey | None, batched_plan: bool
     ) -> None:
+        """Send `reqs` and their follow-ups until none is left: in this task while one goes at a
+        time (most plans are one request, and their retries follow one another), in a task group
+        while several go at once (the halves of a split, the re-asks of missing members)."""
+        while len(reqs) == 1:
+            reqs = await self._send(plan, reqs[0], key, batched_plan)
+        if reqs:
+            async with asyncio.TaskGroup() as group:
+                for req in reqs:
+                    group.create_task(self._send_all(plan, [req], key, batched_plan))
+
+    async def _send(
+        self, plan: RequestPlan, req: PlannedRequest, key: PackKey | None, batched_plan: bool
+    ) -> list[PlannedRequest]:
+        """Send one planned request and apply its outcome; returns the requests it leads to."""
         sent = await self.send_planned(plan, req, lambda planned: self.build_request(planned, key))
         if sent is None:
-            return
+            return []
         req, request, answer = sent
         self._count_sent(req, batched_plan)
         if isinstance(answer, ProviderError):
@@ -185,7 +188,7 @@ class PlanRunner:
             self._learn(key, step, len(req.members), share)
         for nxt in step.requests:
             self._count_follow_up(req, nxt)
-            group.create_task(self._send(plan, nxt, group, key, batched_plan))
+        return step.requests
 
     async def send_planned(
         self, plan: RequestPlan, req: PlannedRequest, build: Callable[[PlannedRequest], AnyRequest]
