@@ -133,6 +133,7 @@ class KafkaIntake:
     ) -> None:
         self.group_id = settings.group_id
         self._topics = list(topics) if topics else [settings.jobs_topic]
+        session_ms = int(settings.session_timeout_s * 1000)
         self._consumer = AIOKafkaConsumer(
             group_id=settings.group_id,
             client_id=client_id,
@@ -143,8 +144,9 @@ class KafkaIntake:
             fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
             # the pipeline polls continuously even when paused, so a short poll interval is safe
             max_poll_interval_ms=300_000,
-            session_timeout_ms=10_000,
-            heartbeat_interval_ms=3_000,
+            session_timeout_ms=session_ms,
+            # a third of the session at most, as Kafka recommends
+            heartbeat_interval_ms=min(3_000, session_ms // 3),
             **client_kwargs(settings),
         )
         #: per owned partition: its fetch position and what an earlier owner finished (shared

@@ -53,6 +53,11 @@ class Settings(BaseSettings):
             " from it (a new name: every tier learns afresh)"
         ),
     )
+    quotas_topic: str = Field(
+        "promptbus.quotas",
+        description="compacted: each instance's demand on the tier file's quotas, from which the group "
+        "splits them",
+    )
     processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
         "at_least_once",
         description="at_least_once, or exactly_once (transactions; readers use read_committed)",
@@ -73,6 +78,12 @@ class Settings(BaseSettings):
     )
     shutdown_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM/SIGINT, how long in-flight requests may finish"
+    )
+    session_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="the consumer group's session timeout: a member silent this long is out of the "
+        "group, and its share of a quota is freed",
     )
     revoke_timeout_s: float = Field(
         10.0, ge=0, description="on a partition revoke, how long in-flight work may finish"
