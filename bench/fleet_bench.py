@@ -42,7 +42,6 @@ import os
 import platform
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -165,6 +164,17 @@ class ShareWatch:
                 return at_s
         return None
 
+    def sum_while(self, instances: int) -> float | None:
+        """The mean over snapshots of the instances' latest shares added up, once all of them
+        have published one (what the group took of the quota)."""
+        latest: dict[str, float] = {}
+        sums = []
+        for _at_s, instance, fraction in sorted(self.points):
+            latest[instance] = fraction
+            if len(latest) >= instances:
+                sums.append(sum(sorted(latest.values(), reverse=True)[:instances]))
+        return round(sum(sums) / len(sums), 3) if sums else None
+
     def shares_at_kill(self, killed: str, at_s: float) -> float:
         latest: dict[str, float] = {}
         for t, instance, fraction in sorted(self.points):
@@ -202,13 +212,14 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
         }
         try:
             for proc in procs:
+                proc.log_path.unlink(missing_ok=True)
                 proc.start()
             out["group_formed_s"] = round(await wait_for_group(settings, procs, 180.0), 1)
             await sim.reset()
             sampler = Sampler(sim)
             expected = {j["id"] for j in jobs}
             async with OutcomeRecorder(settings) as recorder, sampler.running():
-                watch = ShareWatch(settings) if kill else None
+                watch = ShareWatch(settings) if with_quota else None
                 watcher = asyncio.create_task(watch.run()) if watch is not None else None
                 await submit_jobs(
                     settings, (orjson.dumps(j) for j in jobs), key_of=lambda v: orjson.loads(v)["id"].encode()
@@ -223,6 +234,8 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
                     with contextlib.suppress(asyncio.CancelledError):
                         await watcher
             out.update(summarize(sampler.samples, len(jobs), ceiling))
+            if watch is not None:
+                out["shares_sum_while_all_busy"] = watch.sum_while(len(procs) - int(kill))
             dead = [o for o in recorder.outcomes if o.dead]
             out["answered"] = len(recorder.ids() & expected)
             out["all_answered"] = answered_all
@@ -247,7 +260,8 @@ async def kill_one(
     killed = f"{socket.gethostname()}-{victim.pid}-"
     kill_s = time.time()
     victim.kill()
-    _progress("killed %s (%s) at %d outcomes", victim.log_path.name, killed, len(recorder.outcomes))
+    killed_at = len(recorder.outcomes)
+    _progress("killed %s (%s) at %d outcomes", victim.log_path.name, killed, killed_at)
     # wait (bounded) for the survivors' shares to come back
     deadline = time.monotonic() + 3 * SESSION_TIMEOUT_S + 10
     refilled = None
@@ -255,7 +269,7 @@ async def kill_one(
         await asyncio.sleep(0.5)
         refilled = watch.refilled_at(killed, kill_s, len(procs) - 1)
     return {
-        "killed_at_outcomes": len(recorder.outcomes),
+        "killed_at_outcomes": killed_at,
         "survivors_share_at_kill": round(watch.shares_at_kill(killed, kill_s), 3),
         "shares_back_after_s": round(refilled - kill_s, 2) if refilled is not None else None,
         "bound_s": SESSION_TIMEOUT_S + 2.0,
@@ -318,18 +332,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "rows": {},
     }
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-        for name in args.rows:
-            _progress("row %s: %s", name, ROWS[name])
-            try:
-                row = await run_row(args, name, bootstrap, Path(tmp))
-            except Exception as exc:  # one row's failure is reported, the others still run
-                logging.exception("row %s failed", name)
-                row = {"instances": ROWS[name][0], "error": f"{type(exc).__name__}: {exc}"}
-            row["met"] = verdict(name, row) if "error" not in row else False
-            row["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
-            result["rows"][name] = row
-            _progress("row %s: %s", name, row)
+    logs = ROOT / "bench" / "out" / "fleet"
+    logs.mkdir(parents=True, exist_ok=True)
+    for name in args.rows:
+        _progress("row %s: %s (process logs in %s)", name, ROWS[name], logs.relative_to(ROOT))
+        try:
+            row = await run_row(args, name, bootstrap, logs)
+        except Exception as exc:  # one row's failure is reported, the others still run
+            logging.exception("row %s failed", name)
+            row = {"instances": ROWS[name][0], "error": f"{type(exc).__name__}: {exc}"}
+        row["met"] = verdict(name, row) if "error" not in row else False
+        row["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
+        result["rows"][name] = row
+        _progress("row %s: %s", name, row)
     result["bench_s"] = round(time.monotonic() - t0, 1)
     result["table"] = table(result["rows"])
     return result

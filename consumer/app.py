@@ -178,7 +178,7 @@ async def build_service(
         stack.push_async_callback(tier.provider.aclose)
     kafka = KafkaClients.build(settings, edges, f"promptbus-{instance}", lanes)
     outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits)
-    collector, offline_parts = build_offline(settings, tier_file, outcomes, kafka, clients, limits)
+    collector, offline_parts = build_offline(settings, tier_file, outcomes, kafka, clients, limits, edges)
     pipeline = Pipeline(
         settings,
         tiers,
@@ -349,11 +349,13 @@ def build_offline(
     kafka: KafkaClients,
     clients: list[Any],
     limits: RecordLimits,
+    edges: ServiceEdges,
 ) -> tuple[OfflineCollector | None, list[Part]]:
     """Collector and tracker for tiers with offline.enabled (none when no tier allows it).
 
     Returns the collector (where the pipeline sends offline jobs) and the parts to start and
-    stop in order; the HTTP clients made are added to `clients`.
+    stop in order; the HTTP clients made are added to `clients`. With a tier's
+    `offline.max_enqueued_tokens` the collector follows the batches topic (what is enqueued).
     """
     offline_tiers = {n: t for n, t in tier_file.tiers.items() if t.offline.enabled}
     if not offline_tiers:
@@ -363,7 +365,15 @@ def build_offline(
         client = make_http_client(config)
         clients.append(client)
         batch_providers[name] = build_batch_provider(name, config, client)
-    collector = OfflineCollector(settings, batch_providers, kafka.side_producer, outcomes)
+    max_enqueued = {
+        n: t.offline.max_enqueued_tokens for n, t in offline_tiers.items() if t.offline.max_enqueued_tokens
+    }
+    followed = (
+        edges.follower(settings, f"promptbus-{outcomes.stats.instance}-batches", settings.batches_topic)
+        if max_enqueued
+        else None
+    )
+    collector = OfflineCollector(settings, batch_providers, kafka.side_producer, outcomes, batches=followed)
     exactly_once = settings.processing_guarantee == "exactly_once"
     tracker_producer = (
         kafka.make_producer(transactional_id=f"{settings.group_id}.batch-tracker")
@@ -381,6 +391,7 @@ def build_offline(
         transactional=exactly_once,
         stats=outcomes.stats,
         pricing_by_tier={n: t.pricing.pricing() for n, t in offline_tiers.items() if t.pricing is not None},
+        max_enqueued_tokens_by_tier=max_enqueued,
     )
     # exactly_once: the tracker's own transactional producer starts first and stops last
     return collector, [tracker_producer, collector, tracker] if exactly_once else [collector, tracker]

@@ -25,7 +25,7 @@ __all__ = ["BURST_S", "QuotaBucket", "Reservation"]
 #: a bucket holds this many seconds of its share: enough for requests to go back to back at
 #: the share's rate, little enough that a share's burst stays well inside the provider's own
 #: bucket (which holds a minute of the figure at OpenAI and Anthropic)
-BURST_S = 0.5
+BURST_S = 1.0
 #: float rounding of the refill must not make a waiter wait 1e-17 s forever
 _EPSILON = 1e-9
 

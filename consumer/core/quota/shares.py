@@ -21,7 +21,7 @@ from collections.abc import Mapping
 __all__ = ["FLOOR_SHARE", "share_fractions"]
 
 #: the fraction of a quota every live instance keeps whatever its demand (at most an equal split)
-FLOOR_SHARE = 0.02
+FLOOR_SHARE = 0.01
 
 
 def share_fractions(demands: Mapping[str, float], *, floor_share: float = FLOOR_SHARE) -> dict[str, float]:
