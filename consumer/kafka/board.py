@@ -23,7 +23,6 @@ new when it arrives, and ages on this instance's monotonic clock from then.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -37,11 +36,12 @@ from consumer.kafka.clients import topic_partitions
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
-from consumer.waits import wait_at_most
+from consumer.waits import cancel_and_wait, wait_at_most
 
 __all__ = [
     "BoardRecord",
     "FollowedRecord",
+    "FollowedRecords",
     "GroupBoard",
     "KafkaTopicFollower",
     "TopicBoard",
@@ -71,6 +71,31 @@ class FollowedRecord:
     def age_s(self, now_s: float) -> float:
         """Its age at now_s (the follower's clock)."""
         return self.age_at_read_s + max(0.0, now_s - self.read_s)
+
+
+class FollowedRecords:
+    """Every key's latest record read so far (`latest`), and how many reads brought some
+    (`version`): what both followers, the real and the in-memory one, keep."""
+
+    def __init__(self) -> None:
+        self.latest: dict[bytes, FollowedRecord] = {}
+        self.version = 0
+
+    def apply(self, records: Iterable[tuple[bytes | None, bytes | None, float]], read_s: float) -> bool:
+        """Records read at read_s, as (key, value, age then), in the order read: a value
+        replaces its key's, a tombstone (None) removes it. True when any had a key."""
+        applied = False
+        for key, value, age_s in records:
+            if key is None:
+                continue
+            applied = True
+            if value is None:
+                self.latest.pop(key, None)
+            else:
+                self.latest[key] = FollowedRecord(value, read_s, age_s)
+        if applied:
+            self.version += 1
+        return applied
 
 
 class TopicFollower(Protocol):
@@ -127,8 +152,7 @@ class KafkaTopicFollower:
             fetch_max_wait_ms=100,
             **client_kwargs(settings),
         )
-        self._latest: dict[bytes, FollowedRecord] = {}
-        self._version = 0
+        self._records = FollowedRecords()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._started = False
@@ -163,45 +187,35 @@ class KafkaTopicFollower:
             self._apply(batch, None)
 
     def _apply(self, batch: Mapping[Any, list[Any]], ends: Mapping[TopicPartition, int] | None) -> None:
-        now_s, wall_s = self._clock(), self._wall_clock()
-        applied = False
+        wall_s = self._wall_clock()
+        read = []
         for tp, records in batch.items():
             end = ends.get(TopicPartition(tp.topic, tp.partition), 0) if ends is not None else 0
             for r in records:
-                if r.key is None:
-                    continue
-                applied = True
-                if r.value is None:
-                    self._latest.pop(r.key, None)
-                    continue
                 age_s = max(0.0, wall_s - r.timestamp / 1000.0) if r.offset < end else 0.0
-                self._latest[r.key] = FollowedRecord(r.value, now_s, age_s)
-        if applied:
-            self._version += 1
+                read.append((r.key, r.value, age_s))
+        if self._records.apply(read, self._clock()):
             self._changed.set()
             self._changed = asyncio.Event()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._started:
             self._started = False
             await self._consumer.stop()
 
     def latest(self) -> Mapping[bytes, FollowedRecord]:
-        return self._latest
+        return self._records.latest
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._records.version
 
     async def wait_for_change(self, version: int, timeout_s: float) -> int:
-        if self._version == version:
+        if self._records.version == version:
             await wait_at_most(self._changed.wait(), timeout_s)
-        return self._version
+        return self._records.version
 
     def now_s(self) -> float:
         return self._clock()

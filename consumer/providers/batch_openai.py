@@ -114,19 +114,15 @@ class OpenAIBatchProvider(HttpBatchProvider):
                 files={"file": ("batch.jsonl", content, "application/jsonl")},
                 data={"purpose": "batch"},
             )
-            file_id = _field(upload.json, "id", self.http)
-            created = await self.http.request(
-                "POST",
-                "/batches",
-                json_body={
-                    "input_file_id": file_id,
-                    "endpoint": endpoints[chunk.start],
-                    "completion_window": self.completion_window,
-                },
-            )
-            return self._job(created.json)
+            return await self._create(_field(upload.json, "id", self.http), endpoints[chunk.start])
 
         return await create_chunks(self.name, requests, chunks, create, self._submitted)
+
+    async def _create(self, file_id: str, endpoint: str) -> BatchJob:
+        """A batch of the uploaded input file `file_id`, all of whose lines go to `endpoint`."""
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": self.completion_window}
+        created = await self.http.request("POST", "/batches", json_body=body)
+        return self._job(created.json)
 
     def _job(self, payload: Any) -> BatchJob:
         try:
@@ -147,18 +143,9 @@ class OpenAIBatchProvider(HttpBatchProvider):
         """A new batch of the failed one's input file (OpenAI keeps it): the same requests and
         custom_ids; what this process submitted of the old batch is known under the new one."""
         reply = await self.http.request("GET", f"{self.batches_path}/{batch_id}")
-        file_id = _field(reply.json, "input_file_id", self.http)
-        endpoint = _field(reply.json, "endpoint", self.http)
-        created = await self.http.request(
-            "POST",
-            "/batches",
-            json_body={
-                "input_file_id": file_id,
-                "endpoint": endpoint,
-                "completion_window": self.completion_window,
-            },
+        job = await self._create(
+            _field(reply.json, "input_file_id", self.http), _field(reply.json, "endpoint", self.http)
         )
-        job = self._job(created.json)
         if batch_id in self._submitted:
             self._submitted[job.id] = self._submitted.pop(batch_id)
         return job

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +47,7 @@ from consumer.core.quota import (
 )
 from consumer.kafka.board import GroupBoard
 from consumer.runtime.stats import QuotaStats, ServiceStats
+from consumer.waits import cancel_and_wait
 
 __all__ = ["PUBLISH_INTERVAL_S", "FleetQuota", "QuotaSharing", "QuotaUser"]
 
@@ -203,9 +203,7 @@ class QuotaSharing:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
             try:  # the others take this instance's share at once, not after the session timeout
                 await self._board.publish([(DEMAND_RECORD, None)])

@@ -26,7 +26,7 @@ from typing import Any
 from consumer.core.lag import PartitionOffsets
 from consumer.kafka.admin import topic_specs
 from consumer.kafka.assignment import Assignment
-from consumer.kafka.board import FollowedRecord
+from consumer.kafka.board import FollowedRecord, FollowedRecords
 from consumer.kafka.connection import MAX_MESSAGE_BYTES
 from consumer.kafka.intake import InRecord, RebalanceHandler
 from consumer.kafka.partitioning import partition_for
@@ -241,8 +241,7 @@ class MemoryTopicFollower:
         self._topic = topic
         self._clock = clock
         self._positions: list[int] = []
-        self._latest: dict[bytes, FollowedRecord] = {}
-        self._version = 0
+        self._records = FollowedRecords()
 
     async def start(self) -> None:
         self._positions = [0] * len(self._broker.topic(self._topic))
@@ -252,30 +251,23 @@ class MemoryTopicFollower:
         self._positions = []
 
     def _sync(self, *, catching_up: bool = False) -> None:
-        now_s, wall_s = self._clock(), time.time()
-        applied = False
+        wall_s = time.time()
+        read = []
         for partition, records in enumerate(self._broker.topic(self._topic)[: len(self._positions)]):
             for r in records[self._positions[partition] :]:
-                if r.key is None:
-                    continue
-                applied = True
-                if r.value is None:
-                    self._latest.pop(r.key, None)
-                    continue
                 age_s = max(0.0, wall_s - r.timestamp_ms / 1000.0) if catching_up else 0.0
-                self._latest[r.key] = FollowedRecord(r.value, now_s, age_s)
+                read.append((r.key, r.value, age_s))
             self._positions[partition] = len(records)
-        if applied:
-            self._version += 1
+        self._records.apply(read, self._clock())
 
     def latest(self) -> dict[bytes, FollowedRecord]:
         self._sync()
-        return self._latest
+        return self._records.latest
 
     @property
     def version(self) -> int:
         self._sync()
-        return self._version
+        return self._records.version
 
     async def wait_for_change(self, version: int, timeout_s: float) -> int:
         if self.version == version:

@@ -128,27 +128,28 @@ async def test_the_tighter_of_the_mirror_and_the_quota_admits(
 
 async def test_a_request_settles_to_its_usage_and_a_429_gives_everything_back() -> None:
     clock = [0.0]
-    q = quota(clock, tokens_per_minute=12000)  # 200 tokens a second, holds 100
+    q = quota(clock, tokens_per_minute=12000)  # 200 tokens a second
+    full = 200 * BURST_S
     limiter = AsyncLimiter(FixedLimit(8), clock=lambda: clock[0], quota=q)
 
     def level() -> float:
         return q._bucket.levels(clock[0])[QuotaKind.TOKENS]
 
     token = await limiter.acquire(20.0, output_tokens=16)
-    assert q.reserved_tokens == 36.0 and level() == pytest.approx(64.0)
+    assert q.reserved_tokens == 36.0 and level() == pytest.approx(full - 36.0)
     limiter.note_budget(None, token, usage=Usage(input_tokens=18, output_tokens=3))
     token.success()
     assert q.reserved_tokens == 0.0
-    assert level() == pytest.approx(100.0 - 21.0), "it settled to its usage"
+    assert level() == pytest.approx(full - 21.0), "it settled to its usage"
 
     refused = await limiter.acquire(20.0, output_tokens=16)
     limiter.note_budget(RateLimitHint(retry_after_s=1.0), refused, rejected=True)
     refused.dropped()
-    assert level() == pytest.approx(79.0), "a 429 used nothing"
+    assert level() == pytest.approx(full - 21.0), "a 429 used nothing"
 
     failed = await limiter.acquire(10.0, output_tokens=16)
     failed.ignore()  # a 5xx or a timeout: the input may have been counted, no output came
-    assert level() == pytest.approx(69.0)
+    assert level() == pytest.approx(full - 31.0)
     assert q.reserved_tokens == 0.0
 
 
@@ -156,9 +157,9 @@ async def test_a_waiter_on_the_quota_is_woken_when_another_tier_gives_tokens_bac
     """One tier's request reserved most of the bucket; another tier's waiter needs it. When the
     first settles to a small usage, the waiter goes at once: no timer, no clock movement."""
     clock = [0.0]
-    q = quota(clock, tokens_per_minute=6000)  # holds 50
+    q = quota(clock, tokens_per_minute=round(46 / BURST_S * 60))  # the bucket holds 46
     first, second = (AsyncLimiter(FixedLimit(8), clock=lambda: clock[0], quota=q) for _ in range(2))
-    holder = await first.acquire(30.0, output_tokens=16)  # 46 of 50
+    holder = await first.acquire(30.0, output_tokens=16)  # all 46
     waiter = asyncio.create_task(second.acquire(20.0, output_tokens=16))
     await asyncio.sleep(0.01)
     assert not waiter.done() and q.demand() == 2

@@ -124,7 +124,9 @@ def test_the_tighter_figure_admits() -> None:
 
 
 def test_a_cost_larger_than_the_bucket_goes_when_it_is_full_and_is_paid_back() -> None:
-    bucket = QuotaBucket(QuotaFigures(tokens_per_minute=600), fraction=1.0, now_s=0.0)  # 10/s, holds 5
+    bucket = QuotaBucket(
+        QuotaFigures(tokens_per_minute=600), fraction=1.0, now_s=0.0, burst_s=0.5
+    )  # 10/s, holds 5
     big = QuotaCost(1, 40.0, 0.0)
     assert bucket.wait_s(big, 0.0) == 0.0  # full: it goes
     bucket.reserve(big, 0.0)
@@ -134,7 +136,9 @@ def test_a_cost_larger_than_the_bucket_goes_when_it_is_full_and_is_paid_back() -
 
 
 def test_settling_gives_back_what_was_reserved_and_not_used() -> None:
-    bucket = QuotaBucket(QuotaFigures(tokens_per_minute=6000), fraction=1.0, now_s=0.0)  # 100/s, holds 50
+    bucket = QuotaBucket(
+        QuotaFigures(tokens_per_minute=6000), fraction=1.0, now_s=0.0, burst_s=0.5
+    )  # 100/s, holds 50
     reserved = bucket.reserve(QuotaCost(1, 20.0, 16.0), 0.0)
     assert bucket.reserved_tokens == 36.0
     assert bucket.levels(0.0)[QuotaKind.TOKENS] == pytest.approx(14.0)
@@ -152,8 +156,8 @@ def test_settling_gives_back_what_was_reserved_and_not_used() -> None:
 
 
 def test_a_smaller_share_caps_what_the_bucket_holds_and_a_larger_one_refills_faster() -> None:
-    bucket = QuotaBucket(QuotaFigures(requests_per_minute=1200), fraction=1.0, now_s=0.0)
-    assert bucket.levels(0.0)[QuotaKind.REQUESTS] == pytest.approx(10.0)  # 20/s for BURST_S
+    bucket = QuotaBucket(QuotaFigures(requests_per_minute=1200), fraction=1.0, now_s=0.0, burst_s=0.5)
+    assert bucket.levels(0.0)[QuotaKind.REQUESTS] == pytest.approx(10.0)  # 20/s for 0.5 s
     bucket.set_fraction(0.1, 0.0)
     assert bucket.levels(0.0)[QuotaKind.REQUESTS] == pytest.approx(1.0)
     assert bucket.rates_per_s() == {QuotaKind.REQUESTS: pytest.approx(2.0)}

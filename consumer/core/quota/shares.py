@@ -35,4 +35,6 @@ def share_fractions(demands: Mapping[str, float], *, floor_share: float = FLOOR_
     total = sum(max(d, 0.0) for d in demands.values())
     if total <= 0.0:
         return dict.fromkeys(demands, floor + rest / n)
-    return {name: floor + rest * max(d, 0.0) / total for name, d in demands.items()}
+    # the ratio first: it is at most 1, so no share rounds above floor + rest (with subnormal
+    # demands, rest * d rounds up to d and would not)
+    return {name: floor + rest * (max(d, 0.0) / total) for name, d in demands.items()}

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.offline.records import batch_key, batch_record, enqueued_fields, offline_request
 from consumer.settings import Settings
+from consumer.waits import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +96,7 @@ class OfflineCollector:
         self._loop_task = asyncio.create_task(self._loop(), name="promptbus-offline-collector")
 
     async def stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        await cancel_and_wait(self._loop_task)
         if self._batches is not None:
             await self._batches.stop()
 

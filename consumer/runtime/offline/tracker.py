@@ -37,6 +37,7 @@ from consumer.runtime.offline.records import (
 from consumer.runtime.outcomes import RecordLimits
 from consumer.runtime.stats import ServiceStats
 from consumer.settings import Settings
+from consumer.waits import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,7 @@ class BatchTracker:
         self._task = asyncio.create_task(self._loop(), name="promptbus-batch-tracker")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         await self._reader.stop()
 
     async def _loop(self) -> None:
