@@ -18,6 +18,7 @@ import os
 import random
 import signal
 import socket
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.deployments import Deployment
 from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.heap import tune_gc
 from consumer.runtime.lag import LagMonitor
@@ -40,6 +42,7 @@ from consumer.runtime.metrics import MetricsServer, build_app, register_otel_met
 from consumer.runtime.offline import BatchTracker, OfflineCollector
 from consumer.runtime.outcomes import RecordLimits
 from consumer.runtime.pipeline import Pipeline
+from consumer.runtime.prober import CircuitProber
 from consumer.runtime.quotas import FleetQuota, QuotaSharing
 from consumer.runtime.reachability import ReachabilityCheck
 from consumer.runtime.stats import ServiceStats
@@ -175,7 +178,8 @@ async def build_service(
     tiers, tier_clients = await build_tiers(tier_file, stats, providers, remembered, quotas)
     clients.extend(tier_clients)
     for tier in tiers.values():
-        stack.push_async_callback(tier.provider.aclose)
+        for deployment in tier.deployments:
+            stack.push_async_callback(deployment.provider.aclose)
     kafka = KafkaClients.build(settings, edges, f"promptbus-{instance}", lanes)
     outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits)
     collector, offline_parts = build_offline(settings, tier_file, outcomes, kafka, clients, limits, edges)
@@ -205,9 +209,10 @@ async def build_service(
         _Reading(kafka.intake, pipeline),
         LagMonitor(kafka.intake, stats),
         ReachabilityCheck(
-            {n: t.provider for n, t in tiers.items()},
-            {n: t.config.resolved_base_url for n, t in tiers.items()},
+            {where: d.provider for where, d in _deployments(tiers)},
+            {where: d.config.resolved_base_url for where, d in _deployments(tiers)},
         ),
+        CircuitProber(tiers, time.monotonic),
     ]
     return Service(instance, stats, pipeline, tuple(parts))
 
@@ -257,7 +262,8 @@ async def build_tiers(
 ) -> tuple[dict[str, TierRuntime], list[Any]]:
     """One TierRuntime per configured tier; also returns the HTTP clients to close.
 
-    `providers` replaces the HTTP adapters of the tiers it names (tests and benchmarks);
+    `providers` replaces the HTTP adapters of the tiers it names, or of a tier's deployment
+    by `TIER.DEPLOYMENT` (tests and benchmarks);
     `remembered`: the batching evidence earlier runs left (see `consumer.runtime.evidence`);
     `quotas`: the fleet quotas (`fleet_quotas`), handed to the limiters of the tiers naming them.
     A tier that cannot be built (ConfigError) closes the clients made so far before it raises.
@@ -266,14 +272,20 @@ async def build_tiers(
     clients: list[Any] = []
     try:
         for name, config in tier_file.tiers.items():
-            quota = quotas[config.quota] if quotas and config.quota is not None else None
-            if providers and name in providers:
-                provider = providers[name]
-            else:
-                client = make_http_client(config)
-                clients.append(client)
-                provider = build_provider(name, config, client)
-            tiers[name] = TierRuntime.build(name, config, provider, stats.tier(name), remembered, quota)
+            parts = []
+            for dep_name, where, _weight, dep_config in config.deployment_configs(name):
+                quota = quotas[dep_config.quota] if quotas and dep_config.quota is not None else None
+                key = name if dep_name is None else f"{name}.{dep_name}"
+                if providers and key in providers:
+                    provider = providers[key]
+                else:
+                    client = make_http_client(dep_config)
+                    clients.append(client)
+                    provider = build_provider(where, dep_config, client)
+                parts.append((provider, quota))
+            tiers[name] = TierRuntime.build(
+                name, config, parts[0][0], stats.tier(name), remembered, parts[0][1], deployments=parts
+            )
     except BaseException:
         for client in clients:
             await client.close()
@@ -437,6 +449,15 @@ class _Reading:
 
     async def stop(self) -> None:
         await self.intake.stop()
+
+
+def _deployments(tiers: dict[str, TierRuntime]) -> list[tuple[str, Deployment]]:
+    """Every deployment of every tier, named as logs say it (`TIER` or `TIER/DEPLOYMENT`)."""
+    return [
+        (name if d.name is None else f"{name}/{d.name}", d)
+        for name, t in tiers.items()
+        for d in t.deployments
+    ]
 
 
 async def _close_all(clients: list[Any]) -> None:

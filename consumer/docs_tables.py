@@ -28,6 +28,7 @@ from consumer.settings import Settings
 __all__ = [
     "DEFAULT_PATH",
     "TABLES",
+    "deployment_table",
     "environment_table",
     "lane_table",
     "main",
@@ -121,6 +122,11 @@ def lane_table() -> str:
     return _tier_file_rows("LaneConfig")
 
 
+def deployment_table() -> str:
+    """Every key of a tier's deployment (`tiers.NAME.deployments[i].KEY`)."""
+    return _tier_file_rows("DeploymentConfig")
+
+
 def quota_table() -> str:
     """Every key of a fleet quota (`quotas.NAME.KEY`), its type, default and description."""
     return _tier_file_rows("QuotaConfig")
@@ -162,6 +168,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "tier-file": tier_file_table,
     "lanes": lane_table,
     "quotas": quota_table,
+    "deployments": deployment_table,
     "environment": environment_table,
 }
 

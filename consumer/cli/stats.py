@@ -82,6 +82,26 @@ def format_lanes(merged: dict[str, Any]) -> list[str]:
     ]
 
 
+def deployment_lines(tier: str, deployments: dict[str, dict[str, Any]]) -> list[str]:
+    """`promptbus stats` lines of a tier's deployments (`TIER/NAME` in the merged snapshot),
+    one per deployment; none for a tier without `deployments`."""
+    lines = []
+    prefix = f"{tier}/"
+    for key, d in sorted(deployments.items()):
+        if not key.startswith(prefix):
+            continue
+        circuit = "OPEN" if d.get("circuit_open") else "closed"
+        if d.get("circuit_opened"):
+            circuit += f" (opened {d['circuit_opened']}x)"
+        lines.append(
+            f"tier {tier} deployment {key.removeprefix(prefix)}: requests={d.get('provider_requests', 0)} "
+            f"429s={d.get('rate_limited', 0)} errors={d.get('provider_errors', 0)} limit={d.get('limit', 0)} "
+            f"inflight={d.get('inflight', 0)} tokens={d.get('input_tokens', 0)} in, "
+            f"{d.get('output_tokens', 0)} out; circuit {circuit}" + _budget_text(d)
+        )
+    return lines
+
+
 def routing_lines(name: str, tier: dict[str, Any]) -> list[str]:
     """`promptbus stats` lines of a merged tier: the jobs it answered for other tiers, and
     its `mode: auto` jobs' split and what offline saved (none when there is nothing to say)."""
@@ -154,6 +174,7 @@ def format_stats(merged: dict[str, Any]) -> str:
             lines.append(f"tier {name} batch {t['batch_size_reason']}")
         lines.append(f"tier {name} circuit: " + _circuit_text(t))
         lines.append(f"tier {name} tokens: " + _cost_text(t))
+        lines.extend(deployment_lines(name, merged.get("deployments", {})))
         lines.extend(routing_lines(name, t))
     lines.extend(format_lanes(merged))
     lines.extend(format_quotas(merged))

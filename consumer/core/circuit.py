@@ -14,6 +14,9 @@ States and rules (pure: every method takes `now_s`; nothing sleeps):
   (`holds(error)`); no job is dead-lettered because of the outage. `outage_s(now)` is how
   long the provider has been unreachable (since the circuit opened), for `retry.max_outage_s`.
 
+An outage of connections refused (`listing_probes`) is probed by the caller's cheap request
+(the provider's model listing) on the circuit's own timer; any other outage by one request.
+
 `admit` answers SEND (closed), PROBE (this caller is the probe) or WAIT (with how long until
 the next probe could go; a probe already out answers WAIT with the current wait).
 """
@@ -131,6 +134,21 @@ class CircuitBreaker:
         """True while open with no probe out and the wait before the next one over (what
         `admit` would grant as PROBE), without granting it."""
         return self.state is CircuitState.OPEN and not self._probe_out and now_s >= self._next_probe_s
+
+    @property
+    def listing_probes(self) -> bool:
+        """True when the outage is connections refused (`ConnectionFailed`): a cheap request
+        (the provider's model listing) fails the same way, so it may be the probe; an outage the
+        server answered itself (5xx, overloaded, a timeout) is probed by a real request."""
+        return isinstance(self.last_error, ConnectionFailed)
+
+    def probe_wait_s(self, now_s: float) -> float:
+        """Seconds until a probe may go (0.0: due now; the current wait while one is out)."""
+        if self.state is CircuitState.CLOSED:
+            return 0.0
+        if self._probe_out:
+            return self._wait_s
+        return max(0.0, self._next_probe_s - now_s)
 
     def probe_abandoned(self) -> None:
         """The probe was granted but not sent (its members ended meanwhile): another may go."""

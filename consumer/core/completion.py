@@ -123,6 +123,7 @@ class ProviderAnswer:
         (the limiter paces new requests by it, so they stop before a 429 rather than after).
     response_id: the answer body's own id (OpenAI `chatcmpl-...`, Anthropic `msg_...`), if any:
         what tracing reports as the completion's id (`gen_ai.response.id`).
+    deployment: the name of the tier's deployment that answered (None: the tier's own one).
     """
 
     usage: Usage
@@ -132,6 +133,7 @@ class ProviderAnswer:
     latency_ms: float = 0.0
     rate_limit: RateLimitHint | None = None
     response_id: str | None = None
+    deployment: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

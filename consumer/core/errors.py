@@ -100,11 +100,13 @@ class ProviderError(PromptbusError):
     status_code: the HTTP status, when there was a response.
     provider: the adapter name (openai, anthropic, openai_compat).
     hint: rate-limit information from the response headers, when any.
+    deployment: the index of the tier's deployment that answered it (set by the call path).
     """
 
     retryable: bool = False
     #: True when the failure says the provider is overloaded: the limiter shrinks.
     overload: bool = False
+    deployment: int = 0
 
     def __init__(
         self,

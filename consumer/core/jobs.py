@@ -295,6 +295,10 @@ class Result(_Frozen):
     fallback_from: StrictStr | None = Field(
         default=None, description="The tier the job asked for, when its fallback tier answered."
     )
+    deployment: StrictStr | None = Field(
+        default=None,
+        description="The tier's deployment that answered (its name); null for a tier without deployments.",
+    )
 
 
 class DeadLetter(_Frozen):

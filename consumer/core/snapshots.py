@@ -7,7 +7,8 @@ snapshot ever published. Counters add up; gauges are read from live instances on
 within `live_within_s`): summed for what each instance has of its own (its concurrency limit,
 its in-flight requests), the largest live value for what the instances share (a tier's batch
 size, its API key's budgets). Latency percentiles come from the live instances' histograms,
-merged bucket by bucket (`consumer.core.histogram`). A fleet quota shows how the live
+merged bucket by bucket (`consumer.core.histogram`). A tier's deployment (`TIER/NAME`) merges
+as a tier does. A fleet quota shows how the live
 instances split it: each one's share and demand, and their sums. Pure: the caller passes
 `now_s`.
 """
@@ -138,6 +139,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         "lag_partitions": 0,
         "oldest_uncommitted_age_s": 0.0,
         "quotas": {},
+        "deployments": {},
     }
     live_snapshots = []
     for snap in snapshots:
@@ -155,6 +157,8 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
             _merge_tier(total["tiers"].setdefault(name, {}), ts, live=live)
         for name, ls in snap.get("lanes", {}).items():
             _merge_lane(total["lanes"].setdefault(name, {}), ls, live=live)
+        for name, ds in snap.get("deployments", {}).items():  # "TIER/NAME": a tier's by its rules
+            _merge_tier(total["deployments"].setdefault(name, {}), ds, live=live)
         for name, per_size in snap.get("agreement", {}).items():
             _add_agreement(total["agreement"].setdefault(name, {}), per_size)
     for per_size in total["agreement"].values():

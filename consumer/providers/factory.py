@@ -76,10 +76,12 @@ def base_url_for(tier_name: str, tier: TierConfig) -> str:
 
 def check_tier(tier_name: str, tier: TierConfig) -> None:
     """What building the tier's adapters refuses, checked without building them: ConfigError
-    naming the key (its API key env var set, its structured mode, its base URL)."""
-    tier.require_api_key(tier_name)
+    naming the key (its API key env var set, its structured mode, its base URL), for each of
+    its deployments (`tiers.NAME.deployments.I.api_key_env`, ...)."""
     structured_mode_for(tier_name, tier)
-    base_url_for(tier_name, tier)
+    for _name, where, _weight, config in tier.deployment_configs(tier_name):
+        config.require_api_key(where)
+        base_url_for(where, config)
 
 
 def build_provider(tier_name: str, tier: TierConfig, client: HttpTransport) -> CompletionProvider:

@@ -8,9 +8,12 @@ as admission merges them), output check and, for a job that named no mode or `au
 new tier's way online or offline. Its result names the tier that answered and
 `fallback_from` the one it asked for.
 
-While a tier's circuit is open, its own held requests probe it; once they have all moved,
-a new job goes to the tier as the probe whenever one is due (and one per probe wait), so the
-tier is seen back when it is: then new jobs stay on it again.
+A tier is in trouble only when every deployment of it is (each down or out of quota). While
+its circuits are open, those opened by connections refused are probed by their own listing
+timer (`consumer.runtime.deployments.CircuitProber`); for the others its own held requests
+probe them, and once they have all moved a new job goes to the tier as the probe whenever one
+is due (and one per probe wait), so the tier is seen back when it is: then new jobs stay on it
+again.
 """
 
 from __future__ import annotations
@@ -90,16 +93,18 @@ class FallbackRouter:
         """Seconds until the tier's outage lasts long enough for its jobs to move (None:
         no such moment ahead)."""
         rule = self._rules.get(tier.name)
-        if rule is None or FallbackCause.OUTAGE not in rule.on or not tier.circuit.open:
+        condition = tier.condition(now_s)
+        if rule is None or FallbackCause.OUTAGE not in rule.on or not condition.circuit_open:
             return None
-        return max(0.0, rule.after_s - tier.circuit.outage_s(now_s))
+        return max(0.0, rule.after_s - condition.outage_s)
 
     # ------------------------------------------------------------------ inside
     def _probes(self, tier: TierRuntime, now_s: float) -> bool:
-        """True when this job is to go to `tier` as its circuit's probe."""
-        if not tier.circuit.probe_due(now_s):
+        """True when this job is to go to `tier` as its circuit's probe (a circuit probed by
+        its listing needs none: `consumer.runtime.deployments.CircuitProber`)."""
+        if not tier.job_probe_due(now_s):
             return False
-        if now_s - self._probe_sent_s.get(tier.name, float("-inf")) < tier.circuit.probe_s:
+        if now_s - self._probe_sent_s.get(tier.name, float("-inf")) < tier.config.retry.circuit_probe_s:
             return False
         self._probe_sent_s[tier.name] = now_s
         return True

@@ -4,7 +4,7 @@ by Prometheus `/metrics` (`consumer.runtime.metrics`), OpenTelemetry and the sta
     promptbus_job_latency_seconds{tier,lane,outcome}          record timestamp -> outcome
     promptbus_offline_job_latency_seconds{tier,lane,outcome}  the same for offline jobs
     promptbus_queue_wait_seconds{tier,lane}                   record read -> first send
-    promptbus_provider_request_seconds{tier,outcome}          one provider call
+    promptbus_provider_request_seconds{tier,outcome,deployment}  one provider call
 
 A series (one combination of label values) is created on first use and kept. The hot paths
 hold on to their series (`child`), keyed by what varies (a per-tier runner keeps its tier's
@@ -61,8 +61,8 @@ QUEUE_WAIT = HistogramSpec(
 )
 PROVIDER_REQUEST = HistogramSpec(
     "provider_request_seconds",
-    "One provider call, by outcome (ok, rate_limited, error)",
-    ("tier", "outcome"),
+    "One provider call, by outcome (ok, rate_limited, error) and the tier's deployment",
+    ("tier", "outcome", "deployment"),
     ONLINE_BOUNDS_S,
 )
 HISTOGRAMS: tuple[HistogramSpec, ...] = (JOB_LATENCY, OFFLINE_JOB_LATENCY, QUEUE_WAIT, PROVIDER_REQUEST)

@@ -35,10 +35,12 @@ for one that failed otherwise. Without a quota none of this is asked.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from consumer.core.completion import Usage
+from consumer.core.deployments import Room, choose_deployment
 from consumer.core.errors import RateLimitHint
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
 from consumer.core.limit import ConcurrencyLimit
@@ -54,8 +56,9 @@ COST_RATIO_MIN, COST_RATIO_MAX = 0.25, 8.0
 #: the lane of a waiter that names none
 UNLANED = Lane(DEFAULT_LANE_NAME, "")
 
-#: a waiter: the future its token is handed to, its request's estimated tokens and max_tokens
-_Waiter = tuple["asyncio.Future[Token]", float, int | None]
+#: a waiter: the future its token is handed to, its request's estimated tokens and max_tokens,
+#: and the deployment it probes (None: any)
+_Waiter = tuple["asyncio.Future[Token]", float, int | None, "Gate | None"]
 
 
 def _quota_cost(estimated_tokens: float, output_tokens: int | None) -> QuotaCost:
@@ -64,26 +67,100 @@ def _quota_cost(estimated_tokens: float, output_tokens: int | None) -> QuotaCost
     return QuotaCost(1, estimated_tokens, estimated_tokens if output_tokens is None else output_tokens)
 
 
+class NoDeploymentUp(Exception):
+    """Raised to a waiter (not a probe) when every deployment's circuit is open: its caller
+    goes back to the circuit, which holds it or moves it to the fallback tier."""
+
+
+class Gate:
+    """One deployment's admission state: its concurrency limit, the mirrors of its provider's
+    budgets, its pause and its fleet quota. The pool (`AsyncLimiter`) asks each gate whether it
+    admits a request now; `up` says whether its circuit is closed (None: always).
+
+    It is the quota's user (`consumer.runtime.quotas.QuotaUser`): it counts the pool's waiters
+    in the quota's demand only when it is the pool's first gate naming that quota.
+    """
+
+    __slots__ = (
+        "_counts_waiting", "_pool", "algorithm", "cost_ratio", "index", "inflight", "pacer",
+        "paused_until_s", "quota", "seq", "tokens", "up", "weight",
+    )
+
+    def __init__(
+        self,
+        algorithm: ConcurrencyLimit,
+        *,
+        pacer: BudgetPacer | None = None,
+        tokens: TokenBudget | None = None,
+        quota: FleetQuota | None = None,
+        weight: float = 1.0,
+        up: Callable[[], bool] | None = None,
+    ) -> None:
+        self.algorithm = algorithm
+        self.pacer = pacer if pacer is not None else BudgetPacer()
+        self.tokens = tokens if tokens is not None else TokenBudget()
+        self.quota = quota
+        self.weight = weight
+        self.up = up
+        self.cost_ratio = 1.0  # actual / estimated tokens of answered requests, smoothed
+        self.inflight = 0
+        self.seq = 0
+        self.paused_until_s = 0.0
+        self.index = 0
+        self._pool: AsyncLimiter | None = None
+        self._counts_waiting = False
+
+    @property
+    def limit(self) -> int:
+        return self.algorithm.limit
+
+    @property
+    def waiting(self) -> int:
+        pool = self._pool
+        return len(pool._waiters) if pool is not None and self._counts_waiting else 0
+
+    def wake(self) -> None:
+        if self._pool is not None:
+            self._pool.wake()
+
+    def is_up(self) -> bool:
+        return self.up is None or self.up()
+
+    def mirror_wait_s(self, estimated_tokens: float, now_s: float) -> float:
+        """Seconds until the mirrors of the provider's budgets hold a request of these tokens."""
+        return max(self.pacer.wait_s(now_s), self.tokens.wait_s(estimated_tokens * self.cost_ratio, now_s))
+
+    def wait_s(self, estimated_tokens: float, now_s: float) -> float:
+        """Seconds until its pause and mirrors admit the request (0.0: now; the quota apart)."""
+        return max(self.paused_until_s - now_s, self.mirror_wait_s(estimated_tokens, now_s), 0.0)
+
+    def room(self, ready: bool, now_s: float) -> Room:
+        level = self.pacer.level(now_s)
+        return Room(self.is_up(), ready, self.limit - self.inflight, level, self.weight, self.seq)
+
+
 class Token:
     """One slot of the limiter; end it exactly once.
 
-    seq: admission number (1, 2, ...), so a hint from its answer can be placed in order;
-    started_s: admission time on the limiter's clock;
-    estimated_tokens: the caller's estimate of the request's tokens (0: none);
-    reservation: what it took of the limiter's fleet quota, until it settles (None: nothing).
+    seq: admission number of its gate (1, 2, ...), so a hint from its answer can be placed in
+    order; started_s: admission time on the limiter's clock; estimated_tokens: the caller's
+    estimate of the request's tokens (0: none); reservation: what it took of its gate's fleet
+    quota, until it settles (None: nothing); gate: the deployment it was granted to.
     """
 
-    __slots__ = ("_done", "_limiter", "estimated_tokens", "reservation", "seq", "started_s")
+    __slots__ = ("_done", "_limiter", "estimated_tokens", "gate", "reservation", "seq", "started_s")
 
     def __init__(
         self,
         limiter: AsyncLimiter,
+        gate: Gate,
         started_s: float,
         seq: int,
         estimated_tokens: float,
         reservation: Reservation | None = None,
     ) -> None:
         self._limiter = limiter
+        self.gate = gate
         self.started_s = started_s
         self.seq = seq
         self.estimated_tokens = estimated_tokens
@@ -116,7 +193,9 @@ class Slot:
     went; whatever it left unended, by an exception or otherwise, ends as `ignore`.
     """
 
-    __slots__ = ("_deadline_s", "_estimated_tokens", "_lane", "_limiter", "_output_tokens", "_token")
+    __slots__ = (
+        "_deadline_s", "_estimated_tokens", "_lane", "_limiter", "_output_tokens", "_probe", "_token"
+    )
 
     def __init__(
         self,
@@ -125,12 +204,14 @@ class Slot:
         lane: Lane | None,
         deadline_s: float | None,
         output_tokens: int | None = None,
+        probe: Gate | None = None,
     ) -> None:
         self._limiter = limiter
         self._estimated_tokens = estimated_tokens
         self._lane = lane
         self._deadline_s = deadline_s
         self._output_tokens = output_tokens
+        self._probe = probe
         self._token: Token | None = None
 
     async def __aenter__(self) -> Token:
@@ -139,6 +220,7 @@ class Slot:
             lane=self._lane,
             deadline_s=self._deadline_s,
             output_tokens=self._output_tokens,
+            probe=self._probe,
         )
         return self._token
 
@@ -148,39 +230,53 @@ class Slot:
 
 
 class AsyncLimiter:
-    """Admits at most `limit` concurrent calls, no faster than the provider's announced budget."""
+    """Admits a tier's requests to its deployments: at most each one's `limit` concurrent calls,
+    no faster than its provider's announced budget, one waiter queue for them all.
+
+    Built from one deployment's parts (`algorithm`, `pacer`, `tokens`, `quota`), or from
+    `gates`, one per deployment (`Gate`): a request waits once, and is granted to the
+    deployment `consumer.core.deployments.choose_deployment` names.
+    """
 
     def __init__(
         self,
-        algorithm: ConcurrencyLimit,
+        algorithm: ConcurrencyLimit | None = None,
         clock: Callable[[], float] = time.monotonic,
         pacer: BudgetPacer | None = None,
         tokens: TokenBudget | None = None,
         quota: FleetQuota | None = None,
+        *,
+        gates: Sequence[Gate] | None = None,
     ) -> None:
-        self._algorithm = algorithm
+        if gates is None:
+            assert algorithm is not None, "an algorithm or gates"
+            gates = [Gate(algorithm, pacer=pacer, tokens=tokens, quota=quota)]
+        self._gates = tuple(gates)
         self._clock = clock
-        self._pacer = pacer if pacer is not None else BudgetPacer()
-        self._tokens = tokens if tokens is not None else TokenBudget()
-        self._quota = quota
-        if quota is not None:
-            quota.attach(self)
-        self._cost_ratio = 1.0  # actual / estimated tokens of answered requests, smoothed
-        self._inflight = 0
-        self._seq = 0
+        quotas_seen: set[int] = set()
+        for index, gate in enumerate(self._gates):
+            gate.index, gate._pool = index, self
+            if gate.quota is not None:
+                gate._counts_waiting = id(gate.quota) not in quotas_seen
+                quotas_seen.add(id(gate.quota))
+                gate.quota.attach(gate)
         #: the waiters, by lane (`consumer.core.scheduling`)
         self._waiters: LaneScheduler[_Waiter] = LaneScheduler()
-        self._paused_until_s = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None
         self._wake_at_s = 0.0  # loop time the pending timer fires
 
     @property
+    def gates(self) -> tuple[Gate, ...]:
+        """One per deployment, in the tier's order."""
+        return self._gates
+
+    @property
     def limit(self) -> int:
-        return self._algorithm.limit
+        return sum(g.limit for g in self._gates)
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        return sum(g.inflight for g in self._gates)
 
     @property
     def waiting(self) -> int:
@@ -188,45 +284,44 @@ class AsyncLimiter:
 
     @property
     def paused_for_s(self) -> float:
-        return max(0.0, self._paused_until_s - self._clock())
+        """Seconds until some deployment admits again after a pause (0.0: one is not paused)."""
+        now_s = self._clock()
+        return max(0.0, min(g.paused_until_s for g in self._gates) - now_s)
 
     @property
     def pacer(self) -> BudgetPacer:
-        """The mirror of the provider's request bucket (inactive until a hint arrives)."""
-        return self._pacer
+        """The first deployment's mirror of its provider's request bucket."""
+        return self._gates[0].pacer
 
     @property
     def tokens(self) -> TokenBudget:
-        """The mirror of the provider's token bucket (inactive until a budget arrives)."""
-        return self._tokens
+        """The first deployment's mirror of its provider's token bucket."""
+        return self._gates[0].tokens
 
     @property
     def quota(self) -> FleetQuota | None:
-        """The fleet quota this limiter's requests count against (None: none)."""
-        return self._quota
+        """The fleet quota the first deployment naming one counts against (None: none does)."""
+        return next((g.quota for g in self._gates if g.quota is not None), None)
 
     @property
     def cost_ratio(self) -> float:
-        """What answered requests cost in tokens against their estimates, smoothed."""
-        return self._cost_ratio
+        """What the first deployment's answered requests cost against their estimates, smoothed."""
+        return self._gates[0].cost_ratio
 
     @property
     def pacing_wait_s(self) -> float:
-        """Seconds until the mirrored request budget admits one more request (0.0: now)."""
-        return self._pacer.wait_s(self._clock())
+        """Seconds until a mirrored request budget admits one more request (0.0: now)."""
+        now_s = self._clock()
+        return min(g.pacer.wait_s(now_s) for g in self._gates)
 
-    def _mirror_wait_s(self, estimated_tokens: float, now_s: float) -> float:
-        """Seconds until the mirrors of the provider's budgets hold a request of these tokens."""
-        return max(self._pacer.wait_s(now_s), self._tokens.wait_s(estimated_tokens * self._cost_ratio, now_s))
-
-    def pause(self, duration_s: float) -> None:
-        """Admit nothing new for duration_s (quota exhausted, Retry-After): calls already running go on."""
+    def pause(self, duration_s: float, gate: Gate | None = None) -> None:
+        """Admit nothing new for duration_s (quota exhausted, Retry-After) on `gate` (None:
+        every deployment); calls already running go on."""
         until_s = self._clock() + duration_s
-        if until_s <= self._paused_until_s:
-            return
-        self._paused_until_s = until_s
+        for g in self._gates if gate is None else (gate,):
+            g.paused_until_s = max(g.paused_until_s, until_s)
         if self._waiters:
-            self._wake_in(self.paused_for_s)
+            self._wake_in(duration_s)
 
     def note_budget(
         self,
@@ -238,20 +333,21 @@ class AsyncLimiter:
     ) -> None:
         """Pace admissions by the budgets a provider announced with `token`'s answer.
 
-        token: the admission the answer belongs to (None: taken as the newest admission);
-        rejected: the answer was a 429, or the request was never sent (the provider did not
-        count it; after a 429 its bucket is empty); usage: what the answer says the request
-        used, which corrects later estimates and settles its fleet quota reservation. Hints
-        older than the newest applied one are ignored.
+        token: the admission the answer belongs to (None: taken as the first deployment's
+        newest admission); rejected: the answer was a 429, or the request was never sent (the
+        provider did not count it; after a 429 its bucket is empty); usage: what the answer
+        says the request used, which corrects later estimates and settles its fleet quota
+        reservation. Hints older than the newest applied one are ignored.
         """
         now_s = self._clock()
-        seq, admitted_s = (self._seq, now_s) if token is None else (token.seq, token.started_s)
-        applied = self._pacer.observe(hint, seq, admitted_s, now_s, rejected=rejected)
-        applied = self._tokens.observe(hint, seq, admitted_s, rejected=rejected) or applied
+        gate = self._gates[0] if token is None else token.gate
+        seq, admitted_s = (gate.seq, now_s) if token is None else (token.seq, token.started_s)
+        applied = gate.pacer.observe(hint, seq, admitted_s, now_s, rejected=rejected)
+        applied = gate.tokens.observe(hint, seq, admitted_s, rejected=rejected) or applied
         used_tokens = usage.input_tokens + usage.output_tokens if usage is not None else 0
         if used_tokens and token is not None and token.estimated_tokens > 0:
             ratio = min(max(used_tokens / token.estimated_tokens, COST_RATIO_MIN), COST_RATIO_MAX)
-            self._cost_ratio += (ratio - self._cost_ratio) * COST_RATIO_SMOOTHING
+            gate.cost_ratio += (ratio - gate.cost_ratio) * COST_RATIO_SMOOTHING
         if token is not None and token.reservation is not None:
             if rejected:
                 self._settle(token, NOTHING_USED, now_s)
@@ -262,8 +358,9 @@ class AsyncLimiter:
 
     def _settle(self, token: Token, used: QuotaCost, now_s: float) -> None:
         reservation, token.reservation = token.reservation, None
-        if reservation is not None and self._quota is not None:
-            self._quota.settle(reservation, used, now_s)
+        quota = token.gate.quota
+        if reservation is not None and quota is not None:
+            quota.settle(reservation, used, now_s)
 
     def _wake_in(self, delay_s: float) -> None:
         """Run `_wake` after delay_s, unless a timer fires sooner: nothing else may wake the
@@ -285,16 +382,16 @@ class AsyncLimiter:
         self._wake_timer = None
         self._wake()
 
-    def _admit(self, estimated_tokens: float, output_tokens: int | None) -> Token:
-        self._inflight += 1
-        self._seq += 1
+    def _admit(self, gate: Gate, estimated_tokens: float, output_tokens: int | None) -> Token:
+        gate.inflight += 1
+        gate.seq += 1
         now_s = self._clock()
-        self._pacer.admit(self._seq, now_s)
-        self._tokens.admit(self._seq, estimated_tokens * self._cost_ratio, now_s)
+        gate.pacer.admit(gate.seq, now_s)
+        gate.tokens.admit(gate.seq, estimated_tokens * gate.cost_ratio, now_s)
         reservation = None
-        if self._quota is not None:
-            reservation = self._quota.reserve(_quota_cost(estimated_tokens, output_tokens), now_s)
-        return Token(self, now_s, self._seq, estimated_tokens, reservation)
+        if gate.quota is not None:
+            reservation = gate.quota.reserve(_quota_cost(estimated_tokens, output_tokens), now_s)
+        return Token(self, gate, now_s, gate.seq, estimated_tokens, reservation)
 
     def waiting_in(self, lane: str) -> int:
         """Requests of `lane` waiting for a slot."""
@@ -307,9 +404,10 @@ class AsyncLimiter:
         lane: Lane | None = None,
         deadline_s: float | None = None,
         output_tokens: int | None = None,
+        probe: Gate | None = None,
     ) -> Slot:
         """An async context manager around `acquire` that always ends its token (see `Slot`)."""
-        return Slot(self, estimated_tokens, lane, deadline_s, output_tokens)
+        return Slot(self, estimated_tokens, lane, deadline_s, output_tokens, probe)
 
     async def acquire(
         self,
@@ -318,37 +416,30 @@ class AsyncLimiter:
         lane: Lane | None = None,
         deadline_s: float | None = None,
         output_tokens: int | None = None,
+        probe: Gate | None = None,
     ) -> Token:
-        """Wait for a slot; a released slot is handed to the waiter the lane scheduler names.
+        """Wait for a slot; a released slot is handed to the waiter the lane scheduler names,
+        on the deployment `choose_deployment` names.
 
         estimated_tokens: the request's tokens as the caller estimates them (paces a token
         budget; 0 when unknown); lane: the lane the request is scheduled in (None: the one
         default lane); deadline_s: the nearest deadline of its jobs, on the limiter's clock;
-        output_tokens: its max_tokens (what a fleet quota reserves for its output; None: unknown).
+        output_tokens: its max_tokens (what a fleet quota reserves for its output; None:
+        unknown); probe: the request is the probe of this deployment's open circuit: it is
+        granted there only. Raises NoDeploymentUp when every deployment's circuit is open.
         """
-        quota = self._quota
-        if (
-            self._inflight < self.limit
-            and not self._waiters
-            and self.paused_for_s <= 0
-            and self._mirror_wait_s(estimated_tokens, self._clock()) <= 0
-            and (
-                quota is None
-                or (
-                    quota.turn_of(self)
-                    and quota.wait_s(_quota_cost(estimated_tokens, output_tokens), self._clock()) <= 0
-                )
-            )
-        ):
-            return self._admit(estimated_tokens, output_tokens)
+        if not self._waiters:
+            gate, _wait_s, _joined = self._choose(estimated_tokens, output_tokens, probe, self._clock())
+            if gate is not None:
+                return self._admit(gate, estimated_tokens, output_tokens)
         fut: asyncio.Future[Token] = asyncio.get_running_loop().create_future()
-        waiter: _Waiter = (fut, estimated_tokens, output_tokens)
+        waiter: _Waiter = (fut, estimated_tokens, output_tokens, probe)
         self._waiters.push(waiter, lane if lane is not None else UNLANED, deadline_s)
         self._wake()  # a slot may be free with nothing in flight to release it (after a pause)
         try:
             return await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 # a slot was handed to us that we will not use: pass it on; the provider will
                 # never count it, so the mirrors must not wait for it either
                 token = fut.result()
@@ -360,9 +451,10 @@ class AsyncLimiter:
 
     def _release(self, token: Token, *, dropped: bool, sample: bool) -> None:
         now_s = self._clock()
+        gate = token.gate
         if sample:
-            self._algorithm.update((now_s - token.started_s) * 1000.0, self._inflight, dropped, now_s)
-        self._inflight -= 1
+            gate.algorithm.update((now_s - token.started_s) * 1000.0, gate.inflight, dropped, now_s)
+        gate.inflight -= 1
         if token.reservation is not None:
             # ended with no answer and not refused: the provider may have counted the request
             # and its input; it produced no output
@@ -370,39 +462,78 @@ class AsyncLimiter:
         self._wake()
 
     def wake(self) -> None:
-        """Admit the waiters that fit now (a fleet quota calls it when it has room again)."""
+        """Admit the waiters that fit now (a fleet quota calls it when it has room again, the
+        call path when a deployment's circuit changes)."""
         self._wake()
 
+    def _choose(
+        self, estimated_tokens: float, output_tokens: int | None, probe: Gate | None, now_s: float
+    ) -> tuple[Gate | None, float | None, list[Gate]]:
+        """The gate to admit a request on now, else None with the seconds until one may (None:
+        every deployment is down; inf: until a slot or a quota frees), and the gates whose
+        quota line the request now stands in. A gate whose next request waits on its fleet
+        quota stands in the quota's line: the limiters naming one quota take turns."""
+        gates = self._gates if probe is None else (probe,)
+        wait_s: float | None = None
+        joined: list[Gate] = []
+        rooms: list[Room] | None = [] if len(gates) > 1 else None
+        for gate in gates:
+            up = probe is not None or gate.is_up()
+            ready = False
+            if up:
+                wait_s = math.inf if wait_s is None else wait_s
+                if gate.inflight < gate.limit:
+                    gate_wait_s = gate.wait_s(estimated_tokens, now_s)
+                    quota = gate.quota
+                    if gate_wait_s <= 0 and quota is not None:
+                        gate_wait_s = quota.wait_s(_quota_cost(estimated_tokens, output_tokens), now_s)
+                        if gate_wait_s > 0 or not quota.turn_of(gate):
+                            quota.join(gate)  # woken by a timer, by the limiter served before it, or by room
+                            joined.append(gate)
+                            gate_wait_s = max(gate_wait_s, 0.0) or math.inf
+                    ready = gate_wait_s <= 0
+                    if not ready:
+                        wait_s = min(wait_s, gate_wait_s)
+            if rooms is None:
+                return (gate if ready else None), wait_s, joined
+            rooms.append(gate.room(ready, now_s) if up else _DOWN)
+        assert rooms is not None
+        chosen = choose_deployment(rooms)
+        return (gates[chosen] if chosen is not None else None), wait_s, joined
+
     def _wake(self) -> None:
-        """Hand free slots to the waiters the lane scheduler names (none while paused or while
-        a budget is short for the one whose turn it is). A limiter whose next request waits on
-        its fleet quota stands in the quota's line: the limiters naming one quota take turns."""
-        quota = self._quota
-        while self._waiters and self._inflight < self.limit:
-            if self.paused_for_s > 0:
-                self._wake_in(self.paused_for_s)
-                break
+        """Hand admissions to the waiters the lane scheduler names, each on the deployment
+        `_choose` names (none while every deployment is paused, at its limit, or short of
+        budget or quota for the one whose turn it is: then a timer, a release or a quota wakes
+        it again). A waiter finds every deployment down: it is told so (NoDeploymentUp)."""
+        in_line: set[int] = set()
+        while self._waiters:
             now_s = self._clock()
             waiter = self._waiters.peek(now_s)
             assert waiter is not None
-            fut, estimated_tokens, output_tokens = waiter
+            fut, estimated_tokens, output_tokens, probe = waiter
             if fut.done():  # cancelled while waiting
                 self._waiters.discard(waiter)
                 continue
-            wait_s = self._mirror_wait_s(estimated_tokens, now_s)
-            if wait_s > 0:
-                self._wake_in(wait_s)
+            gate, wait_s, joined = self._choose(estimated_tokens, output_tokens, probe, now_s)
+            in_line.update(g.index for g in joined)
+            if gate is None:
+                if wait_s is None:
+                    self._waiters.pop(now_s)
+                    fut.set_exception(NoDeploymentUp())
+                    continue
+                if wait_s < math.inf:
+                    self._wake_in(wait_s)
                 break
-            if quota is not None:
-                quota_wait_s = quota.wait_s(_quota_cost(estimated_tokens, output_tokens), now_s)
-                if quota_wait_s > 0 or not quota.turn_of(self):
-                    quota.join(self)  # woken by a timer, by the limiter served before it, or by room
-                    if quota_wait_s > 0:
-                        self._wake_in(quota_wait_s)
-                    return
             self._waiters.pop(now_s)
-            fut.set_result(self._admit(estimated_tokens, output_tokens))
-            if quota is not None:
-                quota.served(self)
-        if quota is not None:
-            quota.leave(self)  # nothing waits on the quota here: no waiter, at its limit, or paced
+            fut.set_result(self._admit(gate, estimated_tokens, output_tokens))
+            if gate.quota is not None:
+                gate.quota.served(gate)
+                in_line.discard(gate.index)
+        for gate in self._gates:
+            if gate.quota is not None and gate.index not in in_line:
+                gate.quota.leave(gate)  # nothing waits on the quota here: no waiter, at its limit, or paced
+
+
+#: what a deployment whose circuit is open offers
+_DOWN = Room(up=False, ready=False, free_slots=0, budget=None, weight=1.0, chosen=0)

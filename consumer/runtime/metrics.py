@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from consumer.core.deployments import DEFAULT_DEPLOYMENT
 from consumer.core.errors import ConfigError
 from consumer.runtime.latency import HISTOGRAMS
 from consumer.runtime.stats import ServiceStats
@@ -63,6 +64,15 @@ _TIER_GAUGES = {
     "outage_s": "Seconds the tier's provider has been unreachable (0 while its circuit is closed)",
 }
 
+#: the tier figures labelled by deployment too (`tiers.NAME.deployments`; a tier without them
+#: is its own one deployment, `default`)
+_BY_DEPLOYMENT = frozenset(
+    {
+        "rate_limited", "input_tokens", "output_tokens", "limit", "inflight", "budget_requests_per_s",
+        "circuit_open",
+    }
+)
+
 Samples = Callable[[ServiceStats], Iterable[tuple[tuple[str, ...], float]]]
 
 
@@ -85,6 +95,34 @@ def _total(attribute: str) -> Samples:
 
 def _per_tier(field: str) -> Samples:
     return lambda s: [((tier,), getattr(ts, field)) for tier, ts in sorted(s.tiers.items())]
+
+
+def _per_deployment(field: str, *, counter: bool) -> Samples:
+    """A tier figure per (tier, deployment): a tier's named deployments each with its own
+    value, and under `default` the tier's own (a tier without deployments), or what no
+    deployment counted (a counter's offline batches)."""
+
+    def samples(s: ServiceStats) -> list[tuple[tuple[str, ...], float]]:
+        out: list[tuple[tuple[str, ...], float]] = []
+        for tier, ts in sorted(s.tiers.items()):
+            named = sorted((label, ds) for label, ds in ts.deployments.items() if label != DEFAULT_DEPLOYMENT)
+            if not named:
+                out.append(((tier, DEFAULT_DEPLOYMENT), getattr(ts, field)))
+                continue
+            out += [((tier, label), getattr(ds, field)) for label, ds in named]
+            rest = getattr(ts, field) - sum(getattr(ds, field) for _, ds in named)
+            if counter and rest > 0:
+                out.append(((tier, DEFAULT_DEPLOYMENT), rest))
+        return out
+
+    return samples
+
+
+def _tier_metric(name: str, text: str, counter: bool) -> _Metric:
+    if name in _BY_DEPLOYMENT:
+        samples = _per_deployment(name, counter=counter)
+        return _Metric(("tier", name), text, counter, ("tier", "deployment"), samples)
+    return _Metric(("tier", name), text, counter, ("tier",), _per_tier(name))
 
 
 def _per_lane(field: str) -> Samples:
@@ -187,10 +225,7 @@ METRICS: tuple[_Metric, ...] = (
     _Metric(
         ("paused_partitions",), "Partitions paused by backpressure", False, (), _total("paused_partitions")
     ),
-    *(
-        _Metric(("tier", name), text, True, ("tier",), _per_tier(name))
-        for name, text in _TIER_COUNTERS.items()
-    ),
+    *(_tier_metric(name, text, True) for name, text in _TIER_COUNTERS.items()),
     _Metric(
         ("tier", "fallback_jobs"),
         "Jobs the tier answered for another tier (its fallback), by the tier they asked for",
@@ -216,10 +251,7 @@ METRICS: tuple[_Metric, ...] = (
         ("tier", "size"),
         _agreement("agreed"),
     ),
-    *(
-        _Metric(("tier", name), text, False, ("tier",), _per_tier(name))
-        for name, text in _TIER_GAUGES.items()
-    ),
+    *(_tier_metric(name, text, False) for name, text in _TIER_GAUGES.items()),
     *LANE_METRICS,
     *QUOTA_METRICS,
     _Metric(

@@ -88,7 +88,9 @@ class AnswerResults:
     encoding equal to `encode(Result(...))`.
     """
 
-    __slots__ = ("_batch", "_completed_at", "_finish_reason", "_model", "_provider", "_topic", "_usage")
+    __slots__ = (
+        "_batch", "_completed_at", "_deployment", "_finish_reason", "_model", "_provider", "_topic", "_usage"
+    )
 
     def __init__(
         self,
@@ -102,6 +104,7 @@ class AnswerResults:
         self._topic = topic
         self._provider = completion.provider
         self._model = completion.model
+        self._deployment = completion.deployment
         # an embeddings answer has no finish reason; a batched answer's is the batch's, not a job's
         if isinstance(completion, Completion) and batch_size == 1:
             self._finish_reason = completion.finish_reason
@@ -164,6 +167,7 @@ class AnswerResults:
             "lane": lane,
             "mode": mode,
             "fallback_from": requested_tier if tier is not None and tier != requested_tier else None,
+            "deployment": self._deployment,
         }
         return OutRecord(self._topic, job_id.encode(), orjson.dumps(value), _headers(source, traceparent))
 

@@ -30,6 +30,7 @@ batched answer, measured on the verified ones).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
@@ -43,14 +44,15 @@ from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
-from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
+from consumer.core.plan import MIN_QUOTA_PAUSE_S, PlanMember, PlannedRequest, RequestPlan, Step
 from consumer.core.window import PackKey
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.deployments import Deployment
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, QUEUE_WAIT, RATE_LIMITED, Series
-from consumer.runtime.limiter import Token
+from consumer.runtime.limiter import NoDeploymentUp, Token
 from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.requests import build_request, ordinary_request
 from consumer.runtime.stats import ServiceStats
@@ -89,11 +91,16 @@ class PlanRunner:
         self._outcomes = outcomes
         self._stats = stats
         latency = stats.latency
-        #: this tier's provider-request series per outcome (made now: a 429 series shows 0 until one)
-        self._request_s = {
-            outcome: latency.child(PROVIDER_REQUEST, (tier.name, outcome))
-            for outcome in (OK, RATE_LIMITED, ERROR)
-        }
+        self._deployments = tier.deployments
+        #: per deployment, its provider-request series per outcome (made now: a 429 series
+        #: shows 0 until one)
+        self._request_s = [
+            {
+                outcome: latency.child(PROVIDER_REQUEST, (tier.name, outcome, d.label))
+                for outcome in (OK, RATE_LIMITED, ERROR)
+            }
+            for d in tier.deployments
+        ]
         #: per lane: this tier's queue-wait series
         self._queue_wait_s: dict[str, Series] = {}
         self._latency = latency
@@ -104,8 +111,6 @@ class PlanRunner:
         self._rng = rng
         self._clock = clock
         self._spawn = spawn
-        #: set (and replaced) whenever the tier's circuit changes: held requests look again
-        self._circuit_changed = asyncio.Event()
 
     # ------------------------------------------------------------------ a plan
     async def run(self, ctxs: list[JobContext], key: PackKey | None) -> None:
@@ -205,26 +210,27 @@ class PlanRunner:
         while True:
             if self._expire(plan, req):
                 return None
-            probe = await self._through_circuit(plan, req)
-            if isinstance(probe, PlannedRequest):  # some members moved to the fallback tier
-                req, request, traces = probe, None, [_ctx(m).trace for m in probe.members]
+            admitted = await self._through_circuit(plan, req)
+            if isinstance(admitted, PlannedRequest):  # some members moved to the fallback tier
+                req, request, traces = admitted, None, [_ctx(m).trace for m in admitted.members]
                 continue
-            if probe is None:
+            if admitted is None:
                 return None
+            probe = admitted if isinstance(admitted, Deployment) else None
             if request is None:
                 request = build(req)
             # while waiting for a slot the deadline may pass or the circuit open
-            wanted = functools.partial(self._still_wanted, plan, req, probe)
+            wanted = functools.partial(self._still_wanted, plan, req)
             lane, deadline_s = _schedule_of(req)
             answer: Completion | Embeddings | ProviderError | None = await self.call(
                 request, traces, still_wanted=wanted, probe=probe, lane=lane, deadline_s=deadline_s
             )
             if answer is None:
-                if probe:
-                    self.tier.circuit.probe_abandoned()
+                if probe is not None:
+                    probe.circuit.probe_abandoned()
                 if self._expire(plan, req):
                     return None
-            elif not (isinstance(answer, ProviderError) and self.tier.circuit.holds(answer)):
+            elif not (isinstance(answer, ProviderError) and self._held(answer)):
                 break
             self.tier.stats.held_requests += 1  # held: sent again once the circuit admits it
         if isinstance(answer, QuotaExhausted) and self._fallback is not None:
@@ -243,7 +249,7 @@ class PlanRunner:
         traces: Sequence[Any],
         *,
         still_wanted: Callable[[], bool] | None = None,
-        probe: bool = False,
+        probe: Deployment | None = None,
         lane: Lane | None = None,
         deadline_s: float | None = None,
     ) -> Completion | ProviderError | None: ...
@@ -255,7 +261,7 @@ class PlanRunner:
         traces: Sequence[Any],
         *,
         still_wanted: Callable[[], bool] | None = None,
-        probe: bool = False,
+        probe: Deployment | None = None,
         lane: Lane | None = None,
         deadline_s: float | None = None,
     ) -> Embeddings | ProviderError | None: ...
@@ -266,7 +272,7 @@ class PlanRunner:
         traces: Sequence[Any],
         *,
         still_wanted: Callable[[], bool] | None = None,
-        probe: bool = False,
+        probe: Deployment | None = None,
         lane: Lane | None = None,
         deadline_s: float | None = None,
     ) -> Completion | Embeddings | ProviderError | None:
@@ -275,66 +281,110 @@ class PlanRunner:
 
         An unexpected exception from an adapter is a bug there; it must not lose jobs, so it
         becomes a retryable ServerError (which says nothing to the circuit). None:
-        `still_wanted` said no once the slot was granted. The limiter token ends exactly once
-        whatever happens (`AsyncLimiter.slot`). probe: this call is the open circuit's probe.
-        lane, deadline_s: where the request waits for its slot (`consumer.core.lanes`).
+        `still_wanted` said no once the slot was granted, or no deployment's circuit is closed
+        (the caller holds the request). The limiter token ends exactly once whatever happens
+        (`AsyncLimiter.slot`); its gate names the deployment the call goes to. probe: this call
+        is that deployment's open circuit's probe. lane, deadline_s: where the request waits for
+        its slot (`consumer.core.lanes`).
         """
         tier = self.tier
         limiter = tier.limiter
         # a fleet quota reserves the output a request may produce: its max_tokens
         output_tokens = _max_tokens(request) if limiter.quota is not None else None
         slot = limiter.slot(
-            request.estimated_tokens(), lane=lane, deadline_s=deadline_s, output_tokens=output_tokens
+            request.estimated_tokens(),
+            lane=lane,
+            deadline_s=deadline_s,
+            output_tokens=output_tokens,
+            probe=probe.gate if probe is not None else None,
         )
-        async with slot as token:
-            if still_wanted is not None and not still_wanted():
-                limiter.note_budget(None, token, rejected=True)  # never sent: the provider counts nothing
-                return None
-            with self._telemetry.provider_call(self._call_target, request, traces) as traced:
-                sent_s = self._clock()
-                try:
-                    completion: Completion | Embeddings
-                    if isinstance(request, EmbeddingRequest):
-                        completion = await cast(EmbeddingProvider, tier.provider).embed(request)
-                    else:
-                        completion = await tier.provider.complete(request)
-                except ProviderError as exc:
-                    self._request_s[RATE_LIMITED if exc.status_code == 429 else ERROR].observe(
-                        self._clock() - sent_s
-                    )
-                    if isinstance(exc, RateLimited):  # before the token ends: it settles as not counted
-                        _note_rate_limited(tier, token, exc)
-                    token.dropped() if exc.overload else token.ignore()
-                    self._count_error(exc)
-                    if isinstance(exc, QuotaExhausted):
-                        hinted = exc.hint.retry_after_s
-                        cooldown_s = tier.config.retry.quota_cooldown_s if hinted is None else hinted
-                        tier.quota.on_exhausted(self._clock(), cooldown_s)
-                    traced.failed(exc)
-                    self._circuit_saw(exc, probe=probe)
-                    return exc
-                except Exception as exc:
-                    self._request_s[ERROR].observe(self._clock() - sent_s)
-                    traced.failed(exc)
-                    log.exception("provider %s raised unexpectedly", tier.name)
-                    if probe:
-                        tier.circuit.probe_abandoned()
-                    return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
-                traced.answered(completion)
-            self._request_s[OK].observe(self._clock() - sent_s)
-            _note_answer(tier, token, completion)  # before the token ends: it settles to the usage
-            token.success()
-            tier.quota.on_answer()
-            self._count_usage(completion)
-            self._circuit_saw(None, probe=probe)
-            return completion
+        try:
+            async with slot as token:
+                deployment = self._deployments[token.gate.index]
+                if (probe is None and deployment.circuit.open) or (
+                    still_wanted is not None and not still_wanted()
+                ):
+                    limiter.note_budget(None, token, rejected=True)  # never sent: the provider counts nothing
+                    return None
+                if deployment.name is not None and deployment.config.model != request.model:
+                    request = dataclasses.replace(request, model=deployment.config.model)
+                return await self._send_to(deployment, request, traces, token, probe is not None)
+        except NoDeploymentUp:
+            return None
+
+    async def _send_to(
+        self,
+        deployment: Deployment,
+        request: CompletionRequest | EmbeddingRequest,
+        traces: Sequence[Any],
+        token: Token,
+        probe: bool,
+    ) -> Completion | Embeddings | ProviderError:
+        """The provider call of `call` on the deployment its slot was granted to."""
+        tier = self.tier
+        series = self._request_s[deployment.gate.index]
+        with self._telemetry.provider_call(self._call_target, request, traces) as traced:
+            sent_s = self._clock()
+            try:
+                completion: Completion | Embeddings
+                if isinstance(request, EmbeddingRequest):
+                    completion = await cast(EmbeddingProvider, deployment.provider).embed(request)
+                else:
+                    completion = await deployment.provider.complete(request)
+            except ProviderError as exc:
+                series[RATE_LIMITED if exc.status_code == 429 else ERROR].observe(self._clock() - sent_s)
+                if isinstance(exc, RateLimited):  # before the token ends: it settles as not counted
+                    _note_rate_limited(tier, token, exc)
+                token.dropped() if exc.overload else token.ignore()
+                exc.deployment = deployment.gate.index
+                self._count_error(exc, deployment)
+                if isinstance(exc, QuotaExhausted):
+                    self._quota_exhausted(deployment, exc)
+                traced.failed(exc)
+                self._circuit_saw(exc, deployment, probe=probe)
+                return exc
+            except Exception as exc:
+                series[ERROR].observe(self._clock() - sent_s)
+                traced.failed(exc)
+                log.exception("provider %s raised unexpectedly", tier.name)
+                if probe:
+                    deployment.circuit.probe_abandoned()
+                return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
+            traced.answered(completion)
+        series[OK].observe(self._clock() - sent_s)
+        _note_answer(tier, token, completion)  # before the token ends: it settles to the usage
+        token.success()
+        deployment.quota.on_answer()
+        self._count_usage(completion, deployment)
+        self._circuit_saw(None, deployment, probe=probe)
+        if deployment.name is not None:
+            completion = dataclasses.replace(completion, deployment=deployment.name)
+        return completion
+
+    def _quota_exhausted(self, deployment: Deployment, exc: QuotaExhausted) -> None:
+        """The deployment's provider quota is spent: that deployment pauses (the others go on)
+        for the answer's Retry-After, else the tier's `retry.quota_cooldown_s`."""
+        hinted = exc.hint.retry_after_s
+        cooldown_s = self.tier.config.retry.quota_cooldown_s if hinted is None else hinted
+        deployment.quota.on_exhausted(self._clock(), cooldown_s)
+        pause_s = max(MIN_QUOTA_PAUSE_S, cooldown_s)
+        self.tier.limiter.pause(pause_s, deployment.gate)
+        log.warning(
+            "tier %s deployment %s: quota exhausted, paused %.1fs", self.tier.name, deployment.label, pause_s
+        )
+
+    def _held(self, error: ProviderError) -> bool:
+        """True when a request that failed with `error` is held and sent again (to another
+        deployment, or once its circuit admits it) without costing its members an attempt:
+        an outage of a deployment whose circuit is open."""
+        return self._deployments[error.deployment].circuit.holds(error)
 
     # ------------------------------------------------------------------ the circuit
-    def _still_wanted(self, plan: RequestPlan, req: PlannedRequest, probe: bool) -> bool:
-        """Once a slot is granted: send unless the members' deadlines passed or the circuit
-        opened meanwhile (then only the probe goes). A member sent for the first time ends
-        its queue wait here (window, limiter and circuit are behind it)."""
-        wanted = not self._expire(plan, req) and (probe or not self.tier.circuit.open)
+    def _still_wanted(self, plan: RequestPlan, req: PlannedRequest) -> bool:
+        """Once a slot is granted (on a deployment whose circuit is closed, or as its probe):
+        send unless the members' deadlines passed meanwhile. A member sent for the first
+        time ends its queue wait here (window, limiter and circuit are behind it)."""
+        wanted = not self._expire(plan, req)
         if wanted:
             now_s = self._clock()
             for member in req.members:
@@ -349,28 +399,31 @@ class PlanRunner:
                     series.observe(now_s - ctx.received_s)
         return wanted
 
-    def _circuit_saw(self, error: ProviderError | None, *, probe: bool) -> None:
-        """Feed one call's outcome to the circuit; log and wake the held requests on a change."""
-        tier, now_s = self.tier, self._clock()
+    def _circuit_saw(self, error: ProviderError | None, deployment: Deployment, *, probe: bool) -> None:
+        """Feed one call's outcome to its deployment's circuit; log and wake the held requests
+        on a change."""
+        tier, now_s, circuit = self.tier, self._clock(), deployment.circuit
         if error is not None and is_outage(error):
-            change = tier.circuit.on_outage(error, now_s, probe=probe)
+            change = circuit.on_outage(error, now_s, probe=probe)
+        elif circuit.open or circuit.last_error is not None or probe:
+            change = circuit.on_answer(now_s)
         else:
-            change = tier.circuit.on_answer(now_s)
+            return  # closed with no run of failures: nothing to change, nobody to wake
         if change is not None:
-            url = tier.config.resolved_base_url
+            url = deployment.config.resolved_base_url
             if change.opened:
                 log.warning(
-                    "tier %s: provider at %s unreachable (%s); circuit open: its jobs are held, "
-                    "one probe request at a time", tier.name, url, error.message if error else "?",
+                    "tier %s deployment %s: provider at %s unreachable (%s); circuit open: its requests "
+                    "go to the tier's other deployments, or are held while none is up",
+                    tier.name, deployment.label, url, error.message if error else "?",
                 )
             else:
                 log.info(
-                    "tier %s: provider at %s answers again after %.1f s; circuit closed",
-                    tier.name, url, change.outage_s,
+                    "tier %s deployment %s: provider at %s answers again after %.1f s; circuit closed",
+                    tier.name, deployment.label, url, change.outage_s,
                 )
         if change is not None or probe:
-            self._circuit_changed.set()
-            self._circuit_changed = asyncio.Event()
+            tier.circuit_changed()
 
     def _moved(self, plan: RequestPlan, req: PlannedRequest) -> PlannedRequest | None:
         """Move the members of the unsent `req` that the fallback takes now; returns `req`
@@ -387,21 +440,22 @@ class PlanRunner:
 
     async def _through_circuit(
         self, plan: RequestPlan, req: PlannedRequest
-    ) -> bool | PlannedRequest | None:
-        """Wait until the circuit lets `req` go: False (closed), True (it goes as the probe),
+    ) -> bool | Deployment | PlannedRequest | None:
+        """Wait until a circuit lets `req` go: False (a deployment's is closed), a Deployment
+        (it goes as the probe of that one's open circuit),
         a PlannedRequest (some members moved to the fallback tier: send this one for the rest
         instead), None (nothing left to send: its members' deadlines passed or moved, or the
         outage lasted longer than `retry.max_outage_s`, which dead-letters them
         `retries_exhausted`)."""
-        circuit = self.tier.circuit
-        max_outage_s = self.tier.config.retry.max_outage_s
+        tier = self.tier
+        max_outage_s = tier.config.retry.max_outage_s
         while True:
             now_s = self._clock()
-            admit, wait_s = circuit.admit(now_s)
+            admit, wait_s, probe = tier.admit(now_s)
             if admit is Admit.SEND:
                 return False
-            if admit is Admit.PROBE:
-                return True
+            if probe is not None:
+                return probe
             if self._fallback is not None:
                 rest = self._moved(plan, req)
                 if rest is not req:
@@ -409,10 +463,11 @@ class PlanRunner:
                 until_s = self._fallback.wait_s(self.tier, now_s)
                 if until_s is not None:
                     wait_s = min(wait_s, max(until_s, 0.01))
-            outage_s = circuit.outage_s(now_s)
+            outage_s = tier.outage_s(now_s)
             if max_outage_s is not None:
                 if outage_s >= max_outage_s:
-                    last = circuit.last_error.message if circuit.last_error else "no answer"
+                    errors = [d.circuit.last_error for d in tier.deployments if d.circuit.last_error]
+                    last = errors[0].message if errors else "no answer"
                     step = plan.cancel(
                         ErrorKind.RETRIES_EXHAUSTED,
                         f"provider unreachable for {outage_s:.0f} s: {last}",
@@ -424,7 +479,7 @@ class PlanRunner:
             deadlines = [d for m in req.members if (d := _ctx(m).deadline_s) is not None]
             if deadlines:
                 wait_s = min(wait_s, max(0.0, min(deadlines) - now_s))
-            changed = self._circuit_changed
+            changed = tier.circuit_change
             await wait_at_most(changed.wait(), max(wait_s, 0.001))
             if self._expire(plan, req):
                 return None
@@ -447,10 +502,7 @@ class PlanRunner:
         return plan.done or len(expired) == len(req.members)
 
     def _apply(self, plan: RequestPlan, step: Step, completion: Completion | None) -> None:
-        tier = self.tier
-        if step.pause_tier_s:
-            tier.limiter.pause(step.pause_tier_s)
-            log.warning("tier %s: quota exhausted, paused %.1fs", tier.name, step.pause_tier_s)
+        # step.pause_tier_s: the deployment that said so is paused already (`_quota_exhausted`)
         now_s = self._clock()
         # what the jobs answered by one request share is built once
         results: AnswerResults | None = None
@@ -503,7 +555,7 @@ class PlanRunner:
         the two usages (`share`: the job's share of its batched request) measure what batching
         saved."""
         tier = self.tier
-        if tier.circuit.open:
+        if all(d.circuit.open for d in tier.deployments):
             return  # while the provider is down only the probe goes out
         request = ordinary_request(self.tier, ctx)
         answer = await self.call(request, [ctx.trace], lane=ctx.lane)
@@ -532,9 +584,13 @@ class PlanRunner:
         if req.attempt > 1:
             stats.retries += 1
 
-    def _count_usage(self, completion: Completion | Embeddings) -> None:
+    def _count_usage(self, completion: Completion | Embeddings, deployment: Deployment) -> None:
         """An answered request's tokens, and their cost at the tier's pricing."""
         stats, usage = self.tier.stats, completion.usage
+        own = deployment.stats
+        own.provider_requests += 1
+        own.input_tokens += usage.input_tokens
+        own.output_tokens += usage.output_tokens
         stats.input_tokens += usage.input_tokens
         stats.output_tokens += usage.output_tokens
         stats.cached_input_tokens += usage.cached_input_tokens
@@ -560,10 +616,14 @@ class PlanRunner:
         self.tier.stats.provider_requests += 1
         self.tier.stats.verify_requests += 1
 
-    def _count_error(self, exc: ProviderError) -> None:
+    def _count_error(self, exc: ProviderError, deployment: Deployment) -> None:
         self.tier.stats.provider_errors += 1
+        own = deployment.stats
+        own.provider_requests += 1
+        own.provider_errors += 1
         if exc.status_code == 429:
             self.tier.stats.rate_limited += 1
+            own.rate_limited += 1
 
     def _count_follow_up(self, req: PlannedRequest, nxt: PlannedRequest) -> None:
         if len(nxt.members) < len(req.members) and len(req.members) > 1:
@@ -601,9 +661,9 @@ def _max_tokens(request: CompletionRequest | EmbeddingRequest) -> int | None:
 
 
 def _note_rate_limited(tier: TierRuntime, token: Token, exc: RateLimited) -> None:
-    """A 429: the provider's budget is empty, so the limiter's mirrors restart from there; with
-    a Retry-After nobody on this tier should try before then (the limit alone bounds
+    """A 429: the deployment's budget is empty, so its mirrors restart from there; with a
+    Retry-After nobody should try that deployment before then (the limit alone bounds
     concurrency, not rate)."""
     tier.limiter.note_budget(exc.hint, token, rejected=True)
     if exc.hint.retry_after_s:
-        tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
+        tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s), token.gate)

@@ -13,9 +13,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumer.core.adaptive import AgreementStats
+from consumer.core.deployments import DEFAULT_DEPLOYMENT
 from consumer.core.lag import PartitionLag
 from consumer.core.snapshots import FALLBACK_PREFIX
 from consumer.runtime.latency import LatencyHistograms
+
+
+@dataclass
+class DeploymentStats:
+    """Counters and gauges of one deployment of a tier (`tiers.NAME.deployments`): what
+    `promptbus stats` prints per deployment and `/metrics` labels `deployment`."""
+
+    provider_requests: int = 0
+    rate_limited: int = 0
+    provider_errors: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    circuit_opened: int = 0
+    listing_probes: int = 0
+    # gauges
+    limit: int = 0
+    inflight: int = 0
+    circuit_open: int = 0
+    budget_requests_per_s: float = 0.0
+
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 @dataclass
@@ -62,6 +86,8 @@ class TierStats:
     offline_saved_usd: float = 0.0
     #: jobs this tier answered for another (its fallback), by the tier they asked for
     fallback_jobs: Counter[str] = field(default_factory=Counter)
+    #: per deployment (its metrics label: `default` for the tier's own one)
+    deployments: dict[str, DeploymentStats] = field(default_factory=dict)
     # gauges
     limit: int = 0
     inflight: int = 0
@@ -89,8 +115,15 @@ class TierStats:
         else:
             self.auto_online += 1
 
+    def deployment(self, label: str) -> DeploymentStats:
+        ds = self.deployments.get(label)
+        if ds is None:
+            ds = self.deployments[label] = DeploymentStats()
+        return ds
+
     def as_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "fallback_jobs"}
+        nested = ("fallback_jobs", "deployments")
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in nested}
         d["requests_saved"] = self.requests_saved
         # flat, so snapshots add up like every other counter
         for source, n in sorted(self.fallback_jobs.items()):
@@ -210,6 +243,13 @@ class ServiceStats:
             "tiers": {name: ts.as_dict() for name, ts in sorted(self.tiers.items())},
             "lanes": {name: ls.as_dict() for name, ls in sorted(self.lanes.items())},
             "quotas": {name: qs.as_dict() for name, qs in sorted(self.quotas.items())},
+            # the deployments of tiers that configure them ("TIER/NAME"); a tier's own one is the tier
+            "deployments": {
+                f"{tier}/{label}": ds.as_dict()
+                for tier, ts in sorted(self.tiers.items())
+                for label, ds in sorted(ts.deployments.items())
+                if label != DEFAULT_DEPLOYMENT
+            },
             "agreement": self.agreement.as_dict(),
             "histograms": self.latency.snapshot(),
             "lag": [

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from consumer.core.adaptive import AdaptivePackSize, AdaptiveSizes
-from consumer.core.circuit import CircuitBreaker
+from consumer.core.circuit import Admit, CircuitBreaker
 from consumer.core.dedupe import DedupeTable
+from consumer.core.deployments import DEFAULT_DEPLOYMENT
 from consumer.core.fallback import FallbackRule, QuotaWatch, TierCondition
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
 from consumer.core.routing import ModePolicy
 from consumer.core.window import PackKey, WindowLimits
 from consumer.providers.base import CompletionProvider
+from consumer.runtime.deployments import Deployment
 from consumer.runtime.evidence import RememberedEvidence
-from consumer.runtime.limiter import AsyncLimiter
+from consumer.runtime.limiter import AsyncLimiter, Gate
 from consumer.runtime.quotas import FleetQuota
 from consumer.runtime.stats import TierStats
 from consumer.settings import BatchingConfig, TierConfig
@@ -42,8 +46,64 @@ class TierRuntime:
     dedupe: DedupeTable[Any, Any] | None = None
     #: the provider's quota, exhausted for a cool-down after it says so (`fallback.quota_exhausted`)
     quota: QuotaWatch = field(default_factory=QuotaWatch)
+    #: the endpoints serving the tier, each request sent through one (`consumer.runtime.deployments`);
+    #: empty at construction: the tier's own provider, limiter, circuit and quota are its one
+    deployments: tuple[Deployment, ...] = ()
     #: the window limits of each adaptive size in use (one value per size, not one per job)
     _limits_by_size: dict[int, WindowLimits] = field(default_factory=dict, init=False, repr=False)
+    #: set (and replaced) whenever a deployment's circuit changes: held requests look again
+    _circuit_changed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.deployments:
+            gate = self.limiter.gates[0]
+            own = Deployment(
+                None, self.config, self.provider, gate, self.circuit, self.quota,
+                self.stats.deployment(DEFAULT_DEPLOYMENT),
+            )
+            self.deployments = (own,)
+
+    @property
+    def circuit_change(self) -> asyncio.Event:
+        """Set when a deployment's circuit changes next (a new event after each change)."""
+        return self._circuit_changed
+
+    def circuit_changed(self) -> None:
+        """A deployment's circuit opened or closed: wake what waits on it (held requests, and
+        the limiter's waiters, which may go to it now or must leave a deployment that is down)."""
+        self._circuit_changed.set()
+        self._circuit_changed = asyncio.Event()
+        self.limiter.wake()
+
+    def admit(self, now_s: float) -> tuple[Admit, float, Deployment | None]:
+        """May a request of this tier go now? SEND (some deployment's circuit is closed),
+        PROBE (every one is open and this request is the probe of the one named), or WAIT (with
+        how long until a probe could go; a circuit probed by its listing is `CircuitProber`'s)."""
+        wait_s = float("inf")
+        for deployment in self.deployments:
+            if not deployment.circuit.open:
+                return Admit.SEND, 0.0, None
+        for deployment in self.deployments:
+            circuit = deployment.circuit
+            if circuit.listing_probes:
+                wait_s = min(wait_s, max(circuit.probe_wait_s(now_s), circuit.probe_s))
+                continue
+            admit, probe_wait_s = circuit.admit(now_s)
+            if admit is Admit.PROBE:
+                return Admit.PROBE, 0.0, deployment
+            wait_s = min(wait_s, probe_wait_s)
+        return Admit.WAIT, wait_s, None
+
+    def job_probe_due(self, now_s: float) -> bool:
+        """True when every deployment is down and one of them is to be probed by a request
+        now (not by its listing): a new job may go as that probe."""
+        return all(d.circuit.open for d in self.deployments) and any(
+            not d.circuit.listing_probes and d.circuit.probe_due(now_s) for d in self.deployments
+        )
+
+    def outage_s(self, now_s: float) -> float:
+        """How long every deployment has been down (0: some deployment's circuit is closed)."""
+        return min(d.circuit.outage_s(now_s) for d in self.deployments)
 
     @cached_property
     def fallback(self) -> FallbackRule | None:
@@ -57,9 +117,17 @@ class TierRuntime:
 
     def condition(self, now_s: float) -> TierCondition:
         """What the tier's own answers say now, for the fallback decision."""
-        return TierCondition(
-            self.circuit.open, self.circuit.outage_s(now_s), self.quota.exhausted(now_s)
-        )
+        deployments = self.deployments
+        if len(deployments) == 1:
+            d = deployments[0]
+            return TierCondition(d.circuit.open, d.circuit.outage_s(now_s), d.quota.exhausted(now_s))
+        # the tier is in trouble only when every deployment is: each down or out of quota
+        opened = [d.circuit.open for d in deployments]
+        exhausted = [d.quota.exhausted(now_s) for d in deployments]
+        if not all(o or e for o, e in zip(opened, exhausted, strict=True)):
+            return TierCondition()
+        outage_s = min((d.circuit.outage_s(now_s) for d in deployments if d.circuit.open), default=0.0)
+        return TierCondition(any(opened) and not any(exhausted), outage_s, any(exhausted))
 
     def limits_for(self, key: PackKey, now_s: float) -> WindowLimits:
         """The window limits for a job routed to `key`'s window: max_items follows the key's
@@ -82,9 +150,11 @@ class TierRuntime:
         stats.paused_s = round(limiter.paused_for_s, 3)
         stats.budget_requests_per_s = round(limiter.pacer.rate_per_s or 0.0, 2)
         stats.budget_tokens_per_s = round(limiter.tokens.rate_per_s or 0.0, 1)
-        stats.circuit_open = int(self.circuit.open)
-        stats.outage_s = round(self.circuit.outage_s(now_s), 1)
-        stats.circuit_opened = self.circuit.opened_count
+        stats.circuit_open = int(all(d.circuit.open for d in self.deployments))
+        stats.outage_s = round(self.outage_s(now_s), 1)
+        stats.circuit_opened = sum(d.circuit.opened_count for d in self.deployments)
+        for deployment in self.deployments:
+            deployment.refresh_gauges()
 
     def current_batch_size(self) -> int:
         """The largest current adaptive size over this tier's keys (the trusted size before
@@ -102,10 +172,29 @@ class TierRuntime:
         stats: TierStats,
         remembered: RememberedEvidence | None = None,
         fleet_quota: FleetQuota | None = None,
+        *,
+        deployments: Sequence[tuple[CompletionProvider, FleetQuota | None]] | None = None,
     ) -> TierRuntime:
         """remembered: what earlier runs measured; each new batch key starts from it;
-        fleet_quota: the quota the tier names (`quota:`), shared with every tier naming it."""
+        fleet_quota: the quota the tier names (`quota:`), shared with every tier naming it;
+        deployments: per entry of `config.deployment_configs`, its provider and fleet quota
+        (None: `provider` and `fleet_quota` are the tier's own one deployment)."""
         b, r = config.batching, config.retry
+        if deployments is None:
+            deployments = [(provider, fleet_quota)]
+        parts = []
+        for (dep_name, _where, weight, dep_config), (dep_provider, dep_quota) in zip(
+            config.deployment_configs(name), deployments, strict=True
+        ):
+            circuit = CircuitBreaker(
+                failures=r.circuit_failures, probe_s=r.circuit_probe_s, probe_max_s=r.circuit_probe_max_s
+            )
+            gate = Gate(
+                limit_for(dep_config.limiter), quota=dep_quota, weight=weight, up=_closed(circuit)
+            )
+            label = dep_name if dep_name is not None else DEFAULT_DEPLOYMENT
+            own_stats = stats.deployment(label)
+            parts.append(Deployment(dep_name, dep_config, dep_provider, gate, circuit, stats=own_stats))
 
         def new_size(key: PackKey) -> AdaptivePackSize:
             tracker = adaptive_size_for(config)
@@ -116,17 +205,24 @@ class TierRuntime:
         return cls(
             name=name,
             config=config,
-            provider=provider,
-            limiter=AsyncLimiter(limit_for(config.limiter), quota=fleet_quota),
+            provider=parts[0].provider,
+            limiter=AsyncLimiter(gates=[d.gate for d in parts]),
             retry_policy=RetryPolicy.from_config(r),
             window_limits=WindowLimits.from_config(b),
             stats=stats,
             sizes=AdaptiveSizes(new_size),
             dedupe=DedupeTable(config.dedupe_window_s) if config.dedupe else None,
-            circuit=CircuitBreaker(
-                failures=r.circuit_failures, probe_s=r.circuit_probe_s, probe_max_s=r.circuit_probe_max_s
-            ),
+            circuit=parts[0].circuit,
+            quota=parts[0].quota,
+            deployments=tuple(parts),
         )
+
+
+def _closed(circuit: CircuitBreaker) -> Callable[[], bool]:
+    def closed() -> bool:
+        return not circuit.open
+
+    return closed
 
 
 def trusted_items(batching: BatchingConfig) -> int:

@@ -21,6 +21,7 @@ from consumer.settings.tierfile import KeyedProblem, TierFile, lane_topic, load_
 from consumer.settings.tiers import (
     DEFAULT_BASE_URLS,
     BatchingConfig,
+    DeploymentConfig,
     FallbackConfig,
     LimiterConfig,
     OfflineConfig,
@@ -33,6 +34,7 @@ from consumer.settings.tiers import (
 __all__ = [
     "DEFAULT_BASE_URLS",
     "BatchingConfig",
+    "DeploymentConfig",
     "FallbackConfig",
     "KafkaSecurity",
     "KeyedProblem",

@@ -55,10 +55,32 @@ class TierFile(StrictModel):
     @model_validator(mode="after")
     def _check_quotas(self) -> TierFile:
         known = self.quotas or {}
+        where = f"(quotas: {', '.join(sorted(known))})" if known else "(the tier file has no quotas)"
         for name, tier in self.tiers.items():
-            if tier.quota is not None and tier.quota not in known:
-                where = f"(quotas: {', '.join(sorted(known))})" if known else "(the tier file has no quotas)"
-                raise KeyedProblem(f"tiers.{name}.quota", f"unknown quota {tier.quota!r} {where}")
+            named = [(f"tiers.{name}.quota", tier.quota)] + [
+                (f"tiers.{name}.deployments.{i}.quota", d.quota) for i, d in enumerate(tier.deployments or ())
+            ]
+            for key, quota in named:
+                if quota is not None and quota not in known:
+                    raise KeyedProblem(key, f"unknown quota {quota!r} {where}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_deployments(self) -> TierFile:
+        for name, tier in self.tiers.items():
+            seen: set[str] = set()
+            for i, d in enumerate(tier.deployments or ()):
+                if d.name in seen:
+                    raise KeyedProblem(
+                        f"tiers.{name}.deployments.{i}.name",
+                        f"deployment name {d.name!r} is used twice in the tier",
+                    )
+                seen.add(d.name)
+                if d.base_url is None and tier.base_url is None and tier.provider == "openai_compat":
+                    raise KeyedProblem(
+                        f"tiers.{name}.deployments.{i}.base_url",
+                        "required for provider openai_compat: neither the deployment nor the tier sets one",
+                    )
         return self
 
     @model_validator(mode="after")

@@ -227,6 +227,34 @@ class PricingConfig(StrictModel):
         )
 
 
+_TIERS_OWN = "null: the tier's own"
+
+
+class DeploymentConfig(StrictModel):
+    """`tiers.NAME.deployments[i]`: one endpoint (a key, a region, a replica) serving the tier,
+    with its own limiter, pacing, circuit and connections; each key left out is the tier's own,
+    and the provider is the tier's (docs/operations.md "Deployments")."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="unique within the tier; results name it (deployment) and metrics label it",
+    )
+    base_url: str | None = Field(None, description=f"its API base URL; {_TIERS_OWN}")
+    api_key_env: str | None = Field(
+        None, description=f"name of the environment variable holding its API key; {_TIERS_OWN}"
+    )
+    model: str | None = Field(None, min_length=1, description=f"the model id it serves; {_TIERS_OWN}")
+    weight: float = Field(
+        1.0, gt=0, description="its share of the requests when headroom says nothing more (equal headroom)"
+    )
+    limiter: LimiterConfig | None = Field(None, description=f"its concurrency limiter; {_TIERS_OWN}")
+    quota: str | None = Field(
+        None, min_length=1, description=f"the quota (under quotas) its requests count against; {_TIERS_OWN}"
+    )
+
+
 class TierConfig(StrictModel):
     provider: ProviderName = Field(
         description="the wire format: openai, anthropic, or openai_compat (vLLM, llama.cpp, Ollama /v1, TGI)"
@@ -289,6 +317,15 @@ class TierConfig(StrictModel):
         ),
     )
 
+    deployments: list[DeploymentConfig] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "the endpoints serving this tier (keys, regions, replicas), each request sent to the one with "
+            "the most headroom; null: the tier's own keys are its one deployment"
+        ),
+    )
+
     @field_validator("options")
     @classmethod
     def _check_response_format(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -306,13 +343,34 @@ class TierConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check_provider(self) -> TierConfig:
-        if self.base_url is None and self.provider == "openai_compat":
+        if (
+            self.base_url is None
+            and self.provider == "openai_compat"
+            and not self.deployments  # each deployment's own is checked with its dotted key
+        ):
             raise ValueError("base_url is required for provider openai_compat")
         if self.offline.enabled and self.provider == "openai_compat":
             raise ValueError("offline.enabled: openai_compat has no Batch API; use online mode")
         if self.default_mode == "offline" and not self.offline.enabled:
             raise ValueError("default_mode offline needs offline.enabled: true")
         return self
+
+    def deployment_configs(self, tier_name: str) -> list[tuple[str | None, str, float, TierConfig]]:
+        """Each deployment as (name, where: the dotted key's tier part, e.g. `small.deployments.0`
+        for `check_tier` and its errors, weight, the tier's config with its own keys over the
+        tier's); a tier without `deployments` is its own one deployment, named None."""
+        if not self.deployments:
+            return [(None, tier_name, 1.0, self)]
+        out: list[tuple[str | None, str, float, TierConfig]] = []
+        for i, d in enumerate(self.deployments):
+            own = {
+                key: value
+                for key in ("base_url", "api_key_env", "model", "limiter", "quota")
+                if (value := getattr(d, key)) is not None
+            }
+            config = self.model_copy(update={**own, "deployments": None})
+            out.append((d.name, f"{tier_name}.deployments.{i}", d.weight, config))
+        return out
 
     @property
     def resolved_base_url(self) -> str:
