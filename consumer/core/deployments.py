@@ -9,9 +9,9 @@ go, it goes to one deployment of the tier, chosen here from what each can take n
 - of the others, the one with the most headroom: the requests it could take now, the
   smaller of its free slots and the requests its paced budget holds;
 - equal headroom: the one furthest behind its `weight`'s share of the requests chosen so
-  far (fewest chosen per unit of weight; then the first), so when nothing else says more,
-  the weights set the shares: over many choices each deployment's count is within one
-  request of its weight's share.
+  far (fewest chosen per unit of weight, counting half a request more; then the first), so
+  when nothing else says more, the weights set the shares: over many choices each
+  deployment's count stays within a request per deployment of its weight's share.
 
 `choose_deployment` is a few comparisons per deployment, and the call path asks it only for
 a tier of more than one deployment.
@@ -63,7 +63,8 @@ def choose_deployment(rooms: Sequence[Room]) -> int | None:
         if not room.up or not room.ready or room.free_slots <= 0:
             continue
         headroom = room.headroom
-        behind = (room.chosen + 1) / room.weight  # its share after this one: lower is further behind
+        # Sainte-Lague's divisor: the unbiased one of the divisor methods of apportionment
+        behind = (room.chosen + 0.5) / room.weight
         if best is None or headroom > best_headroom or (headroom == best_headroom and behind < best_behind):
             best, best_headroom, best_behind = index, headroom, behind
     return best
