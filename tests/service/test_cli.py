@@ -61,7 +61,10 @@ def cli(
             "unknown quota 'key'",
         ),
         (
-            {"tiers": {"a": {"provider": "openai", "model": "m"}}, "quotas": {"key": {"tokens_per_minute": 0}}},
+            {
+                "tiers": {"a": {"provider": "openai", "model": "m"}},
+                "quotas": {"key": {"tokens_per_minute": 0}},
+            },
             "quotas.key.tokens_per_minute",
             "greater than 0",
         ),

@@ -48,13 +48,22 @@ TIER = {"provider": "openai_compat", "base_url": "http://127.0.0.1:9/v1", "model
             "tiers.a.deployments.0.quota",
             "unknown quota 'k' (the tier file has no quotas)",
         ),
-        ({"tiers": {"a": {**TIER, "deployments": [{"base_url": "http://h/v1"}]}}}, "tiers.a.deployments.0.name",
-         "Field required"),
+        (
+            {"tiers": {"a": {**TIER, "deployments": [{"base_url": "http://h/v1"}]}}},
+            "tiers.a.deployments.0.name",
+            "Field required",
+        ),
         ({"tiers": {"a": {**TIER, "deployments": []}}}, "tiers.a.deployments", "at least 1"),
-        ({"tiers": {"a": {**TIER, "deployments": [{"name": "x", "weight": 0}]}}},
-         "tiers.a.deployments.0.weight", "greater than 0"),
-        ({"tiers": {"a": {**TIER, "deployments": [{"name": "x", "region": "eu"}]}}},
-         "tiers.a.deployments.0.region", "not permitted"),
+        (
+            {"tiers": {"a": {**TIER, "deployments": [{"name": "x", "weight": 0}]}}},
+            "tiers.a.deployments.0.weight",
+            "greater than 0",
+        ),
+        (
+            {"tiers": {"a": {**TIER, "deployments": [{"name": "x", "region": "eu"}]}}},
+            "tiers.a.deployments.0.region",
+            "not permitted",
+        ),
     ],
 )
 def test_a_bad_deployment_is_refused_naming_its_key(data: dict[str, Any], key: str, reason: str) -> None:
@@ -67,7 +76,11 @@ def test_a_bad_deployment_is_refused_naming_its_key(data: dict[str, Any], key: s
 def test_check_config_refuses_a_deployments_unset_key_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     tier_file = parse_tier_file(
-        {"tiers": {"a": {**TIER, "deployments": [{"name": "x"}, {"name": "y", "api_key_env": "NO_SUCH_KEY_VAR"}]}}}
+        {
+            "tiers": {
+                "a": {**TIER, "deployments": [{"name": "x"}, {"name": "y", "api_key_env": "NO_SUCH_KEY_VAR"}]}
+            }
+        }
     )
     with pytest.raises(ConfigError) as caught:
         validate_config(tier_file)
@@ -86,18 +99,31 @@ def test_a_deployment_takes_the_tiers_own_keys_it_leaves_out() -> None:
                     "limiter": {"algorithm": "fixed", "initial": 3, "min": 1, "max": 3},
                     "deployments": [
                         {"name": "x"},
-                        {"name": "y", "base_url": "http://127.0.0.2:9/v1", "model": "m2", "weight": 2,
-                         "limiter": {"algorithm": "fixed", "initial": 7, "min": 1, "max": 7}, "quota": "r"},
+                        {
+                            "name": "y",
+                            "base_url": "http://127.0.0.2:9/v1",
+                            "model": "m2",
+                            "weight": 2,
+                            "limiter": {"algorithm": "fixed", "initial": 7, "min": 1, "max": 7},
+                            "quota": "r",
+                        },
                     ],
                 }
             },
         }
     )
-    (x, x_where, x_weight, x_cfg), (y, y_where, y_weight, y_cfg) = tier_file.tiers["a"].deployment_configs("a")
+    (x, x_where, x_weight, x_cfg), (y, y_where, y_weight, y_cfg) = tier_file.tiers["a"].deployment_configs(
+        "a"
+    )
     assert (x, x_where, x_weight) == ("x", "a.deployments.0", 1.0)
     assert (x_cfg.base_url, x_cfg.model, x_cfg.limiter.max, x_cfg.quota) == (TIER["base_url"], "m", 3, "q")
     assert (y, y_where, y_weight) == ("y", "a.deployments.1", 2.0)
-    assert (y_cfg.base_url, y_cfg.model, y_cfg.limiter.max, y_cfg.quota) == ("http://127.0.0.2:9/v1", "m2", 7, "r")
+    assert (y_cfg.base_url, y_cfg.model, y_cfg.limiter.max, y_cfg.quota) == (
+        "http://127.0.0.2:9/v1",
+        "m2",
+        7,
+        "r",
+    )
     assert x_cfg.provider == y_cfg.provider == "openai_compat" and x_cfg.deployments is None
 
 
@@ -113,7 +139,8 @@ def _yaml_blocks(page: str, heading: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("page", "heading"), [("docs/configuration.md", "### Deployments"), ("docs/operations.md", "## Deployments")]
+    ("page", "heading"),
+    [("docs/configuration.md", "### Deployments"), ("docs/operations.md", "## Deployments")],
 )
 def test_the_docs_examples_load_and_pass_check_config(
     page: str, heading: str, monkeypatch: pytest.MonkeyPatch
