@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -52,12 +53,15 @@ class FakeProvider:
         self.closed = False
         #: raised by `check_reachable` (None: the fake is reachable)
         self.unreachable = unreachable
+        #: when `check_reachable` was called (`time.monotonic`)
+        self.checked_at: list[float] = []
 
     def __repr__(self) -> str:
         return f"FakeProvider(name={self.name!r}, calls={len(self.requests)})"
 
     async def check_reachable(self) -> str:
         """`fake://NAME`, or raise `unreachable` when it is set."""
+        self.checked_at.append(time.monotonic())
         if self.unreachable is not None:
             raise self.unreachable
         return f"fake://{self.name}"

@@ -41,6 +41,10 @@ class Deployment:
         """Its name in metrics and stats (`default` for a tier's own)."""
         return self.name if self.name is not None else DEFAULT_DEPLOYMENT
 
+    def where(self, tier: str) -> str:
+        """How logs name it: `tier NAME`, or `tier NAME deployment DEPLOYMENT`."""
+        return f"tier {tier}" if self.name is None else f"tier {tier} deployment {self.name}"
+
     def refresh_gauges(self) -> None:
         gate, stats = self.gate, self.stats
         stats.limit = gate.limit

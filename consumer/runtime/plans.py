@@ -369,9 +369,7 @@ class PlanRunner:
         deployment.quota.on_exhausted(self._clock(), cooldown_s)
         pause_s = max(MIN_QUOTA_PAUSE_S, cooldown_s)
         self.tier.limiter.pause(pause_s, deployment.gate)
-        log.warning(
-            "tier %s deployment %s: quota exhausted, paused %.1fs", self.tier.name, deployment.label, pause_s
-        )
+        log.warning("%s: quota exhausted, paused %.1fs", deployment.where(self.tier.name), pause_s)
 
     def _held(self, error: ProviderError) -> bool:
         """True when a request that failed with `error` is held and sent again (to another
@@ -413,14 +411,14 @@ class PlanRunner:
             url = deployment.config.resolved_base_url
             if change.opened:
                 log.warning(
-                    "tier %s deployment %s: provider at %s unreachable (%s); circuit open: its requests "
-                    "go to the tier's other deployments, or are held while none is up",
-                    tier.name, deployment.label, url, error.message if error else "?",
+                    "%s: provider at %s unreachable (%s); circuit open: its requests go to the tier's "
+                    "other deployments, or are held (one probe at a time) while none is up",
+                    deployment.where(tier.name), url, error.message if error else "?",
                 )
             else:
                 log.info(
-                    "tier %s deployment %s: provider at %s answers again after %.1f s; circuit closed",
-                    tier.name, deployment.label, url, change.outage_s,
+                    "%s: provider at %s answers again after %.1f s; circuit closed",
+                    deployment.where(tier.name), url, change.outage_s,
                 )
         if change is not None or probe:
             tier.circuit_changed()

@@ -77,13 +77,13 @@ class CircuitProber:
             deployment.circuit.on_outage(error, self._clock(), probe=True)
             return
         except Exception:
-            log.exception("probing tier %s deployment %s raised unexpectedly", tier.name, deployment.label)
+            log.exception("probing %s raised unexpectedly", deployment.where(tier.name))
             deployment.circuit.probe_abandoned()
             return
         change = deployment.circuit.on_answer(self._clock())
         if change is not None:
             log.info(
-                "tier %s deployment %s: provider at %s lists its models again after %.1f s; circuit closed",
-                tier.name, deployment.label, deployment.config.resolved_base_url, change.outage_s,
+                "%s: provider at %s answers again (its model listing) after %.1f s; circuit closed",
+                deployment.where(tier.name), deployment.config.resolved_base_url, change.outage_s,
             )
             tier.circuit_changed()

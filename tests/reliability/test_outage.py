@@ -47,6 +47,7 @@ async def test_provider_killed_for_20_s_mid_backlog_loses_and_dead_letters_nothi
     bus = KafkaBus(kafka_bootstrap, partitions=4)
     port = free_port()
     caplog.set_level(logging.INFO, logger="consumer.runtime.plans")
+    caplog.set_level(logging.INFO, logger="consumer.runtime.prober")  # a listing closes the circuit
     with _simulator(port) as procs:
         tiers = tier_file_dict(f"http://127.0.0.1:{port}/v1", batching=False)
         tiers["tiers"]["small"]["limiter"] = {"algorithm": "aimd", "initial": 4, "min": 1, "max": 8}
@@ -164,7 +165,7 @@ async def test_while_the_circuit_is_open_only_one_probe_at_a_time_goes_out(
     make_bus: Callable[..., Any],
 ) -> None:
     """A provider that refuses every connection: after the run of failures that opens the
-    circuit, the requests sent are the probes alone, spaced by the growing wait."""
+    circuit, no request is sent; its model listing probes it, spaced by the growing wait."""
     from consumer.core.errors import ConnectionFailed
     from consumer.providers.fake import FakeProvider
 
@@ -180,7 +181,8 @@ async def test_while_the_circuit_is_open_only_one_probe_at_a_time_goes_out(
     small["limiter"] = {"algorithm": "fixed", "initial": 8, "min": 1, "max": 8}
     small["retry"] = {"backoff_initial_s": 0.01, "backoff_max_s": 0.01, "circuit_failures": 3,
                       "circuit_probe_s": 0.5, "circuit_probe_max_s": 1.0}
-    service = bus.service(tiers, providers={"small": FakeProvider(refuse, name="small")})
+    provider = FakeProvider(refuse, name="small", unreachable=ConnectionFailed("connection refused"))
+    service = bus.service(tiers, providers={"small": provider})
     async with service:
         await bus.produce([job(i, batch=False) for i in range(50)])
         for _ in range(100):  # bounded: until the circuit opened
@@ -188,14 +190,16 @@ async def test_while_the_circuit_is_open_only_one_probe_at_a_time_goes_out(
                 break
             await asyncio.sleep(0.05)
         opened_at = time.monotonic()
-        before = len(sent)
+        before, checks_before = len(sent), len(provider.checked_at)
         await asyncio.sleep(3.2)
-        probes = [t - opened_at for t in sent[before:]]
+        probes = [t - opened_at for t in provider.checked_at[checks_before:]]
+        requests_sent = sent[before:]
         stats = service.stats_snapshot()["tiers"]["small"]
     assert stats["circuit_open"] == 1 and stats["circuit_opened"] == 1
     # probes after 0.5 s, then every 1 s (the cap): 3 or 4 in 3.2 s, never a burst
     assert 2 <= len(probes) <= 4, probes
     assert all(b - a >= 0.4 for a, b in itertools.pairwise(probes)), probes
+    assert requests_sent == [], "no job request goes to a circuit its listing probes"
     assert not (await bus.outcomes()).dead
 
 
