@@ -25,7 +25,7 @@ from consumer.core.errors import (
 from consumer.providers.base import BatchProvider, BatchRequest, BatchStatus
 from consumer.providers.batch_anthropic import AnthropicBatchProvider
 from consumer.providers.batch_openai import OpenAIBatchProvider
-from tests.providers.conftest import (
+from tests.providers.recording import (
     SECRET,
     Behaviour,
     Recorder,

@@ -16,7 +16,7 @@ from consumer.providers.base import (
     CompletionProvider,
 )
 from consumer.providers.fake import FakeBatchProvider, FakeProvider, text_completion
-from tests.providers.conftest import make_request
+from tests.providers.recording import make_request
 
 
 def echo(request: CompletionRequest) -> Completion:

@@ -8,9 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from consumer.testing.harness import tier_file_dict
+from consumer.testing.harness import job, tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.service.harness import job
 
 BULK_JOBS = 300
 BULK_MAX_INFLIGHT = 20

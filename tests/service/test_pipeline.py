@@ -3,15 +3,13 @@ edges and on the real broker (`make_bus`)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
-from consumer.testing.harness import tier_file_dict
+from consumer.testing.harness import job, tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import job
 
 
 async def test_thousand_mixed_jobs_each_get_their_own_answer(make_bus: Callable[..., Any]) -> None:
@@ -70,8 +68,9 @@ async def test_verify_fraction_measures_agreement(make_bus: Callable[..., Any]) 
             jobs = [job(i, batch=True) for i in range(40)]
             await bus.produce(jobs)
             outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=60)
-            await asyncio.sleep(1.0)  # verification requests run after the results
-        stats = service.stats_snapshot()
+            # verification requests run after the results: wait (bounded) until none runs
+            assert await service.wait_idle(), "the service kept running requests"
+            stats = service.stats_snapshot()
     assert len(outcomes.results) == 40 and outcomes.duplicates() == {}
     tier = stats["tiers"]["small"]
     assert tier["verify_requests"] > 0

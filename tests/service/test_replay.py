@@ -18,7 +18,6 @@ import asyncio
 import base64
 import copy
 import os
-import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,6 +34,7 @@ from consumer.kafka.replay import REPLAY_HEADER, Replay, ReplayFilter, Skip, pla
 from consumer.settings import Settings
 from consumer.testing.harness import (
     InProcessService,
+    job,
     produce,
     read_outcomes,
     service_env,
@@ -42,8 +42,8 @@ from consumer.testing.harness import (
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.paths import PROMPTBUS, REPO_ROOT
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import ROOT, job
 
 DLQ_TP = TopicPartition("dlq", 0)
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
@@ -184,12 +184,10 @@ async def _records_between(
 async def _cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     """Run `promptbus ARGS` as a process (bounded): exit code, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "consumer.cli",
+        *PROMPTBUS,
         *args,
         env={**os.environ, **env},
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

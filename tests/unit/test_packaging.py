@@ -10,12 +10,11 @@ import re
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 from typing import Any
 
+from consumer.testing.paths import REPO_ROOT
 from consumer.testing.simulator_entry import MISSING_EXTRA
 
-ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR_STACK = {"starlette", "uvicorn", "httptools"}
 
 #: makes the simulator's web stack unimportable, as it is without the extra
@@ -30,7 +29,7 @@ def _name(requirement: str) -> str:
 
 
 def _project() -> dict[str, Any]:
-    with (ROOT / "pyproject.toml").open("rb") as f:
+    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
         project: dict[str, Any] = tomllib.load(f)["project"]
     return project
 
@@ -64,7 +63,7 @@ def test_the_service_starts_its_endpoints_without_the_simulator_stack() -> None:
         "print('ok')\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
     )
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr[-2000:]
 
@@ -72,7 +71,7 @@ def test_the_service_starts_its_endpoints_without_the_simulator_stack() -> None:
 def _simulate(block: str, *args: str) -> subprocess.CompletedProcess[str]:
     probe = block + f"import consumer.cli\nsys.exit(consumer.cli.main({['simulate', *args]!r}))\n"
     return subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
     )
 
 
