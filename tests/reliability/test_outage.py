@@ -126,13 +126,16 @@ async def test_held_jobs_still_meet_their_deadlines_and_a_stop_drains_in_time(
     not waited for) and commits nothing held."""
     bus = make_bus(partitions=1, PROMPTBUS_SHUTDOWN_TIMEOUT_S="1")
     tiers = tier_file_dict(f"http://127.0.0.1:{free_port()}/v1", batching=False)
-    tiers["tiers"]["small"]["retry"] = {"backoff_initial_s": 0.05, "backoff_max_s": 0.2}
-    soon = datetime.now(UTC) + timedelta(seconds=3)
-    timed = [job(i, batch=False, deadline=soon.isoformat()) for i in range(5)]
+    # the first refused connection opens the circuit: every job is held long before a deadline
+    tiers["tiers"]["small"]["retry"] = {
+        "backoff_initial_s": 0.05, "backoff_max_s": 0.2, "circuit_failures": 1
+    }
     held = [job(100 + i, batch=False) for i in range(5)]
     service = bus.service(tiers)
     caplog.set_level(logging.WARNING, logger="consumer.runtime.pipeline")
     async with service:
+        soon = datetime.now(UTC) + timedelta(seconds=2)
+        timed = [job(i, batch=False, deadline=soon.isoformat()) for i in range(5)]
         await bus.produce(timed + held)
         outcomes = await bus.wait_for_outcomes({j["id"] for j in timed}, timeout_s=60)
         assert service.stats_snapshot()["tiers"]["small"]["circuit_open"] == 1
