@@ -92,7 +92,7 @@ from consumer.providers.factory import build_provider, make_http_client
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.settings import Settings, TierConfig
 from consumer.testing.harness import InProcessService, service_env, settings_from_env
-from consumer.testing.paths import REPO_ROOT
+from consumer.testing.paths import PROMPTBUS, REPO_ROOT
 from consumer.testing.ports import free_port
 from consumer.testing.simulator import answer_for, batched_answer, extract_input, parse_batch_items
 
@@ -195,7 +195,7 @@ class SimProcess:
 
     async def __aenter__(self) -> SimProcess:
         text = ",".join(f"{k}={v}" for k, v in self.faults.items())
-        argv = [sys.executable, "-m", "consumer.cli", "simulate", "--port", str(self.port)]
+        argv = [*PROMPTBUS, "simulate", "--port", str(self.port)]
         if text:
             argv += ["--faults", text]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
