@@ -107,9 +107,16 @@ async def kill_snapshot(settings: Settings) -> KillSnapshot:
 
 
 def era_of(outcome: Outcome, snapshots: Sequence[KillSnapshot]) -> int:
-    """Index of the process (0 = first) that produced an outcome: the first kill it precedes."""
+    """Index of the process (0 = first) that produced an outcome: the first kill it precedes.
+
+    An outcome precedes a kill when it was in the topic as the kill was noted, or when its
+    process created it before the kill (its timestamp): a produce request the process sent
+    just before it died may reach the log a moment after the kill was noted.
+    """
     for i, snap in enumerate(snapshots):
         if outcome.offset < snap.ends.get((outcome.dead, outcome.partition), 0):
+            return i
+        if outcome.timestamp_ms and outcome.timestamp_ms < snap.at_ms:
             return i
     return len(snapshots)
 

@@ -41,7 +41,7 @@ from consumer.kafka.admin import ensure_topics
 from consumer.kafka.clients import job_producer
 from consumer.settings import Settings
 from consumer.testing.cluster import LocalKafka
-from consumer.testing.faultrun import KillSnapshot, attribute_duplicates, kill_snapshot
+from consumer.testing.faultrun import KillSnapshot, attribute_duplicates, era_of, kill_snapshot
 from consumer.testing.harness import job, service_env, settings_from_env, tier_file_dict
 from consumer.testing.outcomes import Outcome, OutcomeFollower
 from consumer.testing.paths import REPO_ROOT
@@ -328,7 +328,25 @@ class _SoakRun:
             exit_codes=dict(sorted(self.exit_codes.items())),
             killed_broker=self.killed_broker,
         )
+        if causes:
+            report["unexplained_examples"] = self._unexplained(outcomes, good, t0_wall_ms)
         return report
+
+    def _unexplained(self, outcomes: list[Outcome], good: set[str], t0_wall_ms: int) -> dict[str, Any]:
+        """Up to 5 jobs answered twice after the kill: each copy's topic partition and offset,
+        its input offset and when it was written (s into the run), to find the cause in the logs."""
+        snapshots = [self.kill] if self.kill is not None else []
+        copies: dict[Any, list[Outcome]] = defaultdict(list)
+        for o in outcomes:
+            if o.job_id in good and era_of(o, snapshots) == len(snapshots):
+                copies[o.job_id].append(o)
+        twice = sorted((jid, found) for jid, found in copies.items() if len(found) > 1)[:5]
+
+        def where(o: Outcome) -> list[Any]:
+            written_s = (o.timestamp_ms - t0_wall_ms) / 1000
+            return [o.partition, o.offset, o.source_partition, o.source_offset, written_s]
+
+        return {str(jid): [where(o) for o in found] for jid, found in twice}
 
 
 def _report(

@@ -38,5 +38,5 @@ async def test_a_minute_of_faults_loses_nothing(kafka_cluster: LocalKafka, tmp_p
     assert all(set(row["dead_letters_poison"]) <= {"invalid_job"} for row in report["minutes"])
     assert totals["exit_codes"] == {"a": 0, "b": 0}, totals
     assert totals["killed_broker"] in (1, 2, 3), totals
-    assert totals["duplicates_unexplained"] == {}, totals
+    assert totals["duplicates_unexplained"] == {}, (totals, report.get("unexplained_examples"))
     assert totals["duplicates"] == totals["duplicates_by_the_kill"], totals
