@@ -32,10 +32,10 @@ from typing import Any
 
 import orjson
 
-from consumer.core.completion import CHARS_PER_TOKEN, Usage
-from consumer.core.errors import ErrorKind, MalformedResponse, ProviderError, RateLimitHint
+from consumer.core.completion import CHARS_PER_TOKEN, ProviderAnswer
+from consumer.core.errors import ErrorKind, MalformedResponse, ProviderError
 from consumer.core.packing import PackedPrompt
-from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
+from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
 from consumer.core.retry import RetryPolicy
 from consumer.core.window import PackKey, WindowLimits, options_key
 
@@ -102,20 +102,11 @@ class EmbeddingRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class Embeddings:
-    """A provider's embeddings answer: `vectors[i]` is the vector of the request's `inputs[i]`.
-
-    Its other fields mean what `consumer.core.completion.Completion`'s do (usage counts
-    input tokens only).
-    """
+class Embeddings(ProviderAnswer):
+    """A provider's embeddings answer: `vectors[i]` is the vector of the request's `inputs[i]`
+    (usage counts input tokens only)."""
 
     vectors: tuple[Vector, ...]
-    usage: Usage
-    provider: str
-    model: str
-    request_id: str | None = None
-    latency_ms: float = 0.0
-    rate_limit: RateLimitHint | None = None
 
 
 def no_embeddings(tier: str, provider: str) -> str:
@@ -182,26 +173,17 @@ class EmbedPlan(RequestPlan):
     """
 
     def __init__(
-        self, members: Sequence[Member], *, limits: EmbedLimits, retry: RetryPolicy, rng: random.Random
+        self, members: Sequence[PlanMember], *, limits: EmbedLimits, retry: RetryPolicy, rng: random.Random
     ) -> None:
         super().__init__(members, prefix="", variable=EMBED_VARIABLE, retry=retry, rng=rng)
         self._limits = limits
         self._vectors: dict[Hashable, Vector] = {}
 
-    def _request(
-        self,
-        members: Sequence[Member],
-        *,
-        attempt: int = 1,
-        delay_s: float = 0.0,
-        packed: PackedPrompt | None = None,
-        quota_waited_s: float = 0.0,
-    ) -> PlannedRequest:
+    def _written(
+        self, members: tuple[PlanMember, ...], packed: PackedPrompt | None
+    ) -> tuple[PackedPrompt | None, int | None]:
         # an array request: each member's input is an element, nothing is packed
-        self._seq += 1
-        req = PlannedRequest(self._seq, tuple(members), attempt, delay_s, None, None, quota_waited_s)
-        self._outstanding[req.seq] = req
-        return req
+        return None, None
 
     def begin(self) -> Step:
         """The inputs too long for the model fail alone; the others go as one request."""
@@ -209,7 +191,7 @@ class EmbedPlan(RequestPlan):
             raise RuntimeError("begin() was already called")
         self._started = True
         step = Step()
-        fitting: list[Member] = []
+        fitting: list[PlanMember] = []
         for m in self.members:
             problem = too_long(m.input, self._limits)
             if problem is None:
@@ -220,7 +202,7 @@ class EmbedPlan(RequestPlan):
             step.requests.append(self._request(fitting))
         return step
 
-    def embedding(self, member: Member) -> Vector:
+    def embedding(self, member: PlanMember) -> Vector:
         """The vector an answer gave `member`."""
         return self._vectors[member.ref]
 

@@ -17,7 +17,7 @@ One asyncio task runs this loop; it owns no decision of its own. Step by step fo
        and commits the input offset (`kafka/sink.py`).
 
 Around that the loop keeps each lane's intake within its `max_inflight` (pause / resume,
-`lanes.py`), drains on stop and hands revoked partitions back.
+`backpressure.py`), drains on stop and hands revoked partitions back.
 """
 
 from __future__ import annotations
@@ -32,17 +32,17 @@ from typing import Any, Protocol
 from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
-from consumer.core.lanes import DEFAULT_LANE_NAME, Lane, LaneWindows
-from consumer.core.window import Flush, PackKey, pack_key_for
+from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
+from consumer.core.window import Flush, LaneWindows, PackKey
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import OutcomeSink
 from consumer.runtime.admission import Admission, Rejection
+from consumer.runtime.backpressure import LaneGate
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.embed_runner import EmbedRunner, embed_window
 from consumer.runtime.fallback import FallbackRouter
-from consumer.runtime.lanes import LaneGate
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
@@ -220,9 +220,10 @@ class Pipeline:
         ticket = self._sink.track(record.source)
         self._stats.items_in += 1
         try:
-            admitted = self._admission.admit(record, ticket, now_s, self._lanes.lane_of(record.source.topic))
+            lane = self._lanes.lane_of(record.source.topic)
+            admitted = self._admission.admit(record, ticket, now_s, lane)
             if isinstance(admitted, Rejection):
-                self._outcomes.reject(ticket, admitted)
+                self._outcomes.reject(ticket, admitted, lane)
             else:
                 self._route(admitted, now_s)
         except Exception:
@@ -243,7 +244,8 @@ class Pipeline:
         routed again)."""
         if not counted:
             ctx.tier.stats.items += 1
-            if ctx.job.mode == "auto" or (ctx.job.mode is None and ctx.tier.config.default_mode == "auto"):
+            wanted = ctx.requested_mode
+            if wanted == "auto" or (wanted is None and ctx.tier.config.default_mode == "auto"):
                 ctx.tier.stats.count_auto(ctx.mode)
         if ctx.past_deadline(now_s):
             self._outcomes.fail(
@@ -259,9 +261,9 @@ class Pipeline:
             return
         if tier.dedupe is not None and not self._lead_or_share(ctx, tier.dedupe, now_s):
             return
-        batchable = ctx.batchable if ctx.job.batch and tier.config.batching.enabled else None
+        batchable = ctx.batchable if ctx.batch and tier.config.batching.enabled else None
         # embed jobs share a window whenever the tier windows: an array request changes no vector
-        embedding = embed_window(ctx) if ctx.job.kind == "embed" else None
+        embedding = embed_window(ctx) if ctx.kind == "embed" else None
         if batchable is None and embedding is None:
             self._start_plan([ctx], key=None)
             return
@@ -269,7 +271,13 @@ class Pipeline:
             key, limits = embedding
         else:
             assert batchable is not None
-            key = pack_key_for(ctx.job, batchable)
+            key = PackKey(
+                ctx.requested_tier,
+                batchable.prefix,
+                batchable.variable,
+                ctx.options_key,
+                ctx.requested_mode or "online",
+            )
             limits = tier.limits_for(key, now_s)
         if ctx.fallback_from is not None:
             key = key._replace(tier=tier.name)  # never in one window with the jobs of its own tier
@@ -300,13 +308,13 @@ class Pipeline:
         have got in the same batch.
         """
         options, model = ctx.options, ctx.tier.config.model
-        if ctx.job.kind == "embed":
+        if ctx.kind == "embed":
             key: str | None = embed_dedupe_key(ctx.tier.name, model, options, ctx.input)
         else:
             key = dedupe_key(ctx.tier.name, model, options, ((m.role, m.content) for m in ctx.messages))
         if key is None:
             return True
-        claim = table.claim(key, ctx.job.id, ctx, now_s)
+        claim = table.claim(key, ctx.id, ctx, now_s)
         if isinstance(claim, Lead):
             ctx.dedupe_key = key
             return True
@@ -331,7 +339,7 @@ class Pipeline:
     ) -> asyncio.Task[None]:
         runner = self._runners[key[0]]
         members, pack_key = plan
-        embed = members[0].job.kind == "embed"  # a window holds jobs of one kind
+        embed = members[0].kind == "embed"  # a window holds jobs of one kind
         return self._task(runner.run_embed(members) if embed else runner.run(members, pack_key))
 
     @property

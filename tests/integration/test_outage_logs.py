@@ -28,8 +28,8 @@ from tests.integration.private_broker import private_broker
 
 pytestmark = pytest.mark.integration
 
-UNREACHABLE = re.compile(r" WARNING consumer\.kafka\.logs: Kafka broker\(s\) unreachable: ")
-REACHABLE = re.compile(r" INFO consumer\.kafka\.logs: Kafka broker\(s\) reachable again after \d+ s")
+UNREACHABLE = re.compile(r" WARNING consumer\.kafka\.client_logs: Kafka broker\(s\) unreachable: ")
+REACHABLE = re.compile(r" INFO consumer\.kafka\.client_logs: Kafka broker\(s\) reachable again after \d+ s")
 AIOKAFKA_ERROR = re.compile(r" ERROR aiokafka")
 #: the broker stays down this long (past the outage tracker's settle time) before its restart
 OUTAGE_S = 3
