@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -29,6 +28,7 @@ from consumer.core.fallback import FallbackCause, FallbackRule, chain_problem
 from consumer.core.lanes import DEFAULT_LANE_NAME, DEFAULT_MIN_SHARE, Lane
 from consumer.core.output import output_format
 from consumer.core.routing import ModePolicy, parse_duration_s
+from consumer.yaml12 import YAMLError, load_yaml
 
 ProviderName = Literal["openai", "anthropic", "openai_compat"]
 
@@ -473,15 +473,16 @@ def parse_tier_file(data: Any, *, source: str = "tier file") -> TierFile:
 
 
 def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
-    """Read and validate a YAML tier file; raise ConfigError naming the bad key."""
+    """Read and validate a YAML tier file; raise ConfigError naming the bad key. Plain
+    scalars are read by the YAML 1.2 core schema (`consumer.yaml12`): `on:` is the key `on`."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("--config", f"cannot read {p}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        data = load_yaml(text)
+    except YAMLError as exc:
         raise ConfigError("(yaml)", f"{p} is not valid YAML: {exc}") from None
     return parse_tier_file(data, source=str(p))
 
