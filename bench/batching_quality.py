@@ -76,6 +76,7 @@ from consumer.core.retry import RetryPolicy
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.settings import TierConfig
+from consumer.testing.benchreport import add_save_option, emit_report
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "sentiment_labelled.jsonl"
@@ -622,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--confidence", type=float, default=0.9, help="adaptive runs only")
     parser.add_argument("--verify-fraction", type=float, default=0.25, help="adaptive runs only")
     parser.add_argument("--min-agreement", type=float, default=0.8, help="adaptive runs only")
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    add_save_option(parser)
     parser.add_argument("--no-results-copy", dest="results_copy", action="store_false")
     parser.add_argument(
         "--plot-only",
@@ -680,11 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             handle.stop()
     report["total_s"] = round(time.perf_counter() - started, 1)
     report["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_report(report, args.save, name="batching_quality")
     draw(report["summary"], args.modes, len(rows), args.concurrency, args.results_copy, report["model"])
     return 0
 
