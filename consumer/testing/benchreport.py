@@ -1,9 +1,11 @@
 """How a benchmark hands back its report: one JSON object on stdout and, with `--save`, the
 same text in `bench/results/NAME.json`, the file a table of bench/README.md names.
 
-Every report gets a `run` entry saying how it was made: the command, when (UTC), the tree's
-commit, the machine's CPUs and its load average when the report was written. The machine a
-figure is measured on is often shared, and a figure read under load should say so.
+Every report gets a `run` entry saying how it was made: the command, when it started and
+finished (UTC), the tree's commit as it started (read when a benchmark imports this module:
+the code it runs is loaded then), the machine's CPUs and its load average when the report was
+written. The machine a figure is measured on is often shared, and a figure read under load
+should say so.
 
     parser = argparse.ArgumentParser(...)
     add_save_option(parser)
@@ -71,13 +73,24 @@ def _commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def _utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+#: when the benchmark started, and the tree it started from
+_STARTED_AT = _utc_now()
+_STARTED_COMMIT = _commit()
+
+
 def run_facts() -> dict[str, Any]:
-    """How this report was made: command, time (UTC), commit, CPUs, load average (1, 5, 15 min)."""
+    """How this report was made: command, start and end (UTC), commit, CPUs, load average
+    (1, 5, 15 min) at the end."""
     script = Path(sys.argv[0])
     return {
         "command": shlex.join([f"{script.parent.name}/{script.name}", *sys.argv[1:]]),
-        "finished_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": _commit(),
+        "started_at": _STARTED_AT,
+        "finished_at": _utc_now(),
+        "commit": _STARTED_COMMIT,
         "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
