@@ -906,9 +906,10 @@ def plot(result: dict[str, Any], path: Path) -> str:
     except ImportError:
         return "matplotlib not installed"
     scenarios = result.get("limiter", [])
-    fig, axes = plt.subplots(1, 1 + len(scenarios), figsize=(5 + 6 * len(scenarios), 4))
-    axes = axes if len(scenarios) else [axes]
     tp = result.get("throughput")
+    panels = (1 if tp else 0) + len(scenarios)
+    fig, grid = plt.subplots(1, panels, figsize=(1 + 6 * panels, 4), squeeze=False)
+    axes: list[Any] = list(grid[0])
     if tp:
         colors = {"raw": "grey", "sim": "C0", "fake": "C1"}
         names, rates, cols = [], [], []
@@ -918,10 +919,11 @@ def plot(result: dict[str, Any], path: Path) -> str:
                     names.append(f"{workload}\n{variant}")
                     rates.append(tp[workload][variant]["items_per_s_median"])
                     cols.append(color)
-        axes[0].bar(names, rates, color=cols)
-        axes[0].set_ylabel("items/s (median)")
-        axes[0].set_title(f"throughput, {tp['jobs']} jobs per run")
-    for ax, sc in zip(axes[1:], scenarios, strict=False):
+        bars = axes.pop(0)
+        bars.bar(names, rates, color=cols)
+        bars.set_ylabel("items/s (median)")
+        bars.set_title(f"throughput, {tp['jobs']} jobs per run")
+    for ax, sc in zip(axes, scenarios, strict=True):
         for i, name in enumerate(("service", "fixed16", "await_each")):
             trace = sc.get(f"{name}_trace") or []
             ts = [r[0] for r in trace]
