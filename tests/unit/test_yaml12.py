@@ -5,6 +5,7 @@ writes, `load_yaml` reads back equal."""
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,71 +24,58 @@ def _tier_file(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def _tiers(tmp_path: Path, **tiers: str) -> Path:
+    """A tier file of openai_compat tiers (name -> the tier's own YAML lines, written as given)."""
+    text = "tiers:\n"
+    for port, (name, lines) in enumerate(tiers.items(), 8080):
+        text += f"  {name}:\n    provider: openai_compat\n    base_url: http://127.0.0.1:{port}/v1\n"
+        text += textwrap.indent(textwrap.dedent(lines).strip("\n") + "\n", "    ")
+    return _tier_file(tmp_path, text)
+
+
 def test_on_is_a_key_of_the_fallback(tmp_path: Path) -> None:
-    path = _tier_file(
+    path = _tiers(
         tmp_path,
-        """
-tiers:
-  main:
-    provider: openai_compat
-    base_url: http://127.0.0.1:8080/v1
-    model: m
-    fallback: {tier: backup, after_s: 30, on: [outage, quota_exhausted]}
-  backup:
-    provider: openai_compat
-    base_url: http://127.0.0.1:8081/v1
-    model: m
-    fallback: {tier: last, on: [quota_exhausted]}
-  last:
-    provider: openai_compat
-    base_url: http://127.0.0.1:8082/v1
-    model: m
-""",
+        main="model: m\nfallback: {tier: backup, after_s: 30, on: [outage, quota_exhausted]}",
+        backup="""
+            model: m
+            fallback:
+              tier: last
+              on: [quota_exhausted]
+        """,
+        last="model: m",
     )
     tiers = load_tier_file(path).tiers
     assert tiers["main"].fallback is not None and tiers["main"].fallback.on == ("outage", "quota_exhausted")
     assert tiers["backup"].fallback is not None and tiers["backup"].fallback.on == ("quota_exhausted",)
 
 
-def test_yes_no_on_off_stay_the_strings_written(tmp_path: Path) -> None:
-    path = _tier_file(
+def test_yes_no_on_off_stay_the_strings_written_and_true_false_are_booleans(tmp_path: Path) -> None:
+    path = _tiers(
         tmp_path,
-        """
-tiers:
-  yes:
-    provider: openai_compat
-    base_url: http://127.0.0.1:8080/v1
-    model: no
-    api_key_env: ON
-    prompt_cache: off
-    batching: {structured: off}
-    options: {stop: [y, n, Yes, NO]}
-""",
+        yes="""
+            model: no
+            api_key_env: ON
+            prompt_cache: off
+            batching: {structured: off}
+            options: {stop: [y, n, Yes, NO]}
+        """,
+        small="""
+            model: m
+            dedupe: True
+            batching: {enabled: TRUE}
+            offline: {enabled: false}
+            options: {flags: [true, True, TRUE, false, False, FALSE]}
+        """,
     )
-    tier = load_tier_file(path).tiers["yes"]
-    written = (tier.model, tier.api_key_env, tier.prompt_cache, tier.batching.structured)
+    tiers = load_tier_file(path).tiers
+    strings = tiers["yes"]
+    written = (strings.model, strings.api_key_env, strings.prompt_cache, strings.batching.structured)
     assert written == ("no", "ON", "off", "off")
-    assert tier.options == {"stop": ["y", "n", "Yes", "NO"]}
-
-
-def test_true_and_false_are_still_booleans(tmp_path: Path) -> None:
-    path = _tier_file(
-        tmp_path,
-        """
-tiers:
-  small:
-    provider: openai_compat
-    base_url: http://127.0.0.1:8080/v1
-    model: m
-    dedupe: True
-    batching: {enabled: TRUE}
-    offline: {enabled: false}
-    options: {flags: [true, True, TRUE, false, False, FALSE]}
-""",
-    )
-    tier = load_tier_file(path).tiers["small"]
-    assert tier.dedupe is True and tier.batching.enabled is True and tier.offline.enabled is False
-    assert tier.options["flags"] == [True, True, True, False, False, False]
+    assert strings.options == {"stop": ["y", "n", "Yes", "NO"]}
+    flags = tiers["small"]
+    assert flags.dedupe is True and flags.batching.enabled is True and flags.offline.enabled is False
+    assert flags.options["flags"] == [True, True, True, False, False, False]
 
 
 def test_a_boolean_key_reads_the_words_the_model_takes(tmp_path: Path) -> None:
