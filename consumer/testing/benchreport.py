@@ -53,14 +53,15 @@ def results_dir() -> Path:
 
 
 def _commit() -> str | None:
-    """The checkout's commit (`+dirty` when it has uncommitted changes), if git can tell."""
+    """The checkout's commit (`+dirty` when its code has uncommitted changes: reports in
+    bench/results/ do not count), if git can tell."""
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", ":!/bench/results"],
             cwd=here,
             capture_output=True,
             text=True,
