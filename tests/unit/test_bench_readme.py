@@ -9,7 +9,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 README = BENCH / "README.md"
-_RESULT = re.compile(r"results/([\w.-]+\.(?:json|png))")
+_RESULT = re.compile(r"results/([a-z0-9][\w.-]*\.(?:json|png))")
 
 
 def _blocks(text: str) -> list[list[str]]:
