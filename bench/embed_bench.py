@@ -49,12 +49,12 @@ from pipeline_bench import (
     tier_dict,
 )
 
-from consumer.app import tune_gc
 from consumer.core.embed import EmbeddingRequest
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.clients import submit_jobs
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.providers.factory import build_provider, make_http_client
+from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings, TierConfig
 from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.harness import service_env, settings_from_env

@@ -32,7 +32,7 @@ start`). Prints one JSON object on stdout; progress goes to stderr.
    or `gc=default` (CPython's own GC settings: once the service has started, which applied
    `tune_gc`, the heap is unfrozen and the young generation's threshold set back).
    `ratio_vs_raw` = median items/s / raw's median (target >= 0.6). The process runs with the
-   service's GC settings (`consumer.app.tune_gc`) for every variant. N must be well above the
+   service's GC settings (`consumer.runtime.heap.tune_gc`) for every variant. N must be well above the
    service's max_inflight (10,000) to measure a steady state: with N = 20,000 half the input
    sat in memory while the output was timed, and the ratios read ~1.7x too high.
 2. Limiter vs ceiling. The simulator has `capacity` (requests served at once; more queue),
@@ -93,7 +93,6 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from pydantic import ValidationError
 
-from consumer.app import tune_gc
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
 from consumer.core.errors import ProviderError
 from consumer.kafka.admin import ensure_topics
@@ -102,6 +101,7 @@ from consumer.kafka.connection import client_kwargs
 from consumer.kafka.sink import kafka_producer_factory
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.providers.fake import FakeProvider, text_completion
+from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings, TierConfig
 from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.harness import InProcessService, service_env, settings_from_env

@@ -65,7 +65,7 @@ def load_config(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def configure_logging(level: str, *, kafka_level: str = "ERROR") -> None:
     """Root logging at `level`; aiokafka's own records from `kafka_level` up."""
-    from consumer.kafka.logs import install_kafka_log_handler
+    from consumer.kafka.client_logs import install_kafka_log_handler
 
     root_level = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(level=root_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -23,6 +23,9 @@ from consumer.cli.environment import (
 )
 from consumer.core.errors import ConfigError
 from consumer.settings import lane_topic
+
+if TYPE_CHECKING:
+    from consumer.client import Outcome, ProgressBar
 
 
 def _refused(where: str, value: bytes, stopped: str) -> ConfigError | None:
@@ -215,79 +218,22 @@ def _options(text: str | None) -> dict[str, Any] | None:
 
 
 def cmd_map(args: argparse.Namespace) -> int:
-    from consumer.client import (
-        Client,
-        MapTimeout,
-        ProgressBar,
-        failure_counts,
-        read_inputs,
-        run_started_at,
-        write_outcomes,
-    )
+    """Submit one job per input and wait: exit 0 when every input succeeded, 1 when some
+    failed, 2 for bad input (nothing submitted), 3 on timeout (the `--collect` command that
+    resumes on stderr)."""
+    from consumer.client import MapTimeout, ProgressBar, failure_counts, run_started_at
 
     configure_logging("WARNING", kafka_level="CRITICAL")
-    if args.collect:
-        if args.total is None:
-            raise ConfigError("--total", "--collect RUN_ID needs --total N (the run's number of inputs)")
-    elif not args.tier or not (args.inputs or args.inputs_jsonl):
-        raise ConfigError("map", "give --tier T and --inputs FILE or --inputs-jsonl FILE, or --collect")
-    else:
-        flag = "--inputs" if args.inputs else "--inputs-jsonl"
-        _check_readable(flag, args.inputs or args.inputs_jsonl)
-        if args.embed and (args.prompt is not None or args.batch):
-            raise ConfigError("--embed", "each input is the text to embed: no --prompt or --batch")
+    _check_map_args(args)
     options = _options(args.options)
     if args.out:
         _check_writable("--out", args.out)
     bar = ProgressBar(sys.stderr)
-
-    def write(outcomes: Any) -> None:
-        if args.out:
-            with Path(args.out).open("wb") as fh:
-                write_outcomes(outcomes, fh)
-        else:
-            write_outcomes(outcomes, sys.stdout.buffer)
-            sys.stdout.flush()
-
     try:
-        settings = load_settings(args)
-        if args.config:
-            settings = settings.model_copy(update={"config": args.config})
-        with Client(settings) as client:
-            if args.collect:
-                outcomes = client.collect(
-                    args.collect, args.total, since=args.since, timeout_s=args.timeout_s, on_progress=bar
-                )
-            else:
-                path = args.inputs or args.inputs_jsonl
-                inputs = read_inputs(path, jsonl=bool(args.inputs_jsonl))
-                if args.embed:
-                    outcomes = client.map_embed(
-                        args.tier,
-                        cast(list[str], inputs),  # map_embed names any input that is not a string
-                        options=options,
-                        mode=args.mode,
-                        lane=args.lane,
-                        run_id=args.run_id,
-                        on_progress=bar,
-                        timeout_s=args.timeout_s,
-                    )
-                else:
-                    outcomes = client.map(
-                        args.tier,
-                        inputs,
-                        prompt=args.prompt,
-                        batch=args.batch,
-                        options=options,
-                        mode=args.mode,
-                        lane=args.lane,
-                        run_id=args.run_id,
-                        on_progress=bar,
-                        timeout_s=args.timeout_s,
-                    )
+        outcomes = _map_outcomes(args, options, bar)
     except MapTimeout as exc:
         bar.close()
-        write(exc.outcomes)
+        _write_outcomes(args.out, exc.outcomes)
         since = "" if run_started_at(exc.run_id) else f" --since {exc.started_at:.3f}"
         done = sum(1 for o in exc.outcomes if not o.pending)
         print(
@@ -302,13 +248,66 @@ def cmd_map(args: argparse.Namespace) -> int:
         print(f"promptbus map: {exc}", file=sys.stderr)
         return 2
     bar.close()
-    write(outcomes)
+    _write_outcomes(args.out, outcomes)
     failed = failure_counts(outcomes)
     if failed:
         kinds = ", ".join(f"{kind}={n}" for kind, n in failed.items())
         print(f"promptbus map: {sum(failed.values())} of {len(outcomes)} failed: {kinds}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_map_args(args: argparse.Namespace) -> None:
+    """ConfigError naming the flag when `map`'s arguments do not make a run (nothing is
+    submitted then)."""
+    if args.collect:
+        if args.total is None:
+            raise ConfigError("--total", "--collect RUN_ID needs --total N (the run's number of inputs)")
+        return
+    if not args.tier or not (args.inputs or args.inputs_jsonl):
+        raise ConfigError("map", "give --tier T and --inputs FILE or --inputs-jsonl FILE, or --collect")
+    flag = "--inputs" if args.inputs else "--inputs-jsonl"
+    _check_readable(flag, args.inputs or args.inputs_jsonl)
+    if args.embed and (args.prompt is not None or args.batch):
+        raise ConfigError("--embed", "each input is the text to embed: no --prompt or --batch")
+
+
+def _map_outcomes(
+    args: argparse.Namespace, options: dict[str, Any] | None, bar: ProgressBar
+) -> list[Outcome]:
+    """The run `args` describe (or the earlier run `--collect` names), its outcomes in input
+    order; raises as the client's `map` does."""
+    from consumer.client import Client, RunOptions, read_inputs
+
+    settings = load_settings(args)
+    if args.config:
+        settings = settings.model_copy(update={"config": args.config})
+    with Client(settings) as client:
+        if args.collect:
+            return client.collect(
+                args.collect, args.total, since=args.since, timeout_s=args.timeout_s, on_progress=bar
+            )
+        inputs = read_inputs(args.inputs or args.inputs_jsonl, jsonl=bool(args.inputs_jsonl))
+        run = RunOptions(lane=args.lane, run_id=args.run_id, on_progress=bar, timeout_s=args.timeout_s)
+        if args.embed:
+            # map_embed names any input that is not a string
+            texts = cast(list[str], inputs)
+            return client.map_embed(args.tier, texts, options=options, mode=args.mode, **run)
+        return client.map(
+            args.tier, inputs, prompt=args.prompt, batch=args.batch, options=options, mode=args.mode, **run
+        )
+
+
+def _write_outcomes(out: str | None, outcomes: list[Outcome]) -> None:
+    """The outcomes as JSON lines, to the file `--out` names or to stdout."""
+    from consumer.client import write_outcomes
+
+    if out:
+        with Path(out).open("wb") as fh:
+            write_outcomes(outcomes, fh)
+    else:
+        write_outcomes(outcomes, sys.stdout.buffer)
+        sys.stdout.flush()
 
 
 def add_submit_command(sub: Any) -> None:

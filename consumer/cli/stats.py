@@ -1,4 +1,5 @@
-"""`promptbus stats`: the latest snapshot of every instance, merged, and its text form."""
+"""`promptbus stats`: the latest snapshot of every instance, merged (`consumer.core.snapshots`),
+and every line of its text form."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import orjson
 
 from consumer.cli.environment import add_bootstrap, configure_logging, kafka_settings
 from consumer.core.cost import BatchSaving
+from consumer.core.snapshots import FALLBACK_PREFIX, by_group, merge_snapshots, read_snapshot, with_group_lag
 
 
 def _budget_text(tier: dict[str, Any]) -> str:
@@ -61,17 +63,51 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}s"
 
 
-def format_stats(merged: dict[str, Any]) -> str:
-    from consumer.runtime.stats import format_lanes, routing_lines
+def format_lag(merged: dict[str, Any]) -> str:
+    """The group's lag, and the age of its oldest uncommitted record while there is one."""
+    records = merged.get("lag_records", 0)
+    text = f"lag: {records} records over {merged.get('lag_partitions', 0)} partitions"
+    if not records:  # nothing uncommitted: no record has an age
+        return text
+    return text + f", oldest uncommitted {merged.get('oldest_uncommitted_age_s', 0.0):.1f} s"
 
+
+def format_lanes(merged: dict[str, Any]) -> list[str]:
+    """`promptbus stats` lines of the merged snapshot's lanes, one per lane."""
+    return [
+        f"lane {name}: results={ls.get('results', 0)} dead_letters={ls.get('dead_letters', 0)} "
+        f"latency_mean={ls.get('latency_s_mean', 0.0):.3f}s latency_max={ls.get('latency_s_max', 0.0):.3f}s "
+        f"in_flight={ls.get('inflight', 0)} paused={ls.get('paused', 0)}"
+        for name, ls in sorted(merged.get("lanes", {}).items())
+    ]
+
+
+def routing_lines(name: str, tier: dict[str, Any]) -> list[str]:
+    """`promptbus stats` lines of a merged tier: the jobs it answered for other tiers, and
+    its `mode: auto` jobs' split and what offline saved (none when there is nothing to say)."""
+    lines = []
+    answered_for = {
+        k.removeprefix(FALLBACK_PREFIX): v for k, v in tier.items() if k.startswith(FALLBACK_PREFIX)
+    }
+    if answered_for:
+        parts = ", ".join(f"{n} for {source}" for source, n in sorted(answered_for.items()))
+        lines.append(f"tier {name} fallback: answered {parts}")
+    online, offline = int(tier.get("auto_online", 0)), int(tier.get("auto_offline", 0))
+    if online or offline:
+        saved = float(tier.get("offline_saved_usd", 0.0))
+        lines.append(f"tier {name} mode auto: {offline} offline, {online} online; offline saved ${saved:.4f}")
+    return lines
+
+
+def format_stats(merged: dict[str, Any]) -> str:
+    """The text `promptbus stats` prints for one group's merged snapshots."""
     lines = [f"group {merged['group']}:"] if "group" in merged else []
     lines += [
         f"instances: {merged['instances_live']} live, {merged['instances_seen']} seen",
         f"items in: {merged['items_in']}   results: {merged['results']}   in flight: {merged['inflight']}",
         "dead letters: "
         + (", ".join(f"{k}={v}" for k, v in sorted(merged["dead_letters"].items())) or "none"),
-        f"lag: {merged.get('lag_records', 0)} records over {merged.get('lag_partitions', 0)} partitions, "
-        f"oldest uncommitted {merged.get('oldest_uncommitted_age_s', 0.0):.1f} s",
+        format_lag(merged),
     ]
     for kind, what, key in (
         ("tier", "job latency", "job_latency"),
@@ -116,7 +152,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """The merged snapshots of one consumer group (PROMPTBUS_GROUP_ID or --group), or of every
     group on the cluster with --all-groups, one section per group."""
     from consumer.kafka.clients import group_lag, read_latest
-    from consumer.runtime.stats import by_group, merge_snapshots, read_snapshot
 
     configure_logging("WARNING", kafka_level="CRITICAL")
     settings = kafka_settings(args)
@@ -136,7 +171,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             # the group's lag is the broker's: committed offsets against log ends, whether or
             # not an instance runs (an instance's own figure is as old as its last refresh)
             lag = asyncio.run(group_lag(settings, group, [settings.jobs_topic]))
-            merged["lag_records"], merged["lag_partitions"] = lag.records, len(lag.per_partition)
+            merged = with_group_lag(merged, records=lag.records, partitions=len(lag.per_partition))
         sections[group] = {"group": group or UNRECORDED_GROUP, **merged}
     if args.json:
         shown: Any = {"groups": list(sections.values())} if args.all_groups else sections[wanted[0]]

@@ -49,7 +49,15 @@ from __future__ import annotations
 
 from consumer.client.aio import CLOCK_MARGIN_S, AsyncClient
 from consumer.client.jobs import chat_jobs, check_jobs, embed_jobs, new_run_id, prompt_jobs, run_started_at
-from consumer.client.outcomes import MapError, MapTimeout, Outcome, OutcomeError, Progress, failure_counts
+from consumer.client.outcomes import (
+    MapError,
+    MapTimeout,
+    Outcome,
+    OutcomeError,
+    Progress,
+    RunOptions,
+    failure_counts,
+)
 from consumer.client.shell import ProgressBar, read_inputs, write_outcomes
 from consumer.client.sync import Client
 from consumer.client.tracker import RunTracker
@@ -64,6 +72,7 @@ __all__ = [
     "OutcomeError",
     "Progress",
     "ProgressBar",
+    "RunOptions",
     "RunTracker",
     "chat_jobs",
     "check_jobs",

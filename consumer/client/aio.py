@@ -8,7 +8,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from consumer.client.jobs import (
     chat_jobs,
@@ -20,7 +20,7 @@ from consumer.client.jobs import (
     prompt_jobs,
     run_started_at,
 )
-from consumer.client.outcomes import MapError, MapTimeout, Outcome, ProgressCallback
+from consumer.client.outcomes import MapError, MapTimeout, Outcome, ProgressCallback, RunOptions
 from consumer.client.reader import OutcomeReader
 from consumer.client.tracker import RunTracker
 from consumer.core.errors import ConfigError
@@ -94,23 +94,18 @@ class AsyncClient:
         batch: bool = False,
         options: Mapping[str, Any] | None = None,
         mode: str = "online",
-        lane: str | None = None,
-        run_id: str | None = None,
-        on_progress: ProgressCallback | None = None,
-        raise_on_error: bool = False,
-        timeout_s: float | None = None,
+        **run: Unpack[RunOptions],
     ) -> list[Outcome]:
         """One job per input on `tier`; their outcomes in input order.
 
         `prompt`: a template whose one `${name}` each string input fills, or whose variables
         each dict input gives; without it each input is the whole prompt. `batch`: the jobs
-        may share a prompt (the template must be batchable). `lane`: the jobs go to that lane's
-        topic (the tier file's `lanes`), else to the jobs topic. Raises ValueError for bad input
-        (nothing produced), MapError with `raise_on_error` when any input failed, MapTimeout
-        when `timeout_s` passes first.
+        may share a prompt (the template must be batchable). `run`: `lane`, `run_id`,
+        `on_progress`, `raise_on_error`, `timeout_s` (`RunOptions`). Raises ValueError for bad
+        input (nothing produced), MapError with `raise_on_error` when any input failed,
+        MapTimeout when `timeout_s` passes first.
         """
-        jobs = prompt_jobs(tier, inputs, prompt, batch, options, mode)
-        return await self._run(jobs, lane, run_id, on_progress, raise_on_error, timeout_s)
+        return await self._run(prompt_jobs(tier, inputs, prompt, batch, options, mode), **run)
 
     async def map_chat(
         self,
@@ -119,15 +114,10 @@ class AsyncClient:
         *,
         options: Mapping[str, Any] | None = None,
         mode: str = "online",
-        lane: str | None = None,
-        run_id: str | None = None,
-        on_progress: ProgressCallback | None = None,
-        raise_on_error: bool = False,
-        timeout_s: float | None = None,
+        **run: Unpack[RunOptions],
     ) -> list[Outcome]:
         """One chat job per conversation (`[{"role": ..., "content": ...}, ...]`); as `map`."""
-        jobs = chat_jobs(tier, conversations, options, mode)
-        return await self._run(jobs, lane, run_id, on_progress, raise_on_error, timeout_s)
+        return await self._run(chat_jobs(tier, conversations, options, mode), **run)
 
     async def map_embed(
         self,
@@ -136,31 +126,17 @@ class AsyncClient:
         *,
         options: Mapping[str, Any] | None = None,
         mode: str = "online",
-        lane: str | None = None,
-        run_id: str | None = None,
-        on_progress: ProgressCallback | None = None,
-        raise_on_error: bool = False,
-        timeout_s: float | None = None,
+        **run: Unpack[RunOptions],
     ) -> list[Outcome]:
         """One embed job per text (`options`: e.g. `dimensions`); as `map`. Each answered
         outcome's `result["embedding"]` is its text's vector (its `output` is None)."""
-        jobs = embed_jobs(tier, texts, options, mode)
-        return await self._run(jobs, lane, run_id, on_progress, raise_on_error, timeout_s)
+        return await self._run(embed_jobs(tier, texts, options, mode), **run)
 
-    async def map_jobs(
-        self,
-        jobs: Sequence[Mapping[str, Any]],
-        *,
-        lane: str | None = None,
-        run_id: str | None = None,
-        on_progress: ProgressCallback | None = None,
-        raise_on_error: bool = False,
-        timeout_s: float | None = None,
-    ) -> list[Outcome]:
+    async def map_jobs(self, jobs: Sequence[Mapping[str, Any]], **run: Unpack[RunOptions]) -> list[Outcome]:
         """Whole job dicts (each with its own tier, prompt + variables or messages, batch,
         options, mode, deadline, metadata); job `i` gets the id `RUN_ID-i` (an `id` in the
-        dict is dropped). Outcomes in the jobs' order; raises as `map`."""
-        return await self._run(check_jobs(jobs), lane, run_id, on_progress, raise_on_error, timeout_s)
+        dict is dropped). Outcomes in the jobs' order; `run` and raises as `map`."""
+        return await self._run(check_jobs(jobs), **run)
 
     async def collect(
         self,
@@ -204,11 +180,12 @@ class AsyncClient:
     async def _run(
         self,
         jobs: list[dict[str, Any]],
-        lane: str | None,
-        run_id: str | None,
-        on_progress: ProgressCallback | None,
-        raise_on_error: bool,
-        timeout_s: float | None,
+        *,
+        lane: str | None = None,
+        run_id: str | None = None,
+        on_progress: ProgressCallback | None = None,
+        raise_on_error: bool = False,
+        timeout_s: float | None = None,
     ) -> list[Outcome]:
         from consumer.kafka.clients import submit_jobs
 

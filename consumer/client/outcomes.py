@@ -6,9 +6,26 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 ProgressCallback = Callable[["Progress"], Any]
+
+
+class RunOptions(TypedDict, total=False):
+    """How a run is submitted and waited for: the keywords every `map*` method takes.
+
+    lane: its jobs go to that lane's topic (the tier file's `lanes`), else to the jobs topic;
+    run_id: the run's id (job ids are `RUN_ID-INDEX`; default: a new one with the start time);
+    on_progress: called with `Progress` as outcomes arrive and once at the end;
+    raise_on_error: raise MapError when any input failed (default False);
+    timeout_s: stop waiting after this long with MapTimeout (default: wait for every outcome).
+    """
+
+    lane: str | None
+    run_id: str | None
+    on_progress: ProgressCallback | None
+    raise_on_error: bool
+    timeout_s: float | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,23 +110,38 @@ class Usage:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """A provider's answer.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProviderAnswer:
+    """What every provider answer carries besides its content (a `Completion`'s text,
+    `consumer.core.embed.Embeddings`' vectors), given by keyword.
 
-    finish_reason: normalized to "stop", "length", "tool_use", "content_filter" or the
-        provider's own word when none of these fits.
+    usage: the tokens the provider counted for the request.
+    provider, model: the adapter's name and the model that answered, as the provider said.
     request_id: the provider's request id (x-request-id / request-id / body id), if any.
     latency_ms: wall time of the HTTP call as measured by the adapter.
     rate_limit: the provider's rate-limit budget from the answer's headers, when it sent one
         (the limiter paces new requests by it, so they stop before a 429 rather than after).
+    response_id: the answer body's own id (OpenAI `chatcmpl-...`, Anthropic `msg_...`), if any:
+        what tracing reports as the completion's id (`gen_ai.response.id`).
     """
 
-    text: str
-    finish_reason: str
     usage: Usage
     provider: str
     model: str
     request_id: str | None = None
     latency_ms: float = 0.0
     rate_limit: RateLimitHint | None = None
+    response_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion(ProviderAnswer):
+    """A provider's chat answer: `Completion(text, finish_reason, usage=..., provider=...,
+    model=...)`.
+
+    finish_reason: normalized to "stop", "length", "tool_use", "content_filter" or the
+        provider's own word when none of these fits.
+    """
+
+    text: str
+    finish_reason: str

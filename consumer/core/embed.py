@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
-from consumer.core.completion import CHARS_PER_TOKEN, Usage
-from consumer.core.errors import ErrorKind, MalformedResponse, ProviderError, RateLimitHint
+from consumer.core.completion import CHARS_PER_TOKEN, ProviderAnswer
+from consumer.core.errors import ErrorKind, MalformedResponse, ProviderError
 from consumer.core.packing import PackedPrompt
 from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
 from consumer.core.retry import RetryPolicy
@@ -102,20 +102,11 @@ class EmbeddingRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class Embeddings:
-    """A provider's embeddings answer: `vectors[i]` is the vector of the request's `inputs[i]`.
-
-    Its other fields mean what `consumer.core.completion.Completion`'s do (usage counts
-    input tokens only).
-    """
+class Embeddings(ProviderAnswer):
+    """A provider's embeddings answer: `vectors[i]` is the vector of the request's `inputs[i]`
+    (usage counts input tokens only)."""
 
     vectors: tuple[Vector, ...]
-    usage: Usage
-    provider: str
-    model: str
-    request_id: str | None = None
-    latency_ms: float = 0.0
-    rate_limit: RateLimitHint | None = None
 
 
 def no_embeddings(tier: str, provider: str) -> str:
@@ -188,20 +179,11 @@ class EmbedPlan(RequestPlan):
         self._limits = limits
         self._vectors: dict[Hashable, Vector] = {}
 
-    def _request(
-        self,
-        members: Sequence[Member],
-        *,
-        attempt: int = 1,
-        delay_s: float = 0.0,
-        packed: PackedPrompt | None = None,
-        quota_waited_s: float = 0.0,
-    ) -> PlannedRequest:
+    def _written(
+        self, members: tuple[Member, ...], packed: PackedPrompt | None
+    ) -> tuple[PackedPrompt | None, int | None]:
         # an array request: each member's input is an element, nothing is packed
-        self._seq += 1
-        req = PlannedRequest(self._seq, tuple(members), attempt, delay_s, None, None, quota_waited_s)
-        self._outstanding[req.seq] = req
-        return req
+        return None, None
 
     def begin(self) -> Step:
         """The inputs too long for the model fail alone; the others go as one request."""

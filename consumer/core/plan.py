@@ -212,17 +212,22 @@ class RequestPlan:
     ) -> PlannedRequest:
         self._seq += 1
         members = tuple(members)
-        if len(members) == 1:
-            max_tokens = members[0].max_tokens
-            req = PlannedRequest(self._seq, members, attempt, delay_s, None, max_tokens, quota_waited_s)
-        else:
-            if packed is None:
-                packed = pack(self._prefix, self._variable, [m.input for m in members], self._rng)
-            req = PlannedRequest(
-                self._seq, members, attempt, delay_s, packed, self._batch_tokens(members), quota_waited_s
-            )
+        packed, max_tokens = self._written(members, packed)
+        req = PlannedRequest(self._seq, members, attempt, delay_s, packed, max_tokens, quota_waited_s)
         self._outstanding[req.seq] = req
         return req
+
+    def _written(
+        self, members: tuple[Member, ...], packed: PackedPrompt | None
+    ) -> tuple[PackedPrompt | None, int | None]:
+        """How a request of `members` is written: its packed prompt (None: an ordinary request)
+        and its max_tokens. One member is an ordinary request with its own budget; more share a
+        packed prompt (`packed`: the one a retry reuses), sized from their budgets."""
+        if len(members) == 1:
+            return None, members[0].max_tokens
+        if packed is None:
+            packed = pack(self._prefix, self._variable, [m.input for m in members], self._rng)
+        return packed, self._batch_tokens(members)
 
     def _halves(self, members: Sequence[Member], *, attempt: int = 1) -> list[PlannedRequest]:
         if not members:

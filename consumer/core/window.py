@@ -17,22 +17,31 @@ A window flushes when
 A flush of one item is an ordinary request (rule 5); the planner handles that.
 Items of revoked partitions are pulled out with `drain_partitions`; the rest of a mixed
 window stays and keeps its timers.
+
+`LaneWindows` keeps the windows of lanes (`consumer.core.lanes`) apart where sharing would
+delay a job: a window holding a job of a lane with `max_wait_ms` flushes at most that long
+after its first member (and waits at most that long for a next one). Jobs of different lanes
+share a window, and so a packed prompt, only when their lanes flush by the same wait, so
+neither waits longer than it would alone; the request then waits for its slot in the more
+urgent lane (`consumer.core.lanes.pack_lane`), so the other is not delayed there either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import orjson
 
+from consumer.core.lanes import Lane
 from consumer.core.templates import BatchablePrompt
 
 __all__ = [
     "CollectionWindows",
     "Flush",
     "FlushReason",
+    "LaneWindows",
     "PackKey",
     "WindowLimits",
     "options_key",
@@ -215,3 +224,54 @@ class CollectionWindows(Generic[T]):
     def drain_all(self) -> list[Flush[T]]:
         """Close every window (shutdown): reason "drain"."""
         return [self._close(key, "drain") for key in list(self._windows)]
+
+
+class LaneWindows(Generic[T]):
+    """Collection windows apart by lane wait (`Lane.max_wait_ms`): the same interface as
+    `CollectionWindows`, with each item's lane."""
+
+    def __init__(self) -> None:
+        self._by_wait: dict[float | None, CollectionWindows[T]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(w) for w in self._by_wait.values())
+
+    def add(
+        self,
+        key: PackKey,
+        item: T,
+        *,
+        lane: Lane | None,
+        input_chars: int,
+        partition: Hashable,
+        limits: WindowLimits,
+        now_s: float,
+    ) -> list[Flush[T]]:
+        """Put `item` in the window of its key among its lane wait's windows (see
+        `CollectionWindows.add`); a lane's max_wait_ms caps the tier's waits."""
+        wait_ms = lane.max_wait_ms if lane is not None else None
+        windows = self._by_wait.get(wait_ms)
+        if windows is None:
+            windows = self._by_wait[wait_ms] = CollectionWindows()
+        if wait_ms is not None and wait_ms < limits.max_wait_ms:
+            limits = replace(limits, max_wait_ms=wait_ms, window_ms=min(limits.window_ms, wait_ms))
+        return windows.add(
+            key, item, input_chars=input_chars, partition=partition, limits=limits, now_s=now_s
+        )
+
+    def due(self, now_s: float, *, can_still_join: Callable[[PackKey], bool]) -> list[Flush[T]]:
+        """The windows due at `now_s` (`CollectionWindows.due`)."""
+        return [f for w in self._by_wait.values() for f in w.due(now_s, can_still_join=can_still_join)]
+
+    def next_deadline_s(self) -> float | None:
+        """The earliest time a window becomes due by time alone, or None without windows."""
+        due = [d for w in self._by_wait.values() if (d := w.next_deadline_s()) is not None]
+        return min(due) if due else None
+
+    def drain_partitions(self, partitions: Collection[Hashable]) -> list[T]:
+        """Remove and return the items read from `partitions` (revoked); others stay."""
+        return [i for w in self._by_wait.values() for i in w.drain_partitions(partitions)]
+
+    def drain_all(self) -> list[Flush[T]]:
+        """Close every window (shutdown)."""
+        return [f for w in self._by_wait.values() for f in w.drain_all()]

@@ -1,8 +1,9 @@
 """Kafka's default partitioning of keyed records: Java's `Utils.murmur2`, made positive, modulo.
 
-aiokafka ships the same function written byte by byte (2 us per key); the at-least-once sink
-picks a partition for every outcome it batches, so this one reads the key's 4-byte words in
-one `struct` call (~0.7 us). tests/unit/test_partitioning.py holds the two equal.
+aiokafka ships the same function written byte by byte; the at-least-once sink picks a
+partition for every outcome it batches, so this one reads the key's 4-byte words in one
+`struct` call, which costs a fraction of the CPU per key (bench/README.md).
+tests/unit/test_partitioning.py holds the two equal.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class SidePublisher:
             except Exception as exc:
                 log.warning("publishing %s failed: %s", self._what, exc)
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name=f"promptbus-{self._what}")
 
     async def stop(self) -> None:

@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -160,20 +160,7 @@ def _serve_command(args: argparse.Namespace) -> int:
         )
         if not args.foreground:
             return 0
-        # foreground: until the server exits or we get SIGTERM (flag) / SIGINT, then stop it
-        while not terminated:
-            if handle.process.poll() is not None:
-                ended = read_exit(exit_path(info.port, handle.pid_path.parent))
-                how = ended.how if ended is not None else f"exit code {handle.process.returncode}"
-                print(
-                    f"promptbus local-model: the server exited with {how}; log {info.log_path}:\n"
-                    f"{log_tail(Path(info.log_path))}",
-                    file=sys.stderr,
-                )
-                return 1
-            time.sleep(POLL_INTERVAL_S)
-        handle.stop()
-        return 0
+        return _serve_in_foreground(handle, lambda: terminated)
     except StopRequested:
         return 0  # SIGTERM during the start: serve() already stopped the server
     except KeyboardInterrupt:
@@ -183,6 +170,25 @@ def _serve_command(args: argparse.Namespace) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_in_foreground(handle: ServerHandle, terminated: Callable[[], bool]) -> int:
+    """Until the server exits (1: how, and its log's tail, on stderr) or `terminated()` (the
+    SIGTERM flag; 0 once the server is stopped). SIGINT raises KeyboardInterrupt to the caller."""
+    info = handle.info
+    while not terminated():
+        if handle.process.poll() is not None:
+            ended = read_exit(exit_path(info.port, handle.pid_path.parent))
+            how = ended.how if ended is not None else f"exit code {handle.process.returncode}"
+            print(
+                f"promptbus local-model: the server exited with {how}; log {info.log_path}:\n"
+                f"{log_tail(Path(info.log_path))}",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(POLL_INTERVAL_S)
+    handle.stop()
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

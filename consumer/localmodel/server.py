@@ -178,7 +178,6 @@ def serve(
     model = model_path if model_path is not None else ensure_model()
     state = directory if directory is not None else state_dir()
     state.mkdir(parents=True, exist_ok=True)
-    log_path = state / f"server-{port}.log"
     cmd = server_command(
         model, host=host, port=port, n_ctx=n_ctx, n_threads=threads, n_threads_batch=batch_threads,
         embeddings=embeddings,
@@ -187,35 +186,12 @@ def serve(
         "starting local model server on %s:%d (n_ctx=%d, n_threads=%d, n_threads_batch=%d)",
         host, port, n_ctx, threads, batch_threads,
     )
-    record = exit_path(port, state)
-    record.unlink(missing_ok=True)
-    supervisor = [
-        sys.executable,
-        "-c",
-        "import sys; from consumer.localmodel.process import supervise; "
-        "sys.exit(supervise(sys.argv[1], sys.argv[2:]))",
-        str(record),
-        *cmd,
-    ]
-    with log_path.open("wb") as log_fh:
-        process = subprocess.Popen(
-            supervisor,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    base_url = f"http://{host}:{port}/v1"
-    try:
-        server_pid = _wait_for_child_pid(process, record)
-    except BaseException:
-        terminate(process.pid, STOP_WAIT_S, popen=process)
-        raise
+    process, server_pid, log_path = _start_supervised(cmd, state, port)
     info = ServerInfo(
         pid=server_pid,
         host=host,
         port=port,
-        base_url=base_url,
+        base_url=f"http://{host}:{port}/v1",
         model=EMBED_MODEL_ALIAS if embeddings else MODEL_ALIAS,
         log_path=str(log_path),
         n_ctx=n_ctx,
@@ -235,6 +211,38 @@ def serve(
         handle.stop()
         raise
     return handle
+
+
+def _start_supervised(cmd: list[str], state: Path, port: int) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """Start the server `cmd` under its supervisor, in a session of its own (it outlives the
+    calling command) logging to `DIR/server-PORT.log`; return the supervisor, the server's pid
+    (as the supervisor records it) and the log's path. A supervisor that records no pid is
+    stopped before the error is raised."""
+    log_path = state / f"server-{port}.log"
+    record = exit_path(port, state)
+    record.unlink(missing_ok=True)
+    supervisor = [
+        sys.executable,
+        "-c",
+        "import sys; from consumer.localmodel.process import supervise; "
+        "sys.exit(supervise(sys.argv[1], sys.argv[2:]))",
+        str(record),
+        *cmd,
+    ]
+    with log_path.open("wb") as log_fh:
+        process = subprocess.Popen(
+            supervisor,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        server_pid = _wait_for_child_pid(process, record)
+    except BaseException:
+        terminate(process.pid, STOP_WAIT_S, popen=process)
+        raise
+    return process, server_pid, log_path
 
 
 class StopRequested(Exception):

@@ -1,19 +1,18 @@
 """The provider edge: one Protocol for online completions, one for offline Batch APIs.
 
 Each has real implementations in this package (aiohttp, injected `ClientSession`) and a fake for
-tests. Adapters raise only `consumer.core.errors` classes.
+tests. Adapters raise only `consumer.core.errors` classes. The offline batches' value objects
+(`BatchRequest`, `BatchJob`, `BatchStatus`, `BatchItemResult`) are the core's
+(`consumer.core.offline`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from consumer.core.completion import Completion, CompletionRequest
-from consumer.core.embed import EmbeddingRequest, Embeddings
-from consumer.core.errors import ProviderError
+from consumer.core.offline import BatchItemResult, BatchJob, BatchRequest
 
 
 @runtime_checkable
@@ -30,63 +29,6 @@ class CompletionProvider(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-class BatchStatus(StrEnum):
-    """Normalized offline batch status."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-
-    @property
-    def done(self) -> bool:
-        return self not in (BatchStatus.PENDING, BatchStatus.RUNNING)
-
-
-@dataclass(frozen=True, slots=True)
-class BatchRequest:
-    """One request inside an offline batch; `custom_id` matches its result. An embeddings
-    request is answered with Embeddings (where the provider's Batch API has the endpoint)."""
-
-    custom_id: str
-    request: CompletionRequest | EmbeddingRequest
-
-
-@dataclass(frozen=True, slots=True)
-class BatchJob:
-    """A provider batch as last seen.
-
-    id: the provider's batch id. total/completed/failed: request counts as the provider reports.
-    """
-
-    id: str
-    provider: str
-    status: BatchStatus
-    total: int = 0
-    completed: int = 0
-    failed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class BatchItemResult:
-    """One request's outcome: exactly one of `completion` and `error` is set.
-
-    For an item the provider expired or cancelled, `error` is a ProviderError and `expired`
-    tells which dead-letter kind applies (batch_expired vs batch_failed).
-    """
-
-    custom_id: str
-    completion: Completion | Embeddings | None = None
-    error: ProviderError | None = None
-    expired: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.completion is not None
 
 
 @runtime_checkable

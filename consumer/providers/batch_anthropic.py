@@ -25,8 +25,8 @@ import orjson
 
 from consumer.core.completion import CompletionRequest
 from consumer.core.errors import ProviderError
+from consumer.core.offline import BatchItemResult, BatchJob, BatchRequest, BatchStatus
 from consumer.providers.anthropic import ANTHROPIC_API, DEFAULT_MAX_TOKENS, build_messages_body
-from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
 from consumer.providers.batchapi import HttpBatchProvider
 from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
 from consumer.providers.httpapi import AdapterOptions

@@ -23,7 +23,7 @@ import orjson
 
 from consumer.core.embed import EmbeddingRequest
 from consumer.core.errors import ProviderError, Rejected
-from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
+from consumer.core.offline import BatchItemResult, BatchJob, BatchRequest, BatchStatus
 from consumer.providers.batchapi import HttpBatchProvider
 from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
 from consumer.providers.embeddings import EMBEDDINGS_ENDPOINT, build_embeddings_body

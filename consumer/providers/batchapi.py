@@ -15,7 +15,7 @@ from typing import Any
 from consumer.core.completion import CompletionRequest
 from consumer.core.embed import EmbeddingRequest
 from consumer.core.errors import MalformedResponse
-from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest
+from consumer.core.offline import BatchItemResult, BatchJob, BatchRequest
 from consumer.providers.embeddings import is_embeddings_body, read_embeddings
 from consumer.providers.httpapi import HttpAdapter
 

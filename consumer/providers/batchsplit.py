@@ -8,7 +8,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from consumer.core.errors import MalformedResponse, ProviderError
-from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest
+from consumer.core.offline import BatchItemResult, BatchJob, BatchRequest
 
 log = logging.getLogger(__name__)
 

@@ -83,6 +83,7 @@ def read_embeddings(
         usage_raw = payload.get("usage") or {}
         tokens = usage_raw.get("prompt_tokens") if isinstance(usage_raw, Mapping) else None
         model = str(payload.get("model") or request.model)
+        body_id = str(payload["id"]) if payload.get("id") else None
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise MalformedResponse(
             f"{provider}: 2xx body is not an embeddings list ({type(exc).__name__})", provider=provider
@@ -92,8 +93,9 @@ def read_embeddings(
         usage=Usage(input_tokens=int(tokens or 0)),
         provider=provider,
         model=model,
-        request_id=request_id or (str(payload["id"]) if payload.get("id") else None),
+        request_id=request_id or body_id,
         latency_ms=latency_ms,
+        response_id=body_id,
     )
 
 

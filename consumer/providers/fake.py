@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.errors import ProviderError
-from consumer.providers.base import BatchItemResult, BatchJob, BatchRequest, BatchStatus
+from consumer.core.offline import BatchItemResult, BatchJob, BatchRequest, BatchStatus
 from consumer.providers.batchsplit import check_custom_ids, split_by_limits
 
 FakeAnswer = Completion | Exception | BatchItemResult

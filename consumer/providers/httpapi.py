@@ -6,7 +6,8 @@ modes, auth, answer format); each holds a `ProviderHttp`, which owns nothing but
 never stored as plain text on the object) and the provider name used in errors.
 
 aiohttp rather than httpx: the service's throughput target is bound by client CPU per request,
-and httpx/httpcore cost about 5x aiohttp's per chat call (see `factory.make_http_client`).
+and httpx/httpcore cost several times aiohttp's per chat call (bench/README.md has the
+figures; see `factory.make_http_client`).
 Redirects are not followed (a 3xx is an error like any other non-2xx), so a key is only ever
 sent to the URL we built.
 """
@@ -340,6 +341,7 @@ class HttpAdapter:
             usage_raw = payload.get("usage") or {}
             usage = api.usage(usage_raw if isinstance(usage_raw, Mapping) else {})
             model = str(payload.get("model") or request.model)
+            body_id = str(payload["id"]) if payload.get("id") else None
         except _NOT_AN_ANSWER as exc:
             raise MalformedResponse(
                 f"{self.name}: 2xx body is not a {api.answer} ({type(exc).__name__})", provider=self.name
@@ -350,8 +352,9 @@ class HttpAdapter:
             usage=usage,
             provider=self.name,
             model=model,
-            request_id=request_id or (str(payload["id"]) if payload.get("id") else None),
+            request_id=request_id or body_id,
             latency_ms=latency_ms,
+            response_id=body_id,
         )
 
     async def aclose(self) -> None:

@@ -47,7 +47,7 @@ class Rejection:
 class Admission:
     """Turns records into job contexts for the configured tiers.
 
-    start_trace: starts a job's tracing span from the job and its record headers.
+    start_trace: starts a job's tracing span from the job and its record.
     offline_runs: offline processing is wired (some tier enables it).
     """
 
@@ -57,7 +57,7 @@ class Admission:
         *,
         max_job_bytes: int,
         offline_runs: bool,
-        start_trace: Callable[[Job, Any], Any],
+        start_trace: Callable[[Job, InRecord], Any],
     ) -> None:
         self._tiers = tiers
         self._max_job_bytes = max_job_bytes
@@ -107,7 +107,7 @@ class Admission:
         deadline_s = None
         if job.deadline is not None:
             deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
-        trace = self._start_trace(job, record.headers)
+        trace = self._start_trace(job, record)
         return JobContext(
             job,
             ticket,

@@ -4,8 +4,9 @@ Every part that ends a job (admission's rejections, plan runners, the offline co
 it here, so each job ends exactly once (`JobContext.done`), its trace ends with it, and the
 service counters for results and dead letters are counted in one place, and so is each
 online job's latency (`promptbus_job_latency_seconds`: its record's Kafka timestamp to its
-outcome handed to the sink, which acknowledges it within a produce round trip; records that
-never became jobs, rejections, are counted as dead letters only).
+outcome handed to the sink, which acknowledges it within a produce round trip; a record that
+never became a job, a rejection, is counted as a dead letter of the service and of the lane it
+was read in, and in no latency histogram).
 
 Dedupe (`consumer.core.dedupe`): a job that leads its tier's dedupe table ends here, and so do
 the identical jobs that waited for it. Each follower gets a record of its own, built from the
@@ -32,7 +33,7 @@ from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATEN
 from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
 from consumer.runtime.stats import LaneStats, ServiceStats
 from consumer.settings import Settings
-from consumer.telemetry import Telemetry
+from consumer.telemetry import ABANDONED, Telemetry
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +93,9 @@ class OutcomeWriter:
         taken, self._rerouted = self._rerouted, []
         return taken
 
-    def reject(self, ticket: Ticket, rejection: Rejection) -> None:
-        """An input that cannot become a job context: dead letter with the original bytes."""
+    def reject(self, ticket: Ticket, rejection: Rejection, lane: Lane | None = None) -> None:
+        """An input that cannot become a job context: dead letter with the original bytes,
+        counted in the totals and in the dead letters of `lane`, the lane it was read in."""
         record = dead_letter_record(
             self._settings.dlq_topic,
             source=ticket.source,
@@ -105,6 +107,8 @@ class OutcomeWriter:
             max_bytes=self.limits.dead_letters,
         )
         self._stats.dead_letters[rejection.kind.value] += 1
+        if lane is not None:  # rejected as it is read: its outcome took no time after its read
+            self._stats.lane(lane.name).ended(0.0, ok=False)
         self._sink.deliver(ticket, [record])
 
     def fail(
@@ -136,7 +140,7 @@ class OutcomeWriter:
             max_bytes=self.limits.dead_letters,
         )
         self._stats.dead_letters[kind.value] += 1
-        self._end(ctx, record, ok=False)
+        self._end(ctx, record, kind.value)
         if ctx.dedupe_key is not None:
             self._settle(ctx, answer, SharedFailure(kind, message, error))
 
@@ -187,7 +191,7 @@ class OutcomeWriter:
         self._stats.results += 1
         if ctx.fallback_from is not None:
             ctx.tier.stats.fallback_jobs[ctx.fallback_from] += 1
-        self._end(ctx, record, ok=True)
+        self._end(ctx, record, None)
         self._settle(ctx, answer, None)
 
     def share(
@@ -230,7 +234,7 @@ class OutcomeWriter:
         if ctx.done:
             return
         ctx.done = True
-        self._telemetry.end_job(ctx.trace, ok=True)
+        self._telemetry.end_job(ctx.trace)
         self._sink.deliver(ctx.ticket, [])
 
     def offline_failed(self, ctx: JobContext, kind: ErrorKind, message: str, error: ProviderError) -> None:
@@ -241,16 +245,18 @@ class OutcomeWriter:
         """No outcome: the job stays uncommitted and is read again by the partition's next
         owner; so do the jobs deduped to it."""
         ctx.done = True
-        self._telemetry.end_job(ctx.trace, ok=False)
+        self._telemetry.end_job(ctx.trace, error=ABANDONED)
         key, table = ctx.dedupe_key, ctx.tier.dedupe
         if key is not None and table is not None:
             ctx.dedupe_key = None
             for follower in table.abandon(key):
                 self.abandon(follower)
 
-    def _end(self, ctx: JobContext, record: OutRecord, *, ok: bool) -> None:
+    def _end(self, ctx: JobContext, record: OutRecord, error: str | None) -> None:
+        """Hand the job's outcome record to the sink (`error`: its dead letter's kind)."""
+        ok = error is None
         ctx.done = True
-        self._telemetry.end_job(ctx.trace, ok=ok)
+        self._telemetry.end_job(ctx.trace, record, error=error)
         self._sink.deliver(ctx.ticket, [record])
         lane_stats, series = self._ends_of(ctx)
         if lane_stats is not None:

@@ -55,7 +55,7 @@ class LagMonitor:
                 log.warning("consumer lag refresh failed: %s", exc)
             await asyncio.sleep(self._interval_s)
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="promptbus-lag")
 
     async def stop(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from consumer.core.histogram import OFFLINE_BOUNDS_S, ONLINE_BOUNDS_S, Histogram
 from consumer.core.lanes import DEFAULT_LANE_NAME
+from consumer.core.snapshots import JOB_LATENCY_FAMILY, OFFLINE_JOB_LATENCY_FAMILY
 
 #: the lane of a job read from the one jobs topic (no `lanes:` in the tier file)
 DEFAULT_LANE = DEFAULT_LANE_NAME
@@ -41,13 +42,13 @@ class HistogramSpec:
 
 
 JOB_LATENCY = HistogramSpec(
-    "job_latency_seconds",
+    JOB_LATENCY_FAMILY,
     "Online jobs: the job record's Kafka timestamp to its outcome handed over for delivery",
     ("tier", "lane", "outcome"),
     ONLINE_BOUNDS_S,
 )
 OFFLINE_JOB_LATENCY = HistogramSpec(
-    "offline_job_latency_seconds",
+    OFFLINE_JOB_LATENCY_FAMILY,
     "Offline (Batch API) jobs: the job record's Kafka timestamp to its outcome acknowledged",
     ("tier", "lane", "outcome"),
     OFFLINE_BOUNDS_S,

@@ -7,7 +7,7 @@ A caller acquires a `Token` before a provider call and ends it exactly once:
 about load, e.g. a 400). `async with limiter.slot(tokens) as token:` guarantees the end: a
 token the block did not end (it raised, or forgot) ends as `ignore`, so no exception can
 leak a slot and wedge the tier. A free slot goes to the waiter the lane scheduler names
-(`consumer.core.lanes`): the highest lane with a request waiting, unless a lower lane is owed
+(`consumer.core.scheduling`): the highest lane with a request waiting, unless a lower lane is owed
 its `min_share`; within a lane the nearest deadline first, then first come, first served (a
 waiter that names no lane waits in the one default lane: first-in first-out).
 
@@ -31,9 +31,10 @@ import time
 from collections.abc import Callable
 
 from consumer.core.errors import RateLimitHint
-from consumer.core.lanes import DEFAULT_LANE_NAME, Lane, LaneScheduler
+from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
 from consumer.core.limit import ConcurrencyLimit
 from consumer.core.pacing import BudgetPacer, TokenBudget
+from consumer.core.scheduling import LaneScheduler
 
 #: smoothing of the actual / estimated token cost of answered requests
 COST_RATIO_SMOOTHING = 0.2
@@ -128,7 +129,7 @@ class AsyncLimiter:
         self._cost_ratio = 1.0  # actual / estimated tokens of answered requests, smoothed
         self._inflight = 0
         self._seq = 0
-        #: the waiters, by lane (`consumer.core.lanes`)
+        #: the waiters, by lane (`consumer.core.scheduling`)
         self._waiters: LaneScheduler[_Waiter] = LaneScheduler()
         self._paused_until_s = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None

@@ -13,8 +13,8 @@
                       tombstone for the batch. In exactly_once mode those records and the
                       tombstone commit in one transaction.
 
-Failed or expired members are dead-lettered (`batch_failed`, `batch_expired`), never retried
-online: the job asked for offline processing.
+What each member of a finished batch ends as is the core's decision
+(`consumer.core.offline.item_outcome`); this module performs it.
 """
 
 from __future__ import annotations
@@ -33,13 +33,21 @@ from pydantic import BaseModel
 
 from consumer.core.completion import CompletionRequest
 from consumer.core.cost import Pricing, cost_usd
-from consumer.core.embed import EmbeddingRequest, Embeddings
-from consumer.core.errors import ErrorKind, JobError, ProviderError
+from consumer.core.embed import EmbeddingRequest
+from consumer.core.errors import ErrorKind, ProviderError
 from consumer.core.jobs import Job, checked_json_object
-from consumer.core.output import output_format
+from consumer.core.offline import (
+    Answered,
+    BatchItemResult,
+    BatchJob,
+    BatchRequest,
+    BatchStatus,
+    Failed,
+    item_outcome,
+)
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.topicreader import TopicReader
-from consumer.providers.base import BatchItemResult, BatchJob, BatchProvider, BatchRequest, BatchStatus
+from consumer.providers.base import BatchProvider
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.latency import DEAD_LETTER, DEFAULT_LANE, OFFLINE_JOB_LATENCY, RESULT
@@ -386,12 +394,11 @@ def outcome_records(
     tier_options: dict[str, Any] | None = None,
     limits: RecordLimits | None = None,
 ) -> list[OutRecord]:
-    """One result or dead letter per member of a finished provider batch.
+    """One result or dead letter per member of a finished provider batch, as
+    `consumer.core.offline.item_outcome` decides (`tier_options`: the tier's, under each job's).
 
-    An answer is checked against the output format the job's options (merged over the tier's
-    `tier_options`, as online) ask for, like an online answer; one that breaks it, or whose
-    result would be over the results topic's record size (`limits`), is `output_invalid` (a
-    batch cannot ask again).
+    A result that would be over the results topic's record size (`limits`) is `output_invalid`
+    instead (a batch cannot ask again).
     """
     limits = limits or RecordLimits()
     by_id = {item.custom_id: item for item in items}
@@ -402,65 +409,33 @@ def outcome_records(
         src = member["source"]
         source = SourceOffset(TopicPartition(src["topic"], int(src["partition"])), int(src["offset"]))
         item = by_id.get(member["custom_id"])
-        problem: str | None = None
-        answer = item.completion if item is not None else None
-        if answer is not None:
-            output: str | None = None
-            embedding = None
-            if isinstance(answer, Embeddings):
-                # one input per line: one vector
-                if len(answer.vectors) == 1:
-                    embedding = answer.vectors[0]
-                else:
-                    problem = f"the batch answered {len(answer.vectors)} vectors for one input"
-            else:
-                output = answer.text
-                try:
-                    wanted = output_format({**(tier_options or {}), **job.options})
-                except JobError as exc:  # the tier's options changed since the job was read
-                    wanted, problem = None, str(exc)
-                if wanted is not None:
-                    output, problem = wanted.accept(output)
+        outcome = item_outcome(item, job, status, record["batch_id"], tier_options or {})
+        if isinstance(outcome, Answered):
+            result = AnswerResults(settings.results_topic, outcome.answer, 1).record(
+                job=job,
+                source=source,
+                output=outcome.output,
+                attempts=1,
+                latency_ms=latency_ms,
+                lane=member.get("lane"),
+                tier=record.get("tier"),
+                mode="offline",
+                embedding=outcome.embedding,
+            )
+            problem = too_large_result(result, limits.results)
             if problem is None:
-                result = AnswerResults(settings.results_topic, answer, 1).record(
-                    job=job,
-                    source=source,
-                    output=output,
-                    attempts=1,
-                    latency_ms=latency_ms,
-                    lane=member.get("lane"),
-                    tier=record.get("tier"),
-                    mode="offline",
-                    embedding=embedding,
-                )
-                problem = too_large_result(result, limits.results)
-                if problem is None:
-                    out.append(result)
-                    continue
-        if problem is not None:
-            kind, message = ErrorKind.OUTPUT_INVALID, problem
-        elif (item is not None and item.expired) or (item is None and status is BatchStatus.EXPIRED):
-            kind, message = (
-                ErrorKind.BATCH_EXPIRED,
-                f"provider batch {record['batch_id']} expired before this item ran",
-            )
-        elif item is not None and item.error is not None:
-            kind, message = ErrorKind.BATCH_FAILED, f"batch item failed: {item.error.message}"
-        else:
-            kind, message = (
-                ErrorKind.BATCH_FAILED,
-                f"provider batch {record['batch_id']} ended {status.value} without this item",
-            )
-        error = item.error if item is not None else None
+                out.append(result)
+                continue
+            outcome = Failed(ErrorKind.OUTPUT_INVALID, problem)
         out.append(
             dead_letter_record(
                 settings.dlq_topic,
                 source=source,
-                kind=kind,
-                message=message,
+                kind=outcome.kind,
+                message=outcome.message,
                 job=job,
                 attempts=1,
-                status_code=error.status_code if error else None,
+                status_code=outcome.status_code,
                 provider=record.get("provider"),
                 max_bytes=limits.dead_letters,
             )

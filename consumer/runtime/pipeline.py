@@ -17,7 +17,7 @@ One asyncio task runs this loop; it owns no decision of its own. Step by step fo
        and commits the input offset (`kafka/sink.py`).
 
 Around that the loop keeps each lane's intake within its `max_inflight` (pause / resume,
-`lanes.py`), drains on stop and hands revoked partitions back.
+`backpressure.py`), drains on stop and hands revoked partitions back.
 """
 
 from __future__ import annotations
@@ -32,17 +32,17 @@ from typing import Any, Protocol
 from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
-from consumer.core.lanes import DEFAULT_LANE_NAME, Lane, LaneWindows
-from consumer.core.window import Flush, PackKey, pack_key_for
+from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
+from consumer.core.window import Flush, LaneWindows, PackKey, pack_key_for
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import OutcomeSink
 from consumer.runtime.admission import Admission, Rejection
+from consumer.runtime.backpressure import LaneGate
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.embed_runner import EmbedRunner, embed_window
 from consumer.runtime.fallback import FallbackRouter
-from consumer.runtime.lanes import LaneGate
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
@@ -220,9 +220,10 @@ class Pipeline:
         ticket = self._sink.track(record.source)
         self._stats.items_in += 1
         try:
-            admitted = self._admission.admit(record, ticket, now_s, self._lanes.lane_of(record.source.topic))
+            lane = self._lanes.lane_of(record.source.topic)
+            admitted = self._admission.admit(record, ticket, now_s, lane)
             if isinstance(admitted, Rejection):
-                self._outcomes.reject(ticket, admitted)
+                self._outcomes.reject(ticket, admitted, lane)
             else:
                 self._route(admitted, now_s)
         except Exception:

@@ -98,6 +98,9 @@ class PlanRunner:
         self._queue_wait_s: dict[str, Series] = {}
         self._latency = latency
         self._telemetry = telemetry
+        #: what this tier's provider calls' spans and GenAI metrics name (None: not traced)
+        config = tier.config
+        self._call_target = telemetry.call_target(tier.name, config.provider, config.resolved_base_url)
         self._rng = rng
         self._clock = clock
         self._spawn = spawn
@@ -128,8 +131,8 @@ class PlanRunner:
                 first, *others = plan.start()
                 for req in others:
                     group.create_task(self._send(plan, req, group, key, batched))
-                # the first request runs in this task: most plans are one request, and a
-                # task per request was a large share of an unbatched job's cost
+                # the first request runs in this task: most plans are one request, and a task
+                # of its own is CPU an unbatched job need not spend (bench/README.md)
                 await self._send(plan, first, group, key, batched)
         except BaseException as exc:
             self.abandon_unfinished(ctxs, exc, "a request plan")
@@ -277,7 +280,7 @@ class PlanRunner:
         async with tier.limiter.slot(request.estimated_tokens(), lane=lane, deadline_s=deadline_s) as token:
             if still_wanted is not None and not still_wanted():
                 return None
-            with self._telemetry.provider_call(tier.name, traces) as span:
+            with self._telemetry.provider_call(self._call_target, request, traces) as traced:
                 sent_s = self._clock()
                 try:
                     completion: Completion | Embeddings
@@ -297,15 +300,17 @@ class PlanRunner:
                         hinted = exc.hint.retry_after_s
                         cooldown_s = tier.config.retry.quota_cooldown_s if hinted is None else hinted
                         tier.quota.on_exhausted(self._clock(), cooldown_s)
-                    self._telemetry.record_error(span, exc)
+                    traced.failed(exc)
                     self._circuit_saw(exc, probe=probe)
                     return exc
                 except Exception as exc:
                     self._request_s[ERROR].observe(self._clock() - sent_s)
+                    traced.failed(exc)
                     log.exception("provider %s raised unexpectedly", tier.name)
                     if probe:
                         tier.circuit.probe_abandoned()
                     return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
+                traced.answered(completion)
             self._request_s[OK].observe(self._clock() - sent_s)
             token.success()
             tier.quota.on_answer()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from consumer.core.errors import ProviderError
 from consumer.providers.base import CompletionProvider
@@ -19,6 +20,27 @@ log = logging.getLogger(__name__)
 
 #: a provider that has not answered the listing by then counts as unreachable
 CHECK_TIMEOUT_S = 10.0
+
+
+class ReachabilityCheck:
+    """`check_tier_providers` as a part of the service: started beside it, cancelled at stop
+    when it has not ended by then."""
+
+    def __init__(self, providers: Mapping[str, CompletionProvider], base_urls: Mapping[str, str]) -> None:
+        self._providers = providers
+        self._base_urls = base_urls
+        self._task: asyncio.Task[Any] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(check_tier_providers(self._providers, self._base_urls))
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def check_tier_providers(

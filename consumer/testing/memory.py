@@ -312,7 +312,7 @@ class MemoryProducer:
 
 @dataclass(frozen=True)
 class MemoryEdges:
-    """The service's Kafka edges on a `MemoryBroker` (see `consumer.app.KafkaEdges`)."""
+    """The service's Kafka edges on a `MemoryBroker` (see `consumer.kafka.edges.KafkaEdges`)."""
 
     broker: MemoryBroker
 

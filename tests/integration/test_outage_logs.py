@@ -27,8 +27,8 @@ from tests.service.harness import ServiceProcess, job
 
 pytestmark = pytest.mark.integration
 
-UNREACHABLE = re.compile(r" WARNING consumer\.kafka\.logs: Kafka broker\(s\) unreachable: ")
-REACHABLE = re.compile(r" INFO consumer\.kafka\.logs: Kafka broker\(s\) reachable again after \d+ s")
+UNREACHABLE = re.compile(r" WARNING consumer\.kafka\.client_logs: Kafka broker\(s\) unreachable: ")
+REACHABLE = re.compile(r" INFO consumer\.kafka\.client_logs: Kafka broker\(s\) reachable again after \d+ s")
 AIOKAFKA_ERROR = re.compile(r" ERROR aiokafka")
 OUTAGE_S = 10
 

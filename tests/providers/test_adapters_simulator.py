@@ -33,8 +33,9 @@ from consumer.core.errors import (
     RequestTimeout,
     ServerError,
 )
+from consumer.core.offline import BatchRequest, BatchStatus
 from consumer.providers.anthropic import AnthropicProvider
-from consumer.providers.base import BatchRequest, BatchStatus, CompletionProvider
+from consumer.providers.base import CompletionProvider
 from consumer.providers.batch_anthropic import AnthropicBatchProvider
 from consumer.providers.batch_openai import OpenAIBatchProvider
 from consumer.providers.openai import OpenAIProvider

@@ -22,7 +22,8 @@ from consumer.core.errors import (
     Rejected,
     RequestTimeout,
 )
-from consumer.providers.base import BatchProvider, BatchRequest, BatchStatus
+from consumer.core.offline import BatchRequest, BatchStatus
+from consumer.providers.base import BatchProvider
 from consumer.providers.batch_anthropic import AnthropicBatchProvider
 from consumer.providers.batch_openai import OpenAIBatchProvider
 from tests.providers.conftest import (

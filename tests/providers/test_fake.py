@@ -8,13 +8,8 @@ import pytest
 
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.core.errors import RateLimited
-from consumer.providers.base import (
-    BatchItemResult,
-    BatchProvider,
-    BatchRequest,
-    BatchStatus,
-    CompletionProvider,
-)
+from consumer.core.offline import BatchItemResult, BatchRequest, BatchStatus
+from consumer.providers.base import BatchProvider, CompletionProvider
 from consumer.providers.fake import FakeBatchProvider, FakeProvider, text_completion
 from tests.providers.conftest import make_request
 

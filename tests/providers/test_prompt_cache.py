@@ -12,13 +12,13 @@ import orjson
 from pydantic import SecretStr
 
 from consumer.core.completion import ChatMessage, CompletionRequest
+from consumer.core.offline import BatchRequest
 from consumer.providers.anthropic import (
     DEFAULT_MIN_CACHEABLE_TOKENS,
     AnthropicProvider,
     build_messages_body,
     min_cacheable_tokens,
 )
-from consumer.providers.base import BatchRequest
 from consumer.providers.batch_anthropic import AnthropicBatchProvider
 from consumer.providers.batch_openai import OpenAIBatchProvider
 from consumer.providers.openai import OpenAIProvider, build_chat_body

@@ -64,7 +64,7 @@ async def run_backpressure(
     jobs_n: int = JOBS,
 ) -> BackpressureRun:
     """Run jobs_n jobs through an in-process service with max_inflight; sample stats."""
-    caplog.set_level(logging.INFO, logger="consumer.runtime.lanes")
+    caplog.set_level(logging.INFO, logger="consumer.runtime.backpressure")
     env = service_env(kafka_bootstrap, partitions=4, PROMPTBUS_MAX_INFLIGHT=max_inflight)
     settings = settings_from_env(env)
     await create_topics(settings)
@@ -94,7 +94,7 @@ async def run_backpressure(
             final = service.stats_snapshot()
 
     outcomes = await read_outcomes(settings)
-    messages = [r.getMessage() for r in caplog.records if r.name == "consumer.runtime.lanes"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "consumer.runtime.backpressure"]
     return BackpressureRun(
         jobs=jobs,
         results=outcomes.results,

@@ -13,8 +13,8 @@ import pytest
 
 from consumer.cli.stats import format_stats
 from consumer.core.completion import Completion, CompletionRequest
+from consumer.core.snapshots import merge_snapshots
 from consumer.providers.fake import FakeProvider, text_completion
-from consumer.runtime.stats import merge_snapshots
 from consumer.testing.harness import tier_file_dict
 from consumer.testing.simulator import (
     SimulatorConfig,

@@ -94,3 +94,27 @@ async def test_without_lanes_results_carry_the_default_lane(make_bus: Callable[.
             snapshot = svc.stats_snapshot()
     assert {r[0]["lane"] for r in outcomes.results.values()} == {"default"}
     assert snapshot["lanes"]["default"]["results"] == len(jobs)
+
+
+async def test_a_record_rejected_in_a_lane_counts_in_that_lanes_dead_letters(
+    make_bus: Callable[..., Any],
+) -> None:
+    """The lane lines count dead letters as the totals do: a job of an unknown tier read from
+    the interactive lane's topic is a dead letter of that lane."""
+    bus = make_bus(partitions=2)
+    jobs_topic = bus.settings.jobs_topic
+    answered = [job(i, batch=False) for i in range(3)]
+    unknown = {**job(99, batch=False), "id": "unknown-tier", "tier": "nope"}
+    with run_simulator(SimulatorConfig(latency_ms=5, seed=13)) as base_url:
+        async with bus.service(lane_tiers(base_url, jobs_topic)) as svc:
+            await bus.produce([unknown], topic=jobs_topic + ".interactive")
+            await bus.produce(answered)
+            expected = {j["id"] for j in answered} | {"unknown-tier"}
+            outcomes = await bus.wait_for_outcomes(expected, timeout_s=30)
+            snapshot = svc.stats_snapshot()
+    assert set(outcomes.dead) == {"unknown-tier"}
+    assert outcomes.dead["unknown-tier"][0]["error"]["kind"] == "unknown_tier"
+    assert snapshot["dead_letters"] == {"unknown_tier": 1}
+    interactive, bulk = snapshot["lanes"]["interactive"], snapshot["lanes"]["bulk"]
+    assert (interactive["results"], interactive["dead_letters"]) == (0, 1)
+    assert (bulk["results"], bulk["dead_letters"]) == (len(answered), 0)

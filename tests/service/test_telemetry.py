@@ -1,5 +1,5 @@
-"""Tracing (traceparent continued, spans per job/request/provider call), the metrics endpoints
-and the same metrics through OpenTelemetry."""
+"""Tracing (traceparent continued, spans per job, provider call and outcome sent), the metrics
+endpoints and the same metrics through OpenTelemetry."""
 
 from __future__ import annotations
 
@@ -82,14 +82,17 @@ async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_boo
 
     assert len(outcomes.results) == 3
     spans = exporter.get_finished_spans()
-    job_spans = [s for s in spans if s.name == "promptbus.job"]
+    job_spans = [s for s in spans if s.name == f"process {settings.jobs_topic}"]
     assert len(job_spans) == 3
     assert {format(s.context.trace_id, "032x") for s in job_spans} == {TRACE_ID}, "traceparent continued"
-    request_spans = [s for s in spans if s.name == "promptbus.request"]
+    request_spans = [s for s in spans if s.name == "chat sim-model"]
     assert request_spans and max(len(s.links) for s in request_spans) == 3, "a batched request links its jobs"
     linked = {link.context.span_id for s in request_spans for link in s.links}
     assert {s.context.span_id for s in job_spans} <= linked
-    assert any(s.name == "provider.complete" and s.parent is not None for s in spans)
+    packed = next(s for s in request_spans if len(s.links) == 3)
+    assert packed.parent is None, "a request of several jobs is a trace of its own"
+    sent = [s for s in spans if s.name == f"send {settings.results_topic}"]
+    assert sorted(s.parent.span_id for s in sent if s.parent) == sorted(s.context.span_id for s in job_spans)
 
     # every result carries its job span's traceparent
     consumer = AIOKafkaConsumer(
@@ -153,7 +156,7 @@ async def test_null_and_garbage_trace_headers_start_new_traces(kafka_bootstrap: 
                 await producer.stop()
             outcomes = await wait_for_outcomes(settings, {j["id"] for j in jobs}, timeout_s=60)
     assert set(outcomes.results) == {j["id"] for j in jobs} and not outcomes.dead
-    job_spans = [s for s in exporter.get_finished_spans() if s.name == "promptbus.job"]
+    job_spans = [s for s in exporter.get_finished_spans() if s.name == f"process {settings.jobs_topic}"]
     assert len(job_spans) == len(jobs)
     assert all(s.parent is None for s in job_spans), "nothing valid to continue: new traces"
 

@@ -10,7 +10,8 @@ from consumer.cli.stats import format_stats
 from consumer.core.completion import Usage
 from consumer.core.cost import BatchSaving, Pricing, alone_input_estimate, alone_output_estimate, cost_usd
 from consumer.core.errors import ConfigError
-from consumer.runtime.stats import ServiceStats, merge_snapshots, read_snapshot
+from consumer.core.snapshots import merge_snapshots, read_snapshot
+from consumer.runtime.stats import ServiceStats
 from consumer.settings import parse_tier_file
 
 PRICES = Pricing(
@@ -156,11 +157,13 @@ async def test_tokens_and_cost_in_stats_text_and_metrics() -> None:
 
 def test_offline_answers_count_at_the_batch_price() -> None:
     from consumer.core.completion import Completion
-    from consumer.providers.base import BatchItemResult
+    from consumer.core.offline import BatchItemResult
     from consumer.runtime.offline import count_offline_usage
     from consumer.runtime.stats import TierStats
 
-    answered = Completion("ok", "stop", Usage(1_000_000, 0, cached_input_tokens=0), "anthropic", "m")
+    answered = Completion(
+        "ok", "stop", usage=Usage(1_000_000, 0, cached_input_tokens=0), provider="anthropic", model="m"
+    )
     items = [BatchItemResult("a", completion=answered), BatchItemResult("b", error=None)]
     stats = TierStats()
     count_offline_usage(stats, items, Pricing(input_per_mtok=3.0, output_per_mtok=15.0, batch_discount=0.5))

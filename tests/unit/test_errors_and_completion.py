@@ -33,7 +33,7 @@ def test_error_kinds_are_the_design_list() -> None:
 def test_completion_types_are_frozen_values() -> None:
     req = CompletionRequest((ChatMessage("user", "hi"),), "m")
     assert req.options == {} and req.answer_schema is None
-    done = Completion("hello", "stop", Usage(3, 1), "openai", "m")
+    done = Completion("hello", "stop", usage=Usage(3, 1), provider="openai", model="m")
     assert done.request_id is None and done.latency_ms == 0.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         done.text = "x"  # type: ignore[misc]

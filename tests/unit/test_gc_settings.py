@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from consumer.app import GC_GEN0_THRESHOLD
+from consumer.runtime.heap import GC_GEN0_THRESHOLD
 
 
 def test_cyclic_garbage_is_still_collected_automatically() -> None:
@@ -14,7 +14,7 @@ def test_cyclic_garbage_is_still_collected_automatically() -> None:
     script = textwrap.dedent(
         """
         import gc
-        from consumer.app import tune_gc
+        from consumer.runtime.heap import tune_gc
 
         tune_gc()
         assert gc.isenabled()

@@ -15,8 +15,9 @@ from consumer.core.histogram import (
     merge_histograms,
     quantile,
 )
+from consumer.core.snapshots import merge_snapshots
 from consumer.runtime.latency import JOB_LATENCY, OFFLINE_JOB_LATENCY
-from consumer.runtime.stats import ServiceStats, merge_snapshots
+from consumer.runtime.stats import ServiceStats
 
 values = st.lists(st.floats(min_value=0.0, max_value=2000.0, allow_nan=False), max_size=60)
 

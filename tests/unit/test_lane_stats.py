@@ -3,14 +3,28 @@ and served as Prometheus families with a `lane` label."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, cast
+
 import orjson
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from consumer.cli.stats import format_lanes
+from consumer.core.errors import ErrorKind
+from consumer.core.lanes import Lane
+from consumer.core.snapshots import merge_snapshots, read_snapshot
+from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
+from consumer.kafka.sink import Ticket
+from consumer.runtime.admission import Rejection
+from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.metrics import StatsCollector
-from consumer.runtime.stats import ServiceStats, format_lanes, merge_snapshots, read_snapshot
+from consumer.runtime.outcomes import RecordLimits
+from consumer.runtime.stats import ServiceStats
+from consumer.telemetry import Telemetry
+from consumer.testing.harness import service_env, settings_from_env
 
 
 def _stats(instance: str) -> ServiceStats:
@@ -55,3 +69,30 @@ def test_lane_metrics_carry_a_lane_label() -> None:
     assert samples[("promptbus_lane_inflight", (("lane", "bulk"),))] == 500
     assert samples[("promptbus_lane_paused", (("lane", "bulk"),))] == 1
     assert samples[("promptbus_lane_paused", (("lane", "interactive"),))] == 0
+
+
+def test_a_record_rejected_in_a_lane_is_a_dead_letter_of_that_lane_too() -> None:
+    """The lane lines count dead letters as the totals do: a record rejected at admission
+    (`unknown_tier`) counts in the dead letters of the lane it was read in."""
+    delivered: list[Sequence[OutRecord]] = []
+
+    class RecordingSink:
+        def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
+            delivered.append(records)
+
+    settings = settings_from_env(service_env("127.0.0.1:9"))
+    stats = ServiceStats(instance="a")
+    writer = OutcomeWriter(settings, cast(Any, RecordingSink()), stats, Telemetry.disabled(), RecordLimits())
+    raw = orjson.dumps({"id": "j1", "tier": "nope", "prompt": "p"})
+    rejection = Rejection(ErrorKind.UNKNOWN_TIER, "tier 'nope' is not configured", raw, job_id="j1")
+    source = SourceOffset(TopicPartition("jobs.bulk", 0), 7)
+    writer.reject(Ticket(source, 0), rejection, Lane("bulk", "jobs.bulk", rank=1))
+
+    assert [r.topic for records in delivered for r in records] == [settings.dlq_topic]
+    snap = read_snapshot(orjson.dumps(stats.snapshot()))
+    merged = merge_snapshots([snap], now_s=snap["updated_at"], live_within_s=10.0)
+    assert merged["dead_letters"] == {"unknown_tier": 1}
+    assert merged["lanes"]["bulk"]["dead_letters"] == sum(merged["dead_letters"].values())
+    assert format_lanes(merged) == [
+        "lane bulk: results=0 dead_letters=1 latency_mean=0.000s latency_max=0.000s in_flight=0 paused=0"
+    ]

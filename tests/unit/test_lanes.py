@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer.core.errors import ConfigError
-from consumer.core.lanes import DEFAULT_MIN_SHARE, Lane, LaneScheduler, LaneWindows, pack_lane
-from consumer.core.window import PackKey, WindowLimits
+from consumer.core.lanes import DEFAULT_MIN_SHARE, Lane, pack_lane
+from consumer.core.scheduling import LaneScheduler
+from consumer.core.window import LaneWindows, PackKey, WindowLimits
 from consumer.settings import lane_topic, parse_tier_file
 
 TIERS = {"small": {"provider": "openai", "model": "m"}}

@@ -19,8 +19,8 @@ from aiokafka.errors import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumer.core.outage import BrokersReachable, BrokersUnreachable, OutageTracker
-from consumer.kafka.logs import (
+from consumer.core.broker_outage import BrokersReachable, BrokersUnreachable, OutageTracker
+from consumer.kafka.client_logs import (
     CONNECTION_LOGGER,
     KafkaLogHandler,
     install_kafka_log_handler,
@@ -127,7 +127,7 @@ def make_handler(clock: FakeClock, **kwargs: Any) -> tuple[KafkaLogHandler, list
 def test_an_outage_is_one_warning_and_one_info(caplog: pytest.LogCaptureFixture, conn_level: None) -> None:
     clock = FakeClock()
     handler, passed = make_handler(clock)
-    caplog.set_level(logging.DEBUG, logger="consumer.kafka.logs")
+    caplog.set_level(logging.DEBUG, logger="consumer.kafka.client_logs")
     for _ in range(100):
         handler.handle(refused())
         handler.handle(record("aiokafka", logging.ERROR, "Unable to update metadata from %s", [1]))
@@ -164,7 +164,7 @@ def test_an_outage_is_one_warning_and_one_info(caplog: pytest.LogCaptureFixture,
 def test_hiccups_are_kept_for_debug_and_other_errors_pass(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
     handler, passed = make_handler(clock)
-    caplog.set_level(logging.DEBUG, logger="consumer.kafka.logs")
+    caplog.set_level(logging.DEBUG, logger="consumer.kafka.client_logs")
     hiccup = record(
         "aiokafka.consumer.group_coordinator",
         logging.ERROR,
@@ -190,7 +190,7 @@ def test_a_refused_login_is_an_unreachable_broker_and_no_summary_when_not_announ
 ) -> None:
     clock = FakeClock()
     handler, passed = make_handler(clock, announce=False)
-    caplog.set_level(logging.DEBUG, logger="consumer.kafka.logs")
+    caplog.set_level(logging.DEBUG, logger="consumer.kafka.client_logs")
     auth = SaslAuthenticationFailed("Authentication failed due to invalid credentials")
     handler.handle(record("aiokafka", logging.ERROR, 'Unable connect to "%s:%s": %s', "127.0.0.1", 1, auth))
     assert handler.tracker.down and passed == [] and caplog.records == []

@@ -78,7 +78,9 @@ def test_result_record_is_the_result_models_json(
         {"id": job_id, "tier": "small", "prompt": "Say: ${x}", "variables": {"x": "hi"}, "metadata": metadata}
     )
     source = SourceOffset(TopicPartition("jobs", 3), offset)
-    completion = Completion(output, finish, Usage(*tokens), "openai", "m-1", request_id=request_id)
+    completion = Completion(
+        output, finish, usage=Usage(*tokens), provider="openai", model="m-1", request_id=request_id
+    )
     record = AnswerResults("results", completion, size).record(
         job=job,
         source=source,
@@ -104,7 +106,9 @@ def test_result_record_is_the_result_models_json(
 
 def test_jobs_of_one_answer_share_its_fields_but_keep_their_own() -> None:
     """`AnswerResults` works out the shared fields once; each job's record is still its own."""
-    completion = Completion('{"a": 1}', "length", Usage(40, 21), "openai", "m-1", request_id="req-9")
+    completion = Completion(
+        '{"a": 1}', "length", usage=Usage(40, 21), provider="openai", model="m-1", request_id="req-9"
+    )
     at = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
     results = AnswerResults("results", completion, 2, at)
     jobs = [
@@ -165,7 +169,7 @@ def test_a_dead_letter_over_its_topics_record_size_leaves_out_its_copies_of_the_
 
 
 def test_a_result_over_its_topics_record_size_is_refused_with_the_reason() -> None:
-    completion = Completion("y" * 3000, "stop", Usage(1, 1), "openai", "m")
+    completion = Completion("y" * 3000, "stop", usage=Usage(1, 1), provider="openai", model="m")
     record = AnswerResults("results", completion, 1).record(
         job=Job.model_validate({"id": "j1", "tier": "t", "prompt": "p"}),
         source=SourceOffset(TopicPartition("jobs", 0), 1),

@@ -63,17 +63,17 @@ def test_the_service_starts_its_endpoints_without_the_simulator_stack() -> None:
         "asyncio.run(main())\n"
         "print('ok')\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
+    out = _python(probe)
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr[-2000:]
 
 
+def _python(probe: str) -> subprocess.CompletedProcess[str]:
+    """`probe` run by a fresh interpreter from the repository's root."""
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
 def _simulate(block: str, *args: str) -> subprocess.CompletedProcess[str]:
-    probe = block + f"import consumer.cli\nsys.exit(consumer.cli.main({['simulate', *args]!r}))\n"
-    return subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
+    return _python(block + f"import consumer.cli\nsys.exit(consumer.cli.main({['simulate', *args]!r}))\n")
 
 
 def test_simulate_without_the_extra_names_it_in_one_line() -> None:
@@ -91,3 +91,18 @@ def test_simulate_raises_an_import_error_that_is_not_the_extra() -> None:
     assert out.returncode == 1
     assert "ModuleNotFoundError" in out.stderr and "consumer.testing.simulator.cache" in out.stderr
     assert MISSING_EXTRA not in out.stderr
+
+
+def test_the_plain_install_exports_otlp_without_the_simulator_stack() -> None:
+    """`OTEL_TRACES_EXPORTER=otlp` works on the service's own install: the OTLP/HTTP exporter is
+    one of its dependencies, and it needs no web server stack."""
+    assert "opentelemetry-exporter-otlp-proto-http" in {_name(r) for r in _project()["dependencies"]}
+    probe = BLOCK_SIMULATOR_STACK + (
+        "import os\n"
+        "os.environ.update(OTEL_TRACES_EXPORTER='otlp', OTEL_METRICS_EXPORTER='otlp')\n"
+        "from consumer.telemetry.sdk import exporters_from_env\n"
+        "print(*(type(e).__name__ for e in exporters_from_env('traces') + exporters_from_env('metrics')))\n"
+    )
+    out = _python(probe)
+    made = (out.returncode, out.stdout.strip())
+    assert made == (0, "OTLPSpanExporter OTLPMetricExporter"), out.stderr[-2000:]

@@ -11,8 +11,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from consumer.cli.stats import format_stats
+from consumer.core.lag import PartitionLag
+from consumer.core.snapshots import by_group, merge_snapshots, read_snapshot, with_group_lag
 from consumer.runtime.metrics import register_otel_metrics
-from consumer.runtime.stats import ServiceStats, by_group, merge_snapshots, read_snapshot
+from consumer.runtime.stats import ServiceStats
 
 
 def snapshot(instance: str, updated_at: float, **tier: Any) -> dict[str, Any]:
@@ -225,8 +227,8 @@ def test_fallback_and_auto_counts_reach_stats_lines_and_metrics() -> None:
     from prometheus_client import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
+    from consumer.cli.stats import routing_lines
     from consumer.runtime.metrics import StatsCollector
-    from consumer.runtime.stats import ServiceStats, merge_snapshots, routing_lines
 
     stats = ServiceStats("i1")
     backup = stats.tier("backup")
@@ -245,3 +247,25 @@ def test_fallback_and_auto_counts_reach_stats_lines_and_metrics() -> None:
     text = generate_latest(registry).decode()
     assert 'promptbus_tier_fallback_jobs_total{from="main",tier="backup"} 3.0' in text
     assert 'promptbus_tier_auto_offline_total{tier="main"} 1.0' in text
+
+
+def test_no_oldest_uncommitted_age_is_shown_beside_a_lag_of_zero() -> None:
+    """The instances' oldest-uncommitted age is as old as their last refresh: once the broker
+    counts no lag for the group, nothing is uncommitted and no age is shown (0 in --json)."""
+    stats = ServiceStats(instance="a", group="orders")
+    stats.lag = {("jobs", 0): PartitionLag(0, 0.0), ("jobs", 1): PartitionLag(3, 5.6)}
+    snap = read_snapshot(orjson.dumps(stats.snapshot()))
+    merged = merge_snapshots([snap], now_s=snap["updated_at"], live_within_s=10.0)
+    assert (merged["lag_records"], merged["oldest_uncommitted_age_s"]) == (3, 5.6)
+    assert "lag: 3 records over 2 partitions, oldest uncommitted 5.6 s" in format_stats(merged).splitlines()
+
+    caught_up = with_group_lag(merged, records=0, partitions=12)
+    assert (caught_up["lag_records"], caught_up["oldest_uncommitted_age_s"]) == (0, 0.0)
+    lines = format_stats(caught_up).splitlines()
+    assert "lag: 0 records over 12 partitions" in lines
+    assert not any("oldest uncommitted" in line for line in lines)
+
+    behind = with_group_lag(merged, records=40, partitions=12)
+    assert behind["oldest_uncommitted_age_s"] == 5.6
+    assert "lag: 40 records over 12 partitions, oldest uncommitted 5.6 s" in format_stats(behind).splitlines()
+    assert merged["lag_records"] == 3, "the merged snapshot itself is left as it was"

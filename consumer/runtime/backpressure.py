@@ -1,10 +1,10 @@
-"""Lanes at intake: which lane a record belongs to, and backpressure per lane.
+"""Backpressure per lane: pausing and resuming a lane's partitions by its in-flight bound.
 
-The lane of a job is the lane whose topic it was read from. Each lane has its own in-flight
-bound (`Lane.max_inflight`): when a lane's records held (read, not yet committable) reach it,
-only that lane's partitions pause, and they resume once it is well below the bound again. So a
-backlog in one lane never takes the room another lane's jobs need. With one lane this is the
-service-wide pause of DESIGN.md "Backpressure", exactly.
+Each lane has its own in-flight bound (`Lane.max_inflight`): when a lane's records held (read,
+not yet committable) reach it, only that lane's partitions pause, and they resume once it is
+well below the bound again. So a backlog in one lane never takes the room another lane's jobs
+need. With one lane this is the service-wide pause (docs/operations.md "Backpressure"),
+exactly. `LaneGate.lane_of` also names a record's lane: the lane whose topic it was read from.
 """
 
 from __future__ import annotations

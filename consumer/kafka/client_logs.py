@@ -39,7 +39,7 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 
-from consumer.core.outage import DEFAULT_SETTLE_S, BrokersReachable, BrokersUnreachable, OutageTracker
+from consumer.core.broker_outage import DEFAULT_SETTLE_S, BrokersReachable, BrokersUnreachable, OutageTracker
 
 log = logging.getLogger(__name__)
 

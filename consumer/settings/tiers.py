@@ -1,34 +1,19 @@
-"""Settings: the environment (pydantic-settings, prefix PROMPTBUS_) and the tier file (YAML).
-
-Both are loaded once at startup, frozen, and passed down. A bad value stops startup with a
-`ConfigError` naming the dotted key and the reason.
-"""
+"""The tier file's tier models: one `TierConfig` per tier (`tiers.NAME`) and its sections
+(batching, limiter, retry, offline, fallback, pricing)."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    AliasChoices,
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from consumer.core.cost import Pricing
 from consumer.core.errors import ConfigError, JobError
-from consumer.core.fallback import FallbackCause, FallbackRule, chain_problem
-from consumer.core.lanes import DEFAULT_LANE_NAME, DEFAULT_MIN_SHARE, Lane
+from consumer.core.fallback import FallbackCause, FallbackRule
 from consumer.core.output import output_format
 from consumer.core.routing import ModePolicy, parse_duration_s
-from consumer.yaml12 import YAMLError, load_yaml
+from consumer.settings.base import StrictModel
 
 ProviderName = Literal["openai", "anthropic", "openai_compat"]
 
@@ -38,11 +23,7 @@ DEFAULT_BASE_URLS: dict[str, str] = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BatchingConfig(_Strict):
+class BatchingConfig(StrictModel):
     """Prompt batching for a tier (DESIGN.md "Prompt batching rules")."""
 
     enabled: bool = Field(False, description="jobs of this tier that say batch: true may share a prompt")
@@ -107,7 +88,7 @@ class BatchingConfig(_Strict):
         return self
 
 
-class LimiterConfig(_Strict):
+class LimiterConfig(StrictModel):
     """Adaptive concurrency: aimd for providers that send 429s, gradient for local servers."""
 
     algorithm: Literal["aimd", "gradient", "fixed"] = Field(
@@ -124,7 +105,7 @@ class LimiterConfig(_Strict):
         return self
 
 
-class RetryConfig(_Strict):
+class RetryConfig(StrictModel):
     max_attempts: int = Field(5, ge=1, description="attempts of one request before retries_exhausted")
     backoff_initial_s: float = Field(
         0.5, ge=0, description="first backoff (doubling, with jitter) when the answer names no wait"
@@ -161,7 +142,7 @@ class RetryConfig(_Strict):
         return self
 
 
-class OfflineConfig(_Strict):
+class OfflineConfig(StrictModel):
     enabled: bool = Field(
         False, description="jobs with mode offline go to the provider's Batch API (not for openai_compat)"
     )
@@ -195,7 +176,7 @@ class OfflineConfig(_Strict):
         return parse_duration_s(self.auto_margin)
 
 
-class FallbackConfig(_Strict):
+class FallbackConfig(StrictModel):
     """The tier that answers this tier's jobs while it is down (`consumer.core.fallback`)."""
 
     tier: str = Field(
@@ -211,7 +192,7 @@ class FallbackConfig(_Strict):
         return FallbackRule(self.tier, self.after_s, frozenset(FallbackCause(c) for c in self.on))
 
 
-class PricingConfig(_Strict):
+class PricingConfig(StrictModel):
     """A tier's prices, USD per million tokens (`consumer.core.cost`): what stats and
     `/metrics` show as the tier's cost."""
 
@@ -238,7 +219,7 @@ class PricingConfig(_Strict):
         )
 
 
-class TierConfig(_Strict):
+class TierConfig(StrictModel):
     provider: ProviderName = Field(
         description="the wire format: openai, anthropic, or openai_compat (vLLM, llama.cpp, Ollama /v1, TGI)"
     )
@@ -337,259 +318,3 @@ class TierConfig(_Strict):
                 f"tiers.{tier_name}.api_key_env", f"environment variable {self.api_key_env} is not set"
             )
         return key
-
-
-class LaneConfig(_Strict):
-    """One lane of the tier file (`consumer.core.lanes`): a job topic and its priority, which
-    is its place in the `lanes` mapping (the first is the highest)."""
-
-    topic: str = Field(min_length=1, description="the Kafka topic this lane's jobs are read from")
-    min_share: float | None = Field(
-        None,
-        ge=0.0,
-        lt=1.0,
-        description="the share of each tier's requests this lane keeps while it has work waiting; "
-        "unset: 0 for the first lane (it wins every slot no other lane is owed), else "
-        "DEFAULT_MIN_SHARE (0.05)",
-    )
-    max_inflight: int | None = Field(
-        None, ge=1, description="records of this lane held before its partitions pause; unset: "
-        "PROMPTBUS_MAX_INFLIGHT"
-    )
-    max_wait_ms: float | None = Field(
-        None,
-        gt=0,
-        description="a collection window holding a job of this lane flushes at most this long "
-        "after the job arrived; unset: the tier's batching.max_wait_ms",
-    )
-
-
-class KeyedProblem(ValueError):
-    """A tier file problem that names its own dotted key (a check across tiers)."""
-
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(reason)
-        self.key = key
-
-
-class TierFile(_Strict):
-    tiers: dict[str, TierConfig] = Field(
-        min_length=1, description="tier name -> its configuration; a job names its tier"
-    )
-    lanes: dict[str, LaneConfig] | None = Field(
-        None,
-        min_length=1,
-        description="lane name -> its job topic and share, highest priority first; unset: one lane "
-        "on PROMPTBUS_JOBS_TOPIC",
-    )
-
-    @model_validator(mode="after")
-    def _check_lanes(self) -> TierFile:
-        if not self.lanes:
-            return self
-        topics = [lane.topic for lane in self.lanes.values()]
-        for name, lane in self.lanes.items():
-            if topics.count(lane.topic) > 1:
-                raise ValueError(f"lanes.{name}.topic: {lane.topic} is the topic of another lane too")
-        shares = sum(_min_share(lane, rank) for rank, lane in enumerate(self.lanes.values()))
-        if shares >= 1.0:
-            raise ValueError(
-                f"lanes: the min_share of all lanes add up to {shares:g} (lanes below the first "
-                f"default to {DEFAULT_MIN_SHARE}); they must add up to less than 1"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_fallbacks(self) -> TierFile:
-        rules = {name: t.fallback.rule() if t.fallback else None for name, t in self.tiers.items()}
-        problem = chain_problem(rules)
-        if problem is not None:
-            raise KeyedProblem(f"tiers.{problem[0]}.fallback.tier", problem[1])
-        for name, tier in self.tiers.items():
-            if tier.fallback is None:
-                continue
-            other = self.tiers[tier.fallback.tier]
-            if tier.default_mode == "offline" and not other.offline.enabled:
-                raise KeyedProblem(
-                    f"tiers.{name}.fallback.tier",
-                    f"tier '{tier.fallback.tier}' cannot take this tier's jobs: they are offline"
-                    " (default_mode offline) and it has offline.enabled false",
-                )
-        return self
-
-    def lane_list(self, jobs_topic: str, max_inflight: int) -> tuple[Lane, ...]:
-        """The service's lanes, highest first: those of the tier file, or one lane named
-        `default` on `jobs_topic` (PROMPTBUS_JOBS_TOPIC). `max_inflight`: the service's
-        PROMPTBUS_MAX_INFLIGHT, the bound of a lane that names none."""
-        if not self.lanes:
-            return (Lane(DEFAULT_LANE_NAME, jobs_topic, max_inflight=max_inflight),)
-        return tuple(
-            Lane(
-                name,
-                lane.topic,
-                rank=rank,
-                min_share=_min_share(lane, rank),
-                max_inflight=lane.max_inflight if lane.max_inflight is not None else max_inflight,
-                max_wait_ms=lane.max_wait_ms,
-            )
-            for rank, (name, lane) in enumerate(self.lanes.items())
-        )
-
-
-def _min_share(lane: LaneConfig, rank: int) -> float:
-    if lane.min_share is not None:
-        return lane.min_share
-    return 0.0 if rank == 0 else DEFAULT_MIN_SHARE
-
-
-def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) -> str:
-    """The topic a producer publishes a job of `lane` to (`submit --lane`, the client's
-    `lane=`): that lane's topic in the tier file; `jobs_topic` when no lane is named. An
-    unknown lane, or a lane named without a tier file that has lanes, is a ConfigError."""
-    if lane is None:
-        return jobs_topic
-    lanes = tier_file.lanes if tier_file is not None else None
-    if not lanes:
-        raise ConfigError("--lane", f"lane {lane!r} is unknown: the tier file configures no lanes")
-    if lane not in lanes:
-        raise ConfigError("--lane", f"lane {lane!r} is unknown (lanes: {', '.join(lanes)})")
-    return lanes[lane].topic
-
-
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "(root)"
-
-
-def parse_tier_file(data: Any, *, source: str = "tier file") -> TierFile:
-    """Validate already-parsed YAML; raise ConfigError naming the first bad key."""
-    try:
-        return TierFile.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        cause = err.get("ctx", {}).get("error")
-        if isinstance(cause, KeyedProblem):
-            raise ConfigError(cause.key, f"{cause} (in {source})") from None
-        raise ConfigError(_dotted(err["loc"]), f"{err['msg']} (in {source})") from None
-
-
-def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
-    """Read and validate a YAML tier file; raise ConfigError naming the bad key. Plain
-    scalars are read by the YAML 1.2 core schema (`consumer.yaml12`): `on:` is the key `on`."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("--config", f"cannot read {p}: {exc.strerror}") from None
-    try:
-        data = load_yaml(text)
-    except YAMLError as exc:
-        raise ConfigError("(yaml)", f"{p} is not valid YAML: {exc}") from None
-    return parse_tier_file(data, source=str(p))
-
-
-class KafkaSecurity(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="how clients reach the brokers"
-    )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        None, description="SASL mechanism, with a SASL protocol"
-    )
-    sasl_username: str | None = Field(None, description="SASL user")
-    sasl_password: SecretStr | None = Field(None, description="SASL password; held as a secret, never logged")
-    ssl_cafile: str | None = Field(None, description="CA file that signs the brokers' certificates")
-
-
-class Settings(BaseSettings):
-    """Environment settings (PROMPTBUS_*, nested with __)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="PROMPTBUS_", env_nested_delimiter="__", frozen=True, extra="ignore"
-    )
-
-    kafka_bootstrap_servers: str = Field(
-        "127.0.0.1:9092",
-        description="brokers, host:port[,host:port...]",
-        validation_alias=AliasChoices("PROMPTBUS_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
-    )
-    group_id: str = Field(
-        "promptbus",
-        description="consumer group; instances with the same id share the jobs topic's partitions",
-    )
-    jobs_topic: str = Field("promptbus.jobs", description="where jobs are read")
-    results_topic: str = Field("promptbus.results", description="where results are written")
-    dlq_topic: str = Field("promptbus.dlq", description="where dead letters are written")
-    batches_topic: str = Field("promptbus.batches", description="compacted: offline batches being tracked")
-    stats_topic: str = Field("promptbus.stats", description="compacted: each instance's stats snapshot")
-    batching_topic: str = Field(
-        "promptbus.batching",
-        description=(
-            "compacted: what each tier's adaptive batch size measured; a restarted or new instance starts"
-            " from it (a new name: every tier learns afresh)"
-        ),
-    )
-    processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
-        "at_least_once",
-        description="at_least_once, or exactly_once (transactions; readers use read_committed)",
-    )
-    # Input records held (windows, requests, unacked outcomes) before partitions pause. Sized
-    # so 64 concurrent requests of 50 items plus open windows fit, and so a fast provider is
-    # not held to max_inflight / (produce round trip): at 2,000 the service ran at ~60% of
-    # its speed at 10,000 (bench/pipeline_bench.py). A few KB each.
-    max_inflight: int = Field(
-        10_000,
-        ge=1,
-        description="input records held (windows, requests, unacknowledged outcomes) before partitions pause",
-    )
-    max_job_bytes: int = Field(
-        1024 * 1024,
-        ge=1,
-        description="a larger job record is dead-lettered invalid_job with its bytes, unread",
-    )
-    shutdown_timeout_s: float = Field(
-        30.0, ge=0, description="on SIGTERM/SIGINT, how long in-flight requests may finish"
-    )
-    revoke_timeout_s: float = Field(
-        10.0, ge=0, description="on a partition revoke, how long in-flight work may finish"
-    )
-    transaction_timeout_s: float = Field(
-        60.0,
-        gt=0,
-        description=(
-            "exactly_once: the broker aborts a transaction open longer than this and fences its producer"
-        ),
-    )
-    topic_partitions: int = Field(
-        12,
-        ge=1,
-        description="partitions of topics created at start when missing: 12 is shared evenly by 1, 2, 3, "
-        "4, 6 or 12 instances (a group has at most as many working members as partitions)",
-    )
-    topic_replication: int = Field(1, ge=1, description="replication factor of topics created at start")
-    metrics_port: int | None = Field(
-        None, description="port of /metrics, /healthz and /readyz; unset: not served"
-    )
-    metrics_host: str = Field("0.0.0.0", description="address the metrics port listens on")
-    stats_interval_s: float = Field(
-        2.0, gt=0, description="how often an instance publishes its stats snapshot (and batching evidence)"
-    )
-    config: str | None = Field(None, description="the tier file, instead of --config")
-    kafka: KafkaSecurity = Field(
-        KafkaSecurity(), description="Kafka client security (nested: PROMPTBUS_KAFKA__...)"
-    )
-
-
-def _env_name(loc: tuple[int | str, ...]) -> str:
-    """The environment variable behind a Settings error location (nested with __)."""
-    return "PROMPTBUS_" + "__".join(str(part).upper() for part in loc)
-
-
-def load_settings(**overrides: Any) -> Settings:
-    """Settings from the environment; raise ConfigError naming the variable and the reason
-    (never its value: it may be a password)."""
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False, include_input=False)[0]
-        raise ConfigError(_env_name(err["loc"]), str(err["msg"])) from None

@@ -1,0 +1,50 @@
+"""Settings: the environment (pydantic-settings, prefix PROMPTBUS_) and the tier file (YAML).
+
+Both are loaded once at startup, frozen, and passed down. A bad value stops startup with a
+`ConfigError` naming the dotted key and the reason. One module per part, each importable from
+here (`from consumer.settings import X` is the public path):
+
+    environment.py  `Settings` (PROMPTBUS_*), `KafkaSecurity`, `load_settings`
+    tierfile.py     `TierFile` (the top-level sections and the checks across them), reading it
+                    (`load_tier_file`, `parse_tier_file`), `lane_topic`
+    tiers.py        `TierConfig` and its sections (batching, limiter, retry, offline, fallback,
+                    pricing)
+    lanes.py        `LaneConfig` and the core's `Lane`s made from the `lanes` section
+    base.py         `StrictModel`, the base of every tier-file model
+"""
+
+from consumer.settings.environment import KafkaSecurity, Settings, load_settings
+from consumer.settings.lanes import LaneConfig
+from consumer.settings.tierfile import KeyedProblem, TierFile, lane_topic, load_tier_file, parse_tier_file
+from consumer.settings.tiers import (
+    DEFAULT_BASE_URLS,
+    BatchingConfig,
+    FallbackConfig,
+    LimiterConfig,
+    OfflineConfig,
+    PricingConfig,
+    ProviderName,
+    RetryConfig,
+    TierConfig,
+)
+
+__all__ = [
+    "DEFAULT_BASE_URLS",
+    "BatchingConfig",
+    "FallbackConfig",
+    "KafkaSecurity",
+    "KeyedProblem",
+    "LaneConfig",
+    "LimiterConfig",
+    "OfflineConfig",
+    "PricingConfig",
+    "ProviderName",
+    "RetryConfig",
+    "Settings",
+    "TierConfig",
+    "TierFile",
+    "lane_topic",
+    "load_settings",
+    "load_tier_file",
+    "parse_tier_file",
+]

@@ -1,0 +1,119 @@
+"""The environment settings (pydantic-settings, prefix PROMPTBUS_, nested with __): Kafka,
+topics, the delivery guarantee, bounds and ports. Loaded once at startup, frozen."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from consumer.core.errors import ConfigError
+
+
+class KafkaSecurity(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="how clients reach the brokers"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism, with a SASL protocol"
+    )
+    sasl_username: str | None = Field(None, description="SASL user")
+    sasl_password: SecretStr | None = Field(None, description="SASL password; held as a secret, never logged")
+    ssl_cafile: str | None = Field(None, description="CA file that signs the brokers' certificates")
+
+
+class Settings(BaseSettings):
+    """Environment settings (PROMPTBUS_*, nested with __)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PROMPTBUS_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    kafka_bootstrap_servers: str = Field(
+        "127.0.0.1:9092",
+        description="brokers, host:port[,host:port...]",
+        validation_alias=AliasChoices("PROMPTBUS_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
+    )
+    group_id: str = Field(
+        "promptbus",
+        description="consumer group; instances with the same id share the jobs topic's partitions",
+    )
+    jobs_topic: str = Field("promptbus.jobs", description="where jobs are read")
+    results_topic: str = Field("promptbus.results", description="where results are written")
+    dlq_topic: str = Field("promptbus.dlq", description="where dead letters are written")
+    batches_topic: str = Field("promptbus.batches", description="compacted: offline batches being tracked")
+    stats_topic: str = Field("promptbus.stats", description="compacted: each instance's stats snapshot")
+    batching_topic: str = Field(
+        "promptbus.batching",
+        description=(
+            "compacted: what each tier's adaptive batch size measured; a restarted or new instance starts"
+            " from it (a new name: every tier learns afresh)"
+        ),
+    )
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
+        "at_least_once",
+        description="at_least_once, or exactly_once (transactions; readers use read_committed)",
+    )
+    # Input records held (windows, requests, unacked outcomes) before partitions pause. Sized
+    # so 64 concurrent requests of 50 items plus open windows fit, and well above what one
+    # produce round trip acknowledges: the service cannot run faster than max_inflight /
+    # (produce round trip). Each held record costs memory (bench/README.md has both figures).
+    max_inflight: int = Field(
+        10_000,
+        ge=1,
+        description="input records held (windows, requests, unacknowledged outcomes) before partitions pause",
+    )
+    max_job_bytes: int = Field(
+        1024 * 1024,
+        ge=1,
+        description="a larger job record is dead-lettered invalid_job with its bytes, unread",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM/SIGINT, how long in-flight requests may finish"
+    )
+    revoke_timeout_s: float = Field(
+        10.0, ge=0, description="on a partition revoke, how long in-flight work may finish"
+    )
+    transaction_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "exactly_once: the broker aborts a transaction open longer than this and fences its producer"
+        ),
+    )
+    topic_partitions: int = Field(
+        12,
+        ge=1,
+        description="partitions of topics created at start when missing: 12 is shared evenly by 1, 2, 3, "
+        "4, 6 or 12 instances (a group has at most as many working members as partitions)",
+    )
+    topic_replication: int = Field(1, ge=1, description="replication factor of topics created at start")
+    metrics_port: int | None = Field(
+        None, description="port of /metrics, /healthz and /readyz; unset: not served"
+    )
+    metrics_host: str = Field("0.0.0.0", description="address the metrics port listens on")
+    stats_interval_s: float = Field(
+        2.0, gt=0, description="how often an instance publishes its stats snapshot (and batching evidence)"
+    )
+    config: str | None = Field(None, description="the tier file, instead of --config")
+    kafka: KafkaSecurity = Field(
+        KafkaSecurity(), description="Kafka client security (nested: PROMPTBUS_KAFKA__...)"
+    )
+
+
+def _env_name(loc: tuple[int | str, ...]) -> str:
+    """The environment variable behind a Settings error location (nested with __)."""
+    return "PROMPTBUS_" + "__".join(str(part).upper() for part in loc)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment; raise ConfigError naming the variable and the reason
+    (never its value: it may be a password)."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False, include_input=False)[0]
+        raise ConfigError(_env_name(err["loc"]), str(err["msg"])) from None

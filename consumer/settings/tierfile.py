@@ -1,0 +1,113 @@
+"""The tier file: its top-level sections (`TierFile`), the checks across them, and reading it
+from YAML (`load_tier_file`, `parse_tier_file`): a bad file is one ConfigError naming the
+dotted key and the reason."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, model_validator
+
+from consumer.core.errors import ConfigError
+from consumer.core.fallback import chain_problem
+from consumer.core.lanes import Lane
+from consumer.settings.base import StrictModel
+from consumer.settings.lanes import LaneConfig, lane_list, lanes_problem
+from consumer.settings.tiers import TierConfig
+from consumer.yaml12 import YAMLError, load_yaml
+
+
+class KeyedProblem(ValueError):
+    """A tier file problem that names its own dotted key (a check across tiers)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+
+
+class TierFile(StrictModel):
+    tiers: dict[str, TierConfig] = Field(
+        min_length=1, description="tier name -> its configuration; a job names its tier"
+    )
+    lanes: dict[str, LaneConfig] | None = Field(
+        None,
+        min_length=1,
+        description="lane name -> its job topic and share, highest priority first; unset: one lane "
+        "on PROMPTBUS_JOBS_TOPIC",
+    )
+
+    @model_validator(mode="after")
+    def _check_lanes(self) -> TierFile:
+        problem = lanes_problem(self.lanes) if self.lanes else None
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _check_fallbacks(self) -> TierFile:
+        rules = {name: t.fallback.rule() if t.fallback else None for name, t in self.tiers.items()}
+        problem = chain_problem(rules)
+        if problem is not None:
+            raise KeyedProblem(f"tiers.{problem[0]}.fallback.tier", problem[1])
+        for name, tier in self.tiers.items():
+            if tier.fallback is None:
+                continue
+            other = self.tiers[tier.fallback.tier]
+            if tier.default_mode == "offline" and not other.offline.enabled:
+                raise KeyedProblem(
+                    f"tiers.{name}.fallback.tier",
+                    f"tier '{tier.fallback.tier}' cannot take this tier's jobs: they are offline"
+                    " (default_mode offline) and it has offline.enabled false",
+                )
+        return self
+
+    def lane_list(self, jobs_topic: str, max_inflight: int) -> tuple[Lane, ...]:
+        """The service's lanes, highest first (`consumer.settings.lanes.lane_list`)."""
+        return lane_list(self.lanes, jobs_topic, max_inflight)
+
+
+def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) -> str:
+    """The topic a producer publishes a job of `lane` to (`submit --lane`, the client's
+    `lane=`): that lane's topic in the tier file; `jobs_topic` when no lane is named. An
+    unknown lane, or a lane named without a tier file that has lanes, is a ConfigError."""
+    if lane is None:
+        return jobs_topic
+    lanes = tier_file.lanes if tier_file is not None else None
+    if not lanes:
+        raise ConfigError("--lane", f"lane {lane!r} is unknown: the tier file configures no lanes")
+    if lane not in lanes:
+        raise ConfigError("--lane", f"lane {lane!r} is unknown (lanes: {', '.join(lanes)})")
+    return lanes[lane].topic
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(root)"
+
+
+def parse_tier_file(data: Any, *, source: str = "tier file") -> TierFile:
+    """Validate already-parsed YAML; raise ConfigError naming the first bad key."""
+    try:
+        return TierFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        cause = err.get("ctx", {}).get("error")
+        if isinstance(cause, KeyedProblem):
+            raise ConfigError(cause.key, f"{cause} (in {source})") from None
+        raise ConfigError(_dotted(err["loc"]), f"{err['msg']} (in {source})") from None
+
+
+def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
+    """Read and validate a YAML tier file; raise ConfigError naming the bad key. Plain
+    scalars are read by the YAML 1.2 core schema (`consumer.yaml12`): `on:` is the key `on`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {p}: {exc.strerror}") from None
+    try:
+        data = load_yaml(text)
+    except YAMLError as exc:
+        raise ConfigError("(yaml)", f"{p} is not valid YAML: {exc}") from None
+    return parse_tier_file(data, source=str(p))
