@@ -13,9 +13,12 @@ Prints one JSON object (`--save`: also bench/results/step_costs.json):
               runner sends a plan's first request in the plan's own task)
     http      the client CPU of one chat POST to the simulator (a packed prompt of 20 short
               inputs, 16 requests in flight): a bare aiohttp session, a bare httpx client,
-              and the tier's own adapter (`build_provider`: aiohttp, the answer decoded and
-              checked); CPU of the event-loop thread per request, median of `--repeats`
-              interleaved rounds
+              the service's transport (`consumer.providers.transport`: keep-alive HTTP/1.1
+              parsed by httptools) and the tier's own adapter on it (`build_provider`: the
+              answer decoded and checked); CPU of the event-loop thread per request, median of
+              `--repeats` interleaved rounds
+
+Everything runs on the event loop the service runs on (`--loop`, as PROMPTBUS_EVENT_LOOP).
 
 No thresholds: compare the columns of one run.
 """
@@ -45,6 +48,8 @@ from consumer.core.completion import ChatMessage, CompletionRequest
 from consumer.core.packing import pack
 from consumer.kafka.partitioning import murmur2
 from consumer.providers.factory import build_provider, make_http_client
+from consumer.providers.transport.base import parse_target
+from consumer.runtime import eventloop
 from consumer.settings import TierConfig
 from consumer.testing.benchreport import add_save_option, emit_report
 
@@ -129,8 +134,9 @@ async def http_costs(n: int, repeats: int) -> dict[str, Any]:
         tier = TierConfig.model_validate(tier_dict(f"{sim.base}/v1", batching=False)["tiers"][TIER])
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=IN_FLIGHT))
         client = httpx.AsyncClient(limits=httpx.Limits(max_connections=IN_FLIGHT))
-        adapter_session = make_http_client(tier)
-        adapter = build_provider(TIER, tier, adapter_session)
+        transport = make_http_client(tier)
+        adapter = build_provider(TIER, tier, transport)
+        target = parse_target(url)
         request = CompletionRequest((ChatMessage("user", content),), tier.model, {"max_tokens": 400})
 
         async def aiohttp_post() -> object:
@@ -140,7 +146,15 @@ async def http_costs(n: int, repeats: int) -> dict[str, Any]:
         async def httpx_post() -> object:
             return orjson.loads((await client.post(url, content=payload, headers=headers)).content)
 
-        calls = {"aiohttp": aiohttp_post, "httpx": httpx_post, "adapter": lambda: adapter.complete(request)}
+        async def transport_post() -> object:
+            return orjson.loads((await transport.request("POST", target, headers, payload)).body)
+
+        calls = {
+            "aiohttp": aiohttp_post,
+            "httpx": httpx_post,
+            "transport": transport_post,
+            "adapter": lambda: adapter.complete(request),
+        }
         runs: dict[str, list[float]] = {name: [] for name in calls}
         try:
             for _ in range(repeats):
@@ -150,7 +164,7 @@ async def http_costs(n: int, repeats: int) -> dict[str, Any]:
             await session.close()
             await client.aclose()
             await adapter.aclose()
-            await adapter_session.close()
+            await transport.close()
     medians = {name: statistics.median(values) for name, values in runs.items()}
     return {
         "requests": n,
@@ -159,6 +173,7 @@ async def http_costs(n: int, repeats: int) -> dict[str, Any]:
         "cpu_us_per_request_runs": runs,
         "cpu_us_per_request_median": medians,
         "httpx_over_aiohttp": round(medians["httpx"] / medians["aiohttp"], 2),
+        "transport_over_aiohttp": round(medians["transport"] / medians["aiohttp"], 2),
         "adapter_over_aiohttp": round(medians["adapter"] / medians["aiohttp"], 2),
     }
 
@@ -176,9 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
     parser.add_argument("--requests", type=int, default=2000, help="chat POSTs per client and round")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the three clients")
+    parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto")
     add_save_option(parser)
     args = parser.parse_args(argv)
-    emit_report(asyncio.run(main_async(args)), args.save, name="step_costs")
+    report = eventloop.run(main_async(args), args.loop)
+    report["event_loop"] = args.loop
+    emit_report(report, args.save, name="step_costs")
     return 0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 from typing import Any
 
@@ -14,11 +13,12 @@ from consumer.core.embed import embed_limits, no_embeddings
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the service until SIGTERM/SIGINT."""
     from consumer.app import run_service
+    from consumer.runtime import eventloop
 
     configure_logging(args.log_level)
     settings, tier_file = load_config(args)
     check_kafka(settings)
-    return asyncio.run(run_service(settings, tier_file))
+    return eventloop.run(run_service(settings, tier_file), settings.event_loop)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

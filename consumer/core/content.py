@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from consumer.core.completion import ChatMessage
 from consumer.core.embed import embed_options
@@ -20,36 +20,69 @@ from consumer.core.output import OutputFormat, output_format
 from consumer.core.templates import BatchablePrompt, render_and_split
 
 
-@dataclass(frozen=True, slots=True)
-class JobContent:
-    """A job's ordinary request and what it asks of the output.
+class JobContent(NamedTuple):
+    """A job's ordinary request and what it asks of the output (a NamedTuple: one is made per
+    job).
 
-    messages: the request's chat messages (the rendered prompt as one user message);
     text: the batch variable's value, else the rendered prompt or the last message (an embed
     job: its input; it has no messages);
+    own_messages: the request's chat messages, None for a prompt that splits for batching
+    (`messages` is then its prefix and `text` as one user message, built when asked);
     options: the job's options merged over the tier's (an embed job: over the tier's embedding
     options only, `embed.embed_options`); batchable: the prompt split for
     batching, when it can be; output_format: what response_format asks (None: nothing).
     """
 
-    messages: tuple[ChatMessage, ...]
+    own_messages: tuple[ChatMessage, ...] | None
     text: str
     options: dict[str, Any]
     batchable: BatchablePrompt | None
     output_format: OutputFormat | None
 
+    @property
+    def messages(self) -> tuple[ChatMessage, ...]:
+        """The request's chat messages (the rendered prompt as one user message)."""
+        if self.own_messages is not None:
+            return self.own_messages
+        if self.batchable is not None:
+            return (ChatMessage("user", self.batchable.prefix + self.text),)
+        return ()
 
-def job_content(job: Job, tier_options: Mapping[str, Any] | None = None) -> JobContent:
-    """The content of `job`, its options merged over `tier_options`.
+
+@dataclass(frozen=True, slots=True)
+class MergedOptions:
+    """A job's options merged over its tier's, and what their response_format asks of the
+    output (jobs with equal options may share one)."""
+
+    options: dict[str, Any]
+    output_format: OutputFormat | None
+
+
+def merged_options(job: Job, tier_options: Mapping[str, Any] | None) -> MergedOptions:
+    """`job`'s options over `tier_options` (an embed job's over the tier's embedding options
+    only); JobError (`invalid_job`) for a response_format that cannot be checked."""
+    if job.kind == "embed":
+        return MergedOptions(embed_options(tier_options, job.options), None)
+    options = {**(tier_options or {}), **job.options}
+    return MergedOptions(options, output_format(options) if "response_format" in options else None)
+
+
+def job_content(
+    job: Job, tier_options: Mapping[str, Any] | None = None, merged: MergedOptions | None = None
+) -> JobContent:
+    """The content of `job`, its options merged over `tier_options` (or `merged`, when the
+    caller merged them already).
 
     Raises `JobError` (`template_error` for variables that do not fit the template,
     `invalid_job` for a response_format that cannot be checked).
     """
+    if merged is None:
+        merged = merged_options(job, tier_options)
     if job.kind == "embed":
         assert job.input is not None  # the Job model holds an embed job's input
-        return JobContent((), job.input, embed_options(tier_options, job.options), None, None)
-    options = {**(tier_options or {}), **job.options}
+        return JobContent((), job.input, merged.options, None, None)
     batchable = None
+    messages: tuple[ChatMessage, ...] | None
     if job.messages is not None:
         messages = tuple(ChatMessage(m.role, m.content) for m in job.messages)
         text = job.messages[-1].content
@@ -57,10 +90,11 @@ def job_content(job: Job, tier_options: Mapping[str, Any] | None = None) -> JobC
         assert job.prompt is not None  # the Job model holds exactly one of prompt / messages
         variables = job.variables or {}
         rendered, batchable = render_and_split(job.prompt, variables)
-        messages = (ChatMessage("user", rendered),)
-        text = variables.get(batchable.variable, rendered) if batchable else rendered
-    wanted = output_format(options) if "response_format" in options else None
-    return JobContent(messages, text, options, batchable, wanted)
+        if batchable is not None and batchable.variable in variables:
+            messages, text = None, variables[batchable.variable]
+        else:
+            messages, text = (ChatMessage("user", rendered),), rendered
+    return JobContent(messages, text, merged.options, batchable, merged.output_format)
 
 
 def check_job(raw: bytes) -> Job:

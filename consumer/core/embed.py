@@ -35,7 +35,7 @@ import orjson
 from consumer.core.completion import CHARS_PER_TOKEN, ProviderAnswer
 from consumer.core.errors import ErrorKind, MalformedResponse, ProviderError
 from consumer.core.packing import PackedPrompt
-from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
+from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
 from consumer.core.retry import RetryPolicy
 from consumer.core.window import PackKey, WindowLimits, options_key
 
@@ -173,14 +173,14 @@ class EmbedPlan(RequestPlan):
     """
 
     def __init__(
-        self, members: Sequence[Member], *, limits: EmbedLimits, retry: RetryPolicy, rng: random.Random
+        self, members: Sequence[PlanMember], *, limits: EmbedLimits, retry: RetryPolicy, rng: random.Random
     ) -> None:
         super().__init__(members, prefix="", variable=EMBED_VARIABLE, retry=retry, rng=rng)
         self._limits = limits
         self._vectors: dict[Hashable, Vector] = {}
 
     def _written(
-        self, members: tuple[Member, ...], packed: PackedPrompt | None
+        self, members: tuple[PlanMember, ...], packed: PackedPrompt | None
     ) -> tuple[PackedPrompt | None, int | None]:
         # an array request: each member's input is an element, nothing is packed
         return None, None
@@ -191,7 +191,7 @@ class EmbedPlan(RequestPlan):
             raise RuntimeError("begin() was already called")
         self._started = True
         step = Step()
-        fitting: list[Member] = []
+        fitting: list[PlanMember] = []
         for m in self.members:
             problem = too_long(m.input, self._limits)
             if problem is None:
@@ -202,7 +202,7 @@ class EmbedPlan(RequestPlan):
             step.requests.append(self._request(fitting))
         return step
 
-    def embedding(self, member: Member) -> Vector:
+    def embedding(self, member: PlanMember) -> Vector:
         """The vector an answer gave `member`."""
         return self._vectors[member.ref]
 

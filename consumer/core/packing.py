@@ -71,6 +71,10 @@ _ALIAS_FIRST = "abcdefghijklmnopqrstuvwxyz"
 _ALIAS_REST = "abcdefghijklmnopqrstuvwxyz0123456789"
 _ALIAS_MIN_LEN = 4
 _ALIAS_MAX_LEN = 6
+#: an alias is a two-character head ([a-z][a-z0-9]) and two-character tails ([a-z0-9]{2}):
+#: one draw picks a head and a tail from these tables, not a character at a time
+_ALIAS_HEADS = tuple(a + b for a in _ALIAS_FIRST for b in _ALIAS_REST)
+_ALIAS_TAILS = tuple(a + b for a in _ALIAS_REST for b in _ALIAS_REST)
 #: Output tokens a batched answer spends on JSON around one item's answer ("k3f9": "...",).
 DEFAULT_PER_ITEM_OVERHEAD_TOKENS = 8
 #: ... and around the whole object (braces, a newline, a code fence the model may add).
@@ -121,8 +125,9 @@ class AnswerVerdict:
 def make_aliases(count: int, rng: random.Random) -> tuple[str, ...]:
     """`count` unique aliases: 4-6 chars, [a-z][a-z0-9]*, drawn from `rng`."""
     # Length grows with the count so collisions stay rare: 26*36^3 ~ 1.2M four-char aliases.
-    length = _ALIAS_MIN_LEN if count <= 2000 else _ALIAS_MAX_LEN
-    space = 26 * len(_ALIAS_REST) ** (length - 1)
+    tails = 1 if count <= 2000 else 2
+    heads, rest = _ALIAS_HEADS, _ALIAS_TAILS
+    space = len(heads) * len(rest) ** tails
     bits = space.bit_length()
     seen: set[str] = set()
     out: list[str] = []
@@ -131,12 +136,12 @@ def make_aliases(count: int, rng: random.Random) -> tuple[str, ...]:
         n = rng.getrandbits(bits)
         if n >= space:
             continue
-        n, first = divmod(n, 26)
-        chars = [_ALIAS_FIRST[first]]
-        for _ in range(length - 1):
-            n, r = divmod(n, 36)
-            chars.append(_ALIAS_REST[r])
-        alias = "".join(chars)
+        n, tail = divmod(n, len(rest))
+        if tails == 1:
+            alias = heads[n] + rest[tail]
+        else:
+            n, tail2 = divmod(n, len(rest))
+            alias = heads[n] + rest[tail2] + rest[tail]
         if alias not in seen:
             seen.add(alias)
             out.append(alias)

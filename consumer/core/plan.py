@@ -49,6 +49,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from consumer.core.errors import AuthFailed, ErrorKind, ProviderError, QuotaExhausted, RequestTimeout
 from consumer.core.packing import (
@@ -62,10 +63,31 @@ from consumer.core.packing import (
 )
 from consumer.core.retry import RetryPolicy, error_kind_for, retry_delay_s
 
-__all__ = ["MIN_QUOTA_PAUSE_S", "Member", "PlannedRequest", "RequestPlan", "Step"]
+__all__ = ["MIN_QUOTA_PAUSE_S", "Member", "PlanMember", "PlannedRequest", "RequestPlan", "Step"]
 
 #: A quota pause is at least this long, so a zero cool-down cannot spin forever.
 MIN_QUOTA_PAUSE_S = 1.0
+
+
+class PlanMember(Protocol):
+    """What a plan needs of one job: `Member` is the plain one; the runtime's job context
+    (`consumer.runtime.context.JobContext`) is another, so no copy is made per job.
+
+    ref: the caller's handle for the job (unique within the plan; identity-hashed).
+    input, max_tokens, check: as `Member` says.
+    """
+
+    @property
+    def ref(self) -> Hashable: ...
+
+    @property
+    def input(self) -> str: ...
+
+    @property
+    def max_tokens(self) -> int | None: ...
+
+    @property
+    def check(self) -> Callable[[str], tuple[str, str | None]] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +122,7 @@ class PlannedRequest:
     """
 
     seq: int
-    members: tuple[Member, ...]
+    members: tuple[PlanMember, ...]
     attempt: int
     delay_s: float
     packed: PackedPrompt | None
@@ -126,13 +148,13 @@ class Step:
     """
 
     requests: list[PlannedRequest] = field(default_factory=list)
-    answered: list[tuple[Member, str, PlannedRequest]] = field(default_factory=list)
-    failed: list[tuple[Member, ErrorKind, str]] = field(default_factory=list)
+    answered: list[tuple[PlanMember, str, PlannedRequest]] = field(default_factory=list)
+    failed: list[tuple[PlanMember, ErrorKind, str]] = field(default_factory=list)
     pause_tier_s: float | None = None
     verdict: AnswerVerdict | None = None
 
 
-def _checked(member: Member, answer: str) -> tuple[str, str | None]:
+def _checked(member: PlanMember, answer: str) -> tuple[str, str | None]:
     """`answer` as it is published for `member`, and what is wrong with it (None: nothing)."""
     return (answer, None) if member.check is None else member.check(answer)
 
@@ -142,7 +164,7 @@ class RequestPlan:
 
     def __init__(
         self,
-        members: Sequence[Member],
+        members: Sequence[PlanMember],
         *,
         prefix: str,
         variable: str,
@@ -156,7 +178,7 @@ class RequestPlan:
         refs = [m.ref for m in members]
         if len(set(refs)) != len(refs):
             raise ValueError("member refs must be unique within a plan")
-        self.members: tuple[Member, ...] = tuple(members)
+        self.members: tuple[PlanMember, ...] = tuple(members)
         self._prefix = prefix
         self._variable = variable
         self._retry = retry
@@ -184,17 +206,17 @@ class RequestPlan:
         """Requests planned and not reported back yet."""
         return list(self._outstanding.values())
 
-    def attempts(self, member: Member) -> int:
+    def attempts(self, member: PlanMember) -> int:
         """Provider requests that carried `member` so far (the Result's `attempts`)."""
         return self._attempts[member.ref]
 
-    def last_error(self, member: Member) -> ProviderError | None:
+    def last_error(self, member: PlanMember) -> ProviderError | None:
         """The last provider error a request carrying `member` got (for the dead letter)."""
         return self._last_error.get(member.ref)
 
     # --- planning ----------------------------------------------------------------------
 
-    def _batch_tokens(self, members: Sequence[Member]) -> int | None:
+    def _batch_tokens(self, members: Sequence[PlanMember]) -> int | None:
         budgets = [m.max_tokens for m in members]
         if all(b is not None for b in budgets):
             known = [b for b in budgets if b is not None]
@@ -203,7 +225,7 @@ class RequestPlan:
 
     def _request(
         self,
-        members: Sequence[Member],
+        members: Sequence[PlanMember],
         *,
         attempt: int = 1,
         delay_s: float = 0.0,
@@ -218,7 +240,7 @@ class RequestPlan:
         return req
 
     def _written(
-        self, members: tuple[Member, ...], packed: PackedPrompt | None
+        self, members: tuple[PlanMember, ...], packed: PackedPrompt | None
     ) -> tuple[PackedPrompt | None, int | None]:
         """How a request of `members` is written: its packed prompt (None: an ordinary request)
         and its max_tokens. One member is an ordinary request with its own budget; more share a
@@ -229,7 +251,7 @@ class RequestPlan:
             packed = pack(self._prefix, self._variable, [m.input for m in members], self._rng)
         return packed, self._batch_tokens(members)
 
-    def _halves(self, members: Sequence[Member], *, attempt: int = 1) -> list[PlannedRequest]:
+    def _halves(self, members: Sequence[PlanMember], *, attempt: int = 1) -> list[PlannedRequest]:
         if not members:
             return []
         if len(members) == 1:
@@ -244,16 +266,16 @@ class RequestPlan:
         for m in req.members:
             self._attempts[m.ref] += 1
 
-    def _live(self, members: Sequence[Member]) -> list[Member]:
+    def _live(self, members: Sequence[PlanMember]) -> list[PlanMember]:
         return [m for m in members if m.ref not in self._ended]
 
-    def _answer(self, step: Step, member: Member, text: str, req: PlannedRequest) -> None:
+    def _answer(self, step: Step, member: PlanMember, text: str, req: PlannedRequest) -> None:
         if member.ref in self._ended:
             return  # cancelled meanwhile: its outcome is already out
         self._ended.add(member.ref)
         step.answered.append((member, text, req))
 
-    def _fail(self, step: Step, members: Sequence[Member], kind: ErrorKind, message: str) -> None:
+    def _fail(self, step: Step, members: Sequence[PlanMember], kind: ErrorKind, message: str) -> None:
         for m in self._live(members):
             self._ended.add(m.ref)
             step.failed.append((m, kind, message))
@@ -291,7 +313,7 @@ class RequestPlan:
         verdict = parse_answer(text, req.packed.aliases, finish_reason)
         step.verdict = verdict
         by_alias = dict(zip(req.packed.aliases, req.members, strict=True))
-        disobeying: list[Member] = []
+        disobeying: list[PlanMember] = []
         for alias, answer in verdict.answers.items():
             member = by_alias[alias]
             answer, problem = _checked(member, answer)
@@ -350,7 +372,7 @@ class RequestPlan:
             self._fail(step, req.members, error_kind_for(error), error.message)
         return step
 
-    def release(self, req: PlannedRequest, members: Sequence[Member]) -> PlannedRequest | None:
+    def release(self, req: PlannedRequest, members: Sequence[PlanMember]) -> PlannedRequest | None:
         """`members` of the unsent request `req` leave the plan without an outcome here (they
         moved to another tier); `req` is withdrawn. Returns the request for its members still
         open (same attempt, no delay), or None when none is."""
@@ -366,7 +388,7 @@ class RequestPlan:
         packed = req.packed if len(live) == len(req.members) else None
         return self._request(live, attempt=req.attempt, packed=packed, quota_waited_s=req.quota_waited_s)
 
-    def cancel(self, kind: ErrorKind, message: str, members: Sequence[Member] | None = None) -> Step:
+    def cancel(self, kind: ErrorKind, message: str, members: Sequence[PlanMember] | None = None) -> Step:
         """End `members` (default: all) still open with `kind` (e.g. deadline_exceeded).
 
         Outstanding requests stay valid: their outcomes may still be reported and end the

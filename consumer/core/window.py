@@ -232,6 +232,8 @@ class LaneWindows(Generic[T]):
 
     def __init__(self) -> None:
         self._by_wait: dict[float | None, CollectionWindows[T]] = {}
+        #: a tier's limits capped by a lane's wait, made once per (limits, wait)
+        self._capped: dict[tuple[WindowLimits, float], WindowLimits] = {}
 
     def __len__(self) -> int:
         return sum(len(w) for w in self._by_wait.values())
@@ -254,7 +256,11 @@ class LaneWindows(Generic[T]):
         if windows is None:
             windows = self._by_wait[wait_ms] = CollectionWindows()
         if wait_ms is not None and wait_ms < limits.max_wait_ms:
-            limits = replace(limits, max_wait_ms=wait_ms, window_ms=min(limits.window_ms, wait_ms))
+            capped = self._capped.get((limits, wait_ms))
+            if capped is None:
+                capped = replace(limits, max_wait_ms=wait_ms, window_ms=min(limits.window_ms, wait_ms))
+                self._capped[(limits, wait_ms)] = capped
+            limits = capped
         return windows.add(
             key, item, input_chars=input_chars, partition=partition, limits=limits, now_s=now_s
         )

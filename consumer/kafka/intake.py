@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import OffsetMetadataTooLargeError
@@ -44,9 +43,8 @@ log = logging.getLogger(__name__)
 COMMITTED_FETCH_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class InRecord:
-    """One fetched input record."""
+class InRecord(NamedTuple):
+    """One fetched input record (a NamedTuple: one is made per record)."""
 
     source: SourceOffset
     key: bytes | None

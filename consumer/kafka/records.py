@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # aiokafka's own NamedTuple: its transactional API checks isinstance, so we key every map by it
 from aiokafka.structs import TopicPartition
@@ -14,10 +14,12 @@ ERROR_KIND_HEADER = "promptbus-error-kind"
 TRACEPARENT_HEADER = "traceparent"
 
 
-@dataclass(frozen=True, slots=True)
-class SourceOffset:
+class SourceOffset(NamedTuple):
     """Where an input record came from: its topic-partition (every map along a record's way is
-    keyed by it, so intake hands over the one aiokafka gave, not a copy) and its offset."""
+    keyed by it, so intake hands over the one aiokafka gave, not a copy) and its offset.
+
+    A NamedTuple, as every record-level value here: one is made per record, and a tuple is
+    built in C."""
 
     tp: TopicPartition
     offset: int
@@ -34,14 +36,13 @@ class SourceOffset:
         return f"{self.tp.topic}/{self.tp.partition}/{self.offset}".encode()
 
 
-@dataclass(frozen=True, slots=True)
-class OutRecord:
+class OutRecord(NamedTuple):
     """One record to produce: topic, key, value bytes and headers."""
 
     topic: str
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = field(default=())
+    headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def size_bytes(self) -> int:

@@ -1,4 +1,4 @@
-"""Anthropic messages over aiohttp (`POST {base_url}/v1/messages`).
+"""Anthropic messages (`POST {base_url}/v1/messages`).
 
 `x-api-key` and `anthropic-version` headers; system messages go to the top-level `system`
 field; `max_tokens` is always set (the API requires it). With an `answer_schema` in `tool` mode
@@ -16,7 +16,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar, Unpack
 
-import aiohttp
 from pydantic import SecretStr
 
 from consumer.core.completion import CompletionRequest, Usage
@@ -29,6 +28,7 @@ from consumer.providers.structured import (
     answer_text,
     root_schema,
 )
+from consumer.providers.transport import HttpTransport
 
 log = logging.getLogger(__name__)
 
@@ -199,14 +199,14 @@ def read_message(
 
 
 def anthropic_http(
-    client: aiohttp.ClientSession, *, base_url: str, api_key: SecretStr | None, name: str
+    transport: HttpTransport, *, base_url: str, api_key: SecretStr | None, name: str
 ) -> ProviderHttp:
     """The HTTP path for Anthropic: a base URL given with a trailing `/v1` is accepted too."""
     base = base_url.rstrip("/")
     if base.endswith("/v1"):
         base = base[: -len("/v1")]
     return ProviderHttp(
-        client,
+        transport,
         base_url=base,
         provider=name,
         api_key=api_key,
@@ -245,12 +245,12 @@ class AnthropicProvider(HttpCompletionProvider):
 
     def __init__(
         self,
-        client: aiohttp.ClientSession,
+        transport: HttpTransport,
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         **adapter: Unpack[AdapterOptions],
     ) -> None:
-        super().__init__(client, **adapter)
+        super().__init__(transport, **adapter)
         self.default_max_tokens = default_max_tokens
 
     api = ANTHROPIC_API

@@ -1,8 +1,8 @@
 """The provider edge: one Protocol for online completions, one for offline Batch APIs.
 
-Each has real implementations in this package (aiohttp, injected `ClientSession`) and a fake for
-tests. Adapters raise only `consumer.core.errors` classes. The offline batches' value objects
-(`BatchRequest`, `BatchJob`, `BatchStatus`, `BatchItemResult`) are the core's
+Each has real implementations in this package (HTTP through an injected `HttpTransport`) and a
+fake for tests. Adapters raise only `consumer.core.errors` classes. The offline batches' value
+objects (`BatchRequest`, `BatchJob`, `BatchStatus`, `BatchItemResult`) are the core's
 (`consumer.core.offline`).
 """
 

@@ -20,7 +20,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Unpack
 
-import aiohttp
 import orjson
 
 from consumer.core.completion import CompletionRequest
@@ -31,6 +30,7 @@ from consumer.providers.batchapi import HttpBatchProvider
 from consumer.providers.batchsplit import check_custom_ids, create_chunks, parse_result_lines, split_by_limits
 from consumer.providers.httpapi import AdapterOptions
 from consumer.providers.structured import StructuredMode
+from consumer.providers.transport import HttpTransport
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +49,14 @@ class AnthropicBatchProvider(HttpBatchProvider):
 
     def __init__(
         self,
-        client: aiohttp.ClientSession,
+        transport: HttpTransport,
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         max_requests: int = ANTHROPIC_MAX_REQUESTS,
         max_bytes: int = ANTHROPIC_MAX_BYTES,
         **adapter: Unpack[AdapterOptions],
     ) -> None:
-        super().__init__(client, **adapter)
+        super().__init__(transport, **adapter)
         self.default_max_tokens = default_max_tokens
         self.max_requests = max_requests
         self.max_bytes = max_bytes

@@ -18,7 +18,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Unpack
 
-import aiohttp
 import orjson
 
 from consumer.core.embed import EmbeddingRequest
@@ -30,6 +29,7 @@ from consumer.providers.embeddings import EMBEDDINGS_ENDPOINT, build_embeddings_
 from consumer.providers.httpapi import AdapterOptions, ProviderHttp
 from consumer.providers.openai import OPENAI_API, build_chat_body
 from consumer.providers.structured import StructuredMode
+from consumer.providers.transport import HttpTransport
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +58,14 @@ class OpenAIBatchProvider(HttpBatchProvider):
 
     def __init__(
         self,
-        client: aiohttp.ClientSession,
+        transport: HttpTransport,
         *,
         completion_window: str = "24h",
         max_requests: int = OPENAI_MAX_REQUESTS,
         max_bytes: int = OPENAI_MAX_BYTES,
         **adapter: Unpack[AdapterOptions],
     ) -> None:
-        super().__init__(client, **adapter)
+        super().__init__(transport, **adapter)
         self.completion_window = completion_window
         self.max_requests = max_requests
         self.max_bytes = max_bytes

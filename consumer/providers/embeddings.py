@@ -10,12 +10,11 @@ says which input a vector belongs to, `usage.prompt_tokens` counts the input tok
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 from consumer.core.completion import Usage
 from consumer.core.embed import EmbeddingRequest, Embeddings
-from consumer.core.errors import MalformedResponse
+from consumer.core.errors import MalformedResponse, RateLimitHint
 from consumer.providers.httpapi import ProviderHttp
 
 __all__ = [
@@ -67,6 +66,7 @@ def read_embeddings(
     provider: str,
     request_id: str | None = None,
     latency_ms: float = 0.0,
+    rate_limit: RateLimitHint | None = None,
 ) -> Embeddings:
     """An embeddings answer body as the Embeddings of `request`, vectors in the inputs' order;
     MalformedResponse when it is not one (the plan splits an array request on it)."""
@@ -96,6 +96,7 @@ def read_embeddings(
         request_id=request_id or body_id,
         latency_ms=latency_ms,
         response_id=body_id,
+        rate_limit=rate_limit,
     )
 
 
@@ -108,8 +109,12 @@ class OpenAIEmbeddings:
     async def embed(self, request: EmbeddingRequest) -> Embeddings:
         """One embeddings call; raises only consumer.core.errors classes."""
         body = build_embeddings_body(request)
-        reply = await self.http.request("POST", EMBEDDINGS_PATH, json_body=body, cache_url=True)
-        answer = read_embeddings(
-            reply.json, request, provider=self.name, request_id=reply.request_id, latency_ms=reply.latency_ms
+        reply = await self.http.request("POST", EMBEDDINGS_PATH, json_body=body)
+        return read_embeddings(
+            reply.json,
+            request,
+            provider=self.name,
+            request_id=reply.request_id,
+            latency_ms=reply.latency_ms,
+            rate_limit=reply.rate_limit,
         )
-        return replace(answer, rate_limit=reply.rate_limit)

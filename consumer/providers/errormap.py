@@ -7,22 +7,19 @@
     other 429                                             RateLimited (hint from the headers)
     503, 529                                              Overloaded
     other 5xx, 409                                        ServerError
-    408; asyncio.TimeoutError and aiohttp's timeouts
-        (ServerTimeoutError, ConnectionTimeoutError,
-        SocketTimeoutError)                               RequestTimeout
-    connection refused (ClientConnectorError),
-        ServerDisconnectedError, ClientOSError,
-        ClientPayloadError, other ClientConnectionError,
-        an unparseable answer (ClientResponseError),
-        any other aiohttp ClientError or OSError          ConnectionFailed
+    408; a transport's TimeoutError (connect, a free
+        connection, no answer data in time)              RequestTimeout
+    a transport's ConnectionError or other OSError
+        (refused, reset, closed mid-answer, an answer
+        that is not HTTP)                                 ConnectionFailed
     401, 403                                              AuthFailed
     other 4xx (400, 404, 413, 422, ...)                   Rejected
     2xx whose body is not the provider's format           MalformedResponse (raised by the adapters)
 
 Messages carry the provider name, the status and the provider's error type/code/message
-(truncated, with anything that looks like a key redacted) — never request headers. aiohttp
-exceptions can hold `request_info` (our headers, so our key): callers raise the mapped error
-outside their `except` block, so nothing chains back to it.
+(truncated, with anything that looks like a key redacted) — never request headers. Callers
+raise the mapped error outside their `except` block, so nothing chains back to a transport
+exception.
 """
 
 from __future__ import annotations
@@ -152,12 +149,10 @@ def error_for_status(
 
 
 def error_for_exception(provider: str, exc: BaseException, *, secret: str | None = None) -> ProviderError:
-    """A transport failure (aiohttp ClientError, asyncio.TimeoutError, OSError) -> RequestTimeout
+    """A transport failure (TimeoutError, ConnectionError or another OSError) -> RequestTimeout
     or ConnectionFailed. The message is the exception's text only (redacted, truncated): never
-    `request_info`, never a header, never a key."""
+    a header, never a key."""
     detail = _truncate(redact(str(exc) or type(exc).__name__, secret))
-    # asyncio.TimeoutError is TimeoutError; aiohttp's ServerTimeoutError (and its
-    # ConnectionTimeoutError / SocketTimeoutError) subclass it
     if isinstance(exc, TimeoutError):
         return RequestTimeout(f"{provider}: timed out ({type(exc).__name__}): {detail}", provider=provider)
     return ConnectionFailed(f"{provider}: {type(exc).__name__}: {detail}", provider=provider)

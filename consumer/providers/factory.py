@@ -1,13 +1,11 @@
 """Builds HTTP clients and providers from a tier (`consumer.settings.TierConfig`).
 
-Each provider gets its own `aiohttp.ClientSession` from `make_http_client` and owns it
-(the provider's `aclose()` closes it; closing it again with `session.close()` is harmless).
+Each provider gets its own `HttpTransport` from `make_http_client` and owns it (the
+provider's `aclose()` closes it; closing it again is harmless).
 The API key is read from the env var the tier names, at build time.
 """
 
 from __future__ import annotations
-
-import aiohttp
 
 from consumer.core.errors import ConfigError, NotSupportedError
 from consumer.providers.anthropic import ANTHROPIC_STRUCTURED_MODES, AnthropicProvider
@@ -18,6 +16,7 @@ from consumer.providers.httpapi import is_http_url
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
 from consumer.providers.structured import StructuredMode
+from consumer.providers.transport import HttpTransport, KeepAliveTransport
 from consumer.settings import TierConfig
 
 #: connect timeout cap: a provider that does not accept a connection in this long is down
@@ -36,26 +35,21 @@ NATURAL_STRUCTURED_MODE: dict[str, StructuredMode] = {
 }
 
 
-def make_http_client(tier: TierConfig) -> aiohttp.ClientSession:
-    """A keep-alive session with the tier's timeouts and a pool sized from its limiter's max.
+def make_http_client(tier: TierConfig) -> HttpTransport:
+    """A keep-alive transport with the tier's timeouts and a pool sized from its limiter's max
+    (`consumer.providers.transport.pool`).
 
-    Call it inside the running event loop (aiohttp binds the session to it).
-
-    Timeouts, as httpx's were: `tier.timeout_s` between two reads of the answer (a provider that
-    stops sending for that long timed out; a long download that keeps flowing does not) and for
-    waiting on a free pooled connection; the TCP connect itself at most `CONNECT_TIMEOUT_S`.
-    Proxy variables and .netrc in the environment are not read (`trust_env=False`): reading
-    them costs a file read per request in aiohttp, and nothing here relies on them.
+    Timeouts: `tier.timeout_s` between two reads of the answer (a provider that stops sending
+    for that long timed out; a long download that keeps flowing does not) and for waiting on a
+    free pooled connection; the TCP connect itself at most `CONNECT_TIMEOUT_S`. Proxy
+    variables and .netrc in the environment are not read.
     """
-    size = tier.limiter.max + POOL_HEADROOM
-    connector = aiohttp.TCPConnector(limit=size, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        connect=tier.timeout_s,
-        sock_connect=min(CONNECT_TIMEOUT_S, tier.timeout_s),
-        sock_read=tier.timeout_s,
+    return KeepAliveTransport(
+        limit=tier.limiter.max + POOL_HEADROOM,
+        timeout_s=tier.timeout_s,
+        connect_timeout_s=min(CONNECT_TIMEOUT_S, tier.timeout_s),
+        keepalive_s=KEEPALIVE_S,
     )
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, raise_for_status=False)
 
 
 def structured_mode_for(tier_name: str, tier: TierConfig) -> StructuredMode:
@@ -88,7 +82,7 @@ def check_tier(tier_name: str, tier: TierConfig) -> None:
     base_url_for(tier_name, tier)
 
 
-def build_provider(tier_name: str, tier: TierConfig, client: aiohttp.ClientSession) -> CompletionProvider:
+def build_provider(tier_name: str, tier: TierConfig, client: HttpTransport) -> CompletionProvider:
     """The online adapter for a tier. Its `name` is the provider name (openai, anthropic, openai_compat)."""
     key = tier.require_api_key(tier_name)
     mode = structured_mode_for(tier_name, tier)
@@ -100,7 +94,7 @@ def build_provider(tier_name: str, tier: TierConfig, client: aiohttp.ClientSessi
     return OpenAICompatProvider(client, base_url=base_url, api_key=key, structured_mode=mode)
 
 
-def build_batch_provider(tier_name: str, tier: TierConfig, client: aiohttp.ClientSession) -> BatchProvider:
+def build_batch_provider(tier_name: str, tier: TierConfig, client: HttpTransport) -> BatchProvider:
     """The offline Batch API adapter for a tier; NotSupportedError for openai_compat (no request sent)."""
     if tier.provider == "openai_compat":
         raise NotSupportedError(f"tier {tier_name}: provider openai_compat has no Batch API; use online mode")

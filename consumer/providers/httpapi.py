@@ -2,14 +2,15 @@
 
 Adapters (online and batch) are `HttpAdapter`s set up from their `ProviderApi` (structured
 modes, auth, answer format); each holds a `ProviderHttp`, which owns nothing but the injected
-`aiohttp.ClientSession`, the base URL, the auth headers (built from a `SecretStr` at call time,
-never stored as plain text on the object) and the provider name used in errors.
+`HttpTransport` (`consumer.providers.transport`), the base URL, the auth headers (built from a
+`SecretStr` at call time, never stored as plain text on the object) and the provider name used
+in errors.
 
-aiohttp rather than httpx: the service's throughput target is bound by client CPU per request,
-and httpx/httpcore cost several times aiohttp's per chat call (bench/README.md has the
-figures; see `factory.make_http_client`).
-Redirects are not followed (a 3xx is an error like any other non-2xx), so a key is only ever
-sent to the URL we built.
+The transport is the keep-alive one of `consumer.providers.transport.pool`: the service's
+throughput is bound by client CPU per request, and a general-purpose client's machinery around
+each call costs several times the call itself (see `factory.make_http_client`). Redirects are
+not followed (a 3xx is an error like any other non-2xx), so a key is only ever sent to the URL
+we built.
 """
 
 from __future__ import annotations
@@ -17,13 +18,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Required, TypedDict
 
-import aiohttp
 import orjson
 from pydantic import SecretStr
-from yarl import URL
 
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.errors import (
@@ -38,6 +37,7 @@ from consumer.core.errors import (
 from consumer.providers.errormap import error_for_exception, error_for_status, redact
 from consumer.providers.ratelimit import parse_rate_limit_headers
 from consumer.providers.structured import StructuredMode
+from consumer.providers.transport import HttpTransport, form_body, parse_target
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 class HttpReply:
     """A 2xx answer: raw content, decoded JSON (when asked), request id and wall time.
 
-    `headers` is case-insensitive (aiohttp's `CIMultiDictProxy`).
+    `headers`: names lower-cased.
     """
 
     status_code: int
@@ -58,8 +58,10 @@ class HttpReply:
     @property
     def rate_limit(self) -> RateLimitHint | None:
         """The rate-limit budget the provider announced in this answer's headers, if any."""
+        if not any("ratelimit" in name or name.startswith("retry-after") for name in self.headers):
+            return None  # most answers of servers without limits: nothing to parse
         hint = parse_rate_limit_headers(self.headers, now_s=time.time())
-        return hint if hint != RateLimitHint() else None
+        return hint if hint != _NO_HINT else None
 
     @property
     def request_id(self) -> str | None:
@@ -67,28 +69,17 @@ class HttpReply:
         return self.headers.get("x-request-id") or self.headers.get("request-id")
 
 
+#: a hint that says nothing
+_NO_HINT = RateLimitHint()
+
+
 def is_http_url(url: str) -> bool:
     """True for an http(s) URL with a host."""
     try:
-        parsed = URL(url)
+        parse_target(url)
     except (ValueError, TypeError):
         return False
-    return parsed.scheme in ("http", "https") and bool(parsed.host)
-
-
-def form_data(
-    data: Mapping[str, str] | None, files: Mapping[str, tuple[str, bytes, str]] | None
-) -> aiohttp.FormData:
-    """A form body: plain fields, then files `{field: (filename, content, content_type)}`.
-
-    Built per call: aiohttp consumes a FormData when it sends it.
-    """
-    form = aiohttp.FormData()
-    for name, value in (data or {}).items():
-        form.add_field(name, value)
-    for name, (filename, content, content_type) in (files or {}).items():
-        form.add_field(name, content, filename=filename, content_type=content_type)
-    return form
+    return True
 
 
 class ProviderHttp:
@@ -96,7 +87,7 @@ class ProviderHttp:
 
     def __init__(
         self,
-        client: aiohttp.ClientSession,
+        transport: HttpTransport,
         *,
         base_url: str,
         provider: str,
@@ -104,12 +95,10 @@ class ProviderHttp:
         auth_headers: Callable[[str], Mapping[str, str]],
         extra_headers: Mapping[str, str] | None = None,
     ) -> None:
-        self.client = client
+        self.transport = transport
         self.base_url = base_url.rstrip("/")
         if not is_http_url(self.base_url):
             raise ValueError(f"base_url must be an http(s) URL with a host, got {self.base_url!r}")
-        # parsed once: aiohttp would parse the string on every call (the chat path is always the same)
-        self._parsed: dict[str, URL] = {}
         self.provider = provider
         self._api_key = api_key
         self._auth_headers = auth_headers
@@ -137,18 +126,9 @@ class ProviderHttp:
     def same_origin(self, url: str) -> bool:
         """True when `url` is on the base URL's scheme/host/port (so our key may be sent there)."""
         try:
-            a, b = URL(self.base_url), URL(url)
+            return parse_target(self.base_url).origin == parse_target(url).origin
         except ValueError:
             return False
-        return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
-
-    def _target(self, path: str, *, cache: bool) -> URL | str:
-        if not cache:
-            return self.url(path)
-        target = self._parsed.get(path)
-        if target is None:
-            target = self._parsed[path] = URL(self.url(path))
-        return target
 
     async def request(
         self,
@@ -159,7 +139,6 @@ class ProviderHttp:
         files: Mapping[str, tuple[str, bytes, str]] | None = None,
         data: Mapping[str, str] | None = None,
         decode_json: bool = True,
-        cache_url: bool = False,
     ) -> HttpReply:
         """One HTTP call. Non-2xx and transport failures raise ProviderError subclasses;
         a 2xx that is not JSON (when `decode_json`) raises MalformedResponse.
@@ -167,11 +146,10 @@ class ProviderHttp:
         json_body: sent as `application/json` (orjson).
         files / data: a form: `data` fields, then `files` as `{field: (filename, content,
         content_type)}` (multipart when there are files, else urlencoded).
-        cache_url: keep the parsed URL of `path` (for the few fixed paths called per request).
         """
         url = self.url(path)
         headers = self._headers()
-        payload: bytes | aiohttp.FormData | None = None
+        payload: bytes | None = None
         if json_body is not None:
             try:
                 payload = orjson.dumps(json_body)
@@ -181,29 +159,18 @@ class ProviderHttp:
                 ) from None
             headers["content-type"] = "application/json"
         elif files is not None or data is not None:
-            payload = form_data(data, files)
+            headers["content-type"], payload = form_body(data, files)
         started = time.perf_counter()
         failure: ProviderError | None = None
         try:
-            async with self.client.request(
-                method,
-                self._target(path, cache=cache_url),
-                data=payload,
-                headers=headers,
-                allow_redirects=False,
-            ) as response:
-                body = await response.read()
-                status_code = response.status
-                reply_headers = response.headers
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            # TimeoutError is asyncio.TimeoutError; aiohttp's timeouts subclass it
+            response = await self.transport.request(method, parse_target(url), headers, payload)
+        except (TimeoutError, OSError) as exc:  # ConnectionError is an OSError
             failure = error_for_exception(self.provider, exc, secret=self._secret())
         if failure is not None:
-            # raised outside the except block: no __context__ chains back to the aiohttp error,
-            # whose request_info carries our auth headers
             log.debug("%s %s failed: %s", method, url, failure.message)
             raise failure
         latency_ms = (time.perf_counter() - started) * 1000.0
+        status_code, body, reply_headers = response.status, response.body, response.headers
         log.debug("%s %s -> %d in %.1f ms", method, url, status_code, latency_ms)
         if not 200 <= status_code < 300:
             raise self.error_for(status_code, body, reply_headers)
@@ -236,7 +203,7 @@ class HttpFactory(Protocol):
     """Builds one adapter's `ProviderHttp`: the provider's base URL rule and auth headers."""
 
     def __call__(
-        self, client: aiohttp.ClientSession, *, base_url: str, api_key: SecretStr | None, name: str
+        self, transport: HttpTransport, *, base_url: str, api_key: SecretStr | None, name: str
     ) -> ProviderHttp: ...
 
 
@@ -279,13 +246,13 @@ class AdapterOptions(TypedDict, total=False):
 class HttpAdapter:
     """What every HTTP adapter, online or batch, sets up and closes the same way.
 
-    client: injected (timeouts and pool limits come from the tier).
+    transport: injected (timeouts and pool limits come from the tier).
     base_url: the provider's API root, as its adapter documents it.
     api_key: sent as the provider's auth header; None sends none.
     name: the provider name in errors and stats (default: the class's `default_name`).
     structured_mode: how an answer schema is enforced, one of `api.structured_modes`
         (default: the class's `default_structured_mode`).
-    owns_client: `aclose()` closes the client (the factory hands each adapter its own).
+    owns_client: `aclose()` closes the transport (the factory hands each adapter its own).
 
     Subclasses set `api` (their provider API) and the two defaults; `read_answer` reads an
     answer body with the API's reader.
@@ -301,7 +268,7 @@ class HttpAdapter:
 
     def __init__(
         self,
-        client: aiohttp.ClientSession,
+        transport: HttpTransport,
         *,
         base_url: str,
         api_key: SecretStr | None = None,
@@ -316,7 +283,7 @@ class HttpAdapter:
         self.name = name if name is not None else self.default_name
         self.structured_mode = mode
         self.owns_client = owns_client
-        self.http = self.api.http(client, base_url=base_url, api_key=api_key, name=self.name)
+        self.http = self.api.http(transport, base_url=base_url, api_key=api_key, name=self.name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, base_url={self.http.base_url!r})"
@@ -328,9 +295,11 @@ class HttpAdapter:
         *,
         request_id: str | None = None,
         latency_ms: float = 0.0,
+        rate_limit: RateLimitHint | None = None,
     ) -> Completion:
         """One answer body (online, or a Batch API result) as the Completion of `request`;
-        MalformedResponse when it is not the provider's format.
+        MalformedResponse when it is not the provider's format. `rate_limit`: the budget an
+        online answer's headers announced.
 
         The model and id are the body's when it has them, else the request's model and
         `request_id` (an online answer's request id header wins over the body's id).
@@ -355,12 +324,13 @@ class HttpAdapter:
             request_id=request_id or body_id,
             latency_ms=latency_ms,
             response_id=body_id,
+            rate_limit=rate_limit,
         )
 
     async def aclose(self) -> None:
-        """Close the HTTP client when this adapter owns it (idempotent)."""
+        """Close the transport when this adapter owns it (idempotent)."""
         if self.owns_client:
-            await self.http.client.close()
+            await self.http.transport.close()
 
 
 class HttpCompletionProvider(HttpAdapter):
@@ -380,11 +350,14 @@ class HttpCompletionProvider(HttpAdapter):
 
     async def complete(self, request: CompletionRequest) -> Completion:
         """One call; raises only consumer.core.errors classes."""
-        reply = await self.http.request("POST", self.path, json_body=self.build_body(request), cache_url=True)
-        completion = self.read_answer(
-            reply.json, request, request_id=reply.request_id, latency_ms=reply.latency_ms
+        reply = await self.http.request("POST", self.path, json_body=self.build_body(request))
+        return self.read_answer(
+            reply.json,
+            request,
+            request_id=reply.request_id,
+            latency_ms=reply.latency_ms,
+            rate_limit=reply.rate_limit,
         )
-        return replace(completion, rate_limit=reply.rate_limit)
 
     async def check_reachable(self) -> str:
         """GET the models listing; any answer but an auth refusal means the provider is there.

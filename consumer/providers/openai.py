@@ -1,4 +1,4 @@
-"""OpenAI chat completions over aiohttp (`POST {base_url}/chat/completions`).
+"""OpenAI chat completions (`POST {base_url}/chat/completions`).
 
 `build_chat_body`, `read_chat_completion` and `OPENAI_API` are shared by the online adapter, the
 OpenAI-compatible adapter (`openai_compat.py`) and the Batch API (`batch_openai.py`), so a request
@@ -11,7 +11,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import aiohttp
 import orjson
 from pydantic import SecretStr
 
@@ -27,6 +26,7 @@ from consumer.providers.structured import (
     root_schema,
     unwrap_json_text,
 )
+from consumer.providers.transport import HttpTransport
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,12 @@ def bearer_auth(secret: str) -> dict[str, str]:
 
 
 def openai_http(
-    client: aiohttp.ClientSession, *, base_url: str, api_key: SecretStr | None, name: str
+    transport: HttpTransport, *, base_url: str, api_key: SecretStr | None, name: str
 ) -> ProviderHttp:
     """The HTTP path for OpenAI and OpenAI-compatible servers: the base URL as given, bearer auth."""
-    return ProviderHttp(client, base_url=base_url, provider=name, api_key=api_key, auth_headers=bearer_auth)
+    return ProviderHttp(
+        transport, base_url=base_url, provider=name, api_key=api_key, auth_headers=bearer_auth
+    )
 
 
 def build_chat_body(

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from consumer.core.content import job_content
+import orjson
+
+from consumer.core.content import MergedOptions, job_content, merged_options
 from consumer.core.embed import embed_limits, no_embeddings
 from consumer.core.errors import ErrorKind, JobError
 from consumer.core.jobs import Job, decode_job
@@ -31,6 +33,9 @@ from consumer.kafka.sink import Ticket
 from consumer.runtime.context import JobContext
 from consumer.runtime.outcomes import job_id_hint
 from consumer.runtime.tiers import TierRuntime
+
+#: distinct (tier, options) merges kept for reuse: producers send a few option sets over and over
+MERGED_OPTIONS_KEPT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,8 @@ class Admission:
         self._offline_runs = offline_runs
         self._start_trace = start_trace
         self._known = ", ".join(sorted(tiers))
+        #: (tier, canonical job options) -> the merge: jobs of equal options share one dict
+        self._merged: dict[tuple[str, str], MergedOptions] = {}
 
     def admit(
         self, record: InRecord, ticket: Ticket, now_s: float, lane: Lane | None = None
@@ -92,38 +99,51 @@ class Admission:
     def _context(
         self, job: Job, ticket: Ticket, tier: TierRuntime, record: InRecord, now_s: float, lane: Lane | None
     ) -> JobContext:
-        content = job_content(job, tier.config.options)
+        options_key, merged = self._merge(job, tier)
+        content = job_content(job, merged=merged)
         if job.kind == "embed" and embed_limits(tier.config.provider) is None:
             raise JobError(ErrorKind.INVALID_JOB, no_embeddings(tier.name, tier.config.provider))
-        only_system = job.kind == "chat" and all(m.role == "system" for m in content.messages)
-        if tier.config.provider == "anthropic" and only_system:
-            # Anthropic takes system text apart from the messages and refuses a call
-            # without one; in a Message Batches submission it would fail every member
-            raise JobError(
-                ErrorKind.INVALID_JOB,
-                f"tier '{tier.name}' (anthropic) needs a user or assistant message; "
-                "this job has only system messages",
-            )
+        if tier.config.provider == "anthropic" and job.messages is not None:
+            if all(m.role == "system" for m in job.messages):
+                # Anthropic takes system text apart from the messages and refuses a call
+                # without one; in a Message Batches submission it would fail every member
+                raise JobError(
+                    ErrorKind.INVALID_JOB,
+                    f"tier '{tier.name}' (anthropic) needs a user or assistant message; "
+                    "this job has only system messages",
+                )
         deadline_s = None
         if job.deadline is not None:
             deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
-        trace = self._start_trace(job, record)
         return JobContext(
             job,
+            record.value if record.value is not None else b"",
             ticket,
             tier,
             now_s,
-            content.text,
-            content.messages,
-            content.options,
-            deadline_s,
-            content.batchable,
-            trace,
-            content.output_format,
-            timestamp_s=record.timestamp_ms / 1000.0,
-            lane=lane,
+            input_text=content.text,
+            messages=content.own_messages,
+            batchable=content.batchable,
+            options=content.options,
+            options_key=options_key,
+            deadline_s=deadline_s,
+            output_format=content.output_format,
+            trace=self._start_trace(job, record),
             mode=tier.modes.mode_for(job.mode, None if deadline_s is None else deadline_s - now_s),
+            lane=lane,
+            timestamp_s=record.timestamp_ms / 1000.0,
         )
+
+    def _merge(self, job: Job, tier: TierRuntime) -> tuple[str, MergedOptions]:
+        """The canonical JSON of the job's options and their merge over the tier's, shared with
+        every earlier job of the tier with equal options (JobError as `merged_options`)."""
+        key = orjson.dumps(job.options, option=orjson.OPT_SORT_KEYS).decode() if job.options else "{}"
+        found = self._merged.get((tier.name, key))
+        if found is None:
+            found = merged_options(job, tier.config.options)
+            if len(self._merged) < MERGED_OPTIONS_KEPT:
+                self._merged[(tier.name, key)] = found
+        return key, found
 
 
 def key_text(key: bytes | None) -> str | None:

@@ -131,7 +131,7 @@ class OutcomeWriter:
             source=ctx.source,
             kind=kind,
             message=message,
-            job=ctx.job,
+            job=ctx.parsed_job(),
             attempts=attempts,
             retryable=bool(error and error.retryable),
             status_code=error.status_code if error else None,
@@ -165,7 +165,9 @@ class OutcomeWriter:
             self.fail(ctx, ErrorKind.DEADLINE_EXCEEDED, message, attempts=attempts, answer=shared)
             return
         record = results.record(
-            job=ctx.job,
+            job_id=ctx.id,
+            requested_tier=ctx.requested_tier,
+            metadata=ctx.metadata,
             source=ctx.source,
             output=output,
             attempts=attempts,

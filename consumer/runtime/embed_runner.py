@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 from consumer.core.embed import (
     EmbeddingRequest,
@@ -22,7 +23,7 @@ from consumer.core.embed import (
     embed_window_limits,
 )
 from consumer.core.errors import ProviderError
-from consumer.core.plan import Member, PlannedRequest, Step
+from consumer.core.plan import PlanMember, PlannedRequest, Step
 from consumer.core.window import PackKey, WindowLimits
 from consumer.runtime.context import JobContext
 from consumer.runtime.outcomes import AnswerResults
@@ -56,9 +57,7 @@ class EmbedRunner(PlanRunner):
         tier = self.tier
         limits = embed_limits(tier.config.provider)
         assert limits is not None  # admission refuses embed jobs of a provider without embeddings
-        plan = EmbedPlan(
-            [Member(c, c.input) for c in ctxs], limits=limits, retry=tier.retry_policy, rng=self._rng
-        )
+        plan = EmbedPlan(ctxs, limits=limits, retry=tier.retry_policy, rng=self._rng)
         batched = len(ctxs) > 1
         if batched:
             tier.stats.items_in_batched_plans += len(ctxs)
@@ -115,6 +114,5 @@ class EmbedRunner(PlanRunner):
         self._apply(plan, step, None)
 
 
-def _ctx(member: Member) -> JobContext:
-    assert isinstance(member.ref, JobContext)
-    return member.ref
+def _ctx(member: PlanMember) -> JobContext:
+    return cast(JobContext, member)  # a runner's plan members are its jobs' contexts

@@ -54,7 +54,7 @@ class FallbackRouter:
         """Where `ctx` is to go instead of its tier now, and why; None: it stays."""
         tier = ctx.tier
         rule = self._rules.get(tier.name)
-        if rule is None or not ctx.job.fallback:
+        if rule is None or not ctx.fallback_allowed:
             return None
         cause = fallback_cause(rule, tier.condition(now_s))
         if cause is None:
@@ -105,9 +105,9 @@ class FallbackRouter:
         return True
 
     def _mode_on(self, ctx: JobContext, tier: TierRuntime, now_s: float) -> str:
-        if ctx.job.mode in (None, "auto"):
+        if ctx.requested_mode in (None, "auto"):
             left = None if ctx.deadline_s is None else ctx.deadline_s - now_s
-            return tier.modes.mode_for(ctx.job.mode, left)
+            return tier.modes.mode_for(ctx.requested_mode, left)
         return ctx.mode
 
     def _accepts(self, ctx: JobContext, tier: TierRuntime, now_s: float) -> bool:
@@ -115,7 +115,7 @@ class FallbackRouter:
 
     def _retarget(self, ctx: JobContext, target: TierRuntime, now_s: float) -> bool:
         old = ctx.tier
-        options = {**target.config.options, **ctx.job.options}
+        options = {**target.config.options, **ctx.parsed_job().options}
         try:
             wanted = output_format(options) if "response_format" in options else None
         except JobError:
@@ -128,8 +128,8 @@ class FallbackRouter:
             followers = []
         mode: DecidedMode = "offline" if self._mode_on(ctx, target, now_s) == "offline" else "online"
         ctx.tier, ctx.options, ctx.output_format, ctx.mode = target, options, wanted, mode
-        ctx.fallback_from = ctx.job.tier
-        log.debug("job %s: tier %s -> fallback %s", ctx.job.id, old.name, target.name)
+        ctx.fallback_from = ctx.requested_tier
+        log.debug("job %s: tier %s -> fallback %s", ctx.id, old.name, target.name)
         for follower in followers:
             self._route(follower)
         return True

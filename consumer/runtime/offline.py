@@ -137,7 +137,7 @@ class OfflineCollector:
         provider = self._providers[tier]
         model = ctxs[0].tier.config.model
         # embed jobs after chat jobs: a provider batch has one endpoint, so each kind is one run
-        ctxs = sorted(ctxs, key=lambda c: c.job.kind == "embed")
+        ctxs = sorted(ctxs, key=lambda c: c.kind == "embed")
         requests = [BatchRequest(f"pb-{i}", offline_request(c, model)) for i, c in enumerate(ctxs)]
         delay_s = 1.0
         while True:
@@ -171,7 +171,7 @@ class OfflineCollector:
 
 def offline_request(ctx: JobContext, model: str) -> CompletionRequest | EmbeddingRequest:
     """A job's request in a provider batch: its ordinary chat request, or its input alone."""
-    if ctx.job.kind == "embed":
+    if ctx.kind == "embed":
         return EmbeddingRequest((ctx.input,), model, ctx.options)
     return CompletionRequest(ctx.messages, model, ctx.options)
 
@@ -218,7 +218,7 @@ def batch_record(tier: str, job: BatchJob, members: Sequence[tuple[str, JobConte
         "members": [
             {
                 "custom_id": custom_id,
-                "job": c.job.model_dump(mode="json"),
+                "job": c.parsed_job().model_dump(mode="json"),
                 "timestamp": c.timestamp_s,
                 "lane": c.lane_name,
                 "source": {
@@ -412,7 +412,9 @@ def outcome_records(
         outcome = item_outcome(item, job, status, record["batch_id"], tier_options or {})
         if isinstance(outcome, Answered):
             result = AnswerResults(settings.results_topic, outcome.answer, 1).record(
-                job=job,
+                job_id=job.id,
+                requested_tier=job.tier,
+                metadata=job.metadata,
                 source=source,
                 output=outcome.output,
                 attempts=1,

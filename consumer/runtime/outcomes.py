@@ -6,6 +6,7 @@ import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 
@@ -121,7 +122,9 @@ class AnswerResults:
     def record(
         self,
         *,
-        job: Job,
+        job_id: str,
+        requested_tier: str,
+        metadata: dict[str, Any] | None,
         source: SourceOffset,
         output: str | None,
         attempts: int,
@@ -133,15 +136,16 @@ class AnswerResults:
         mode: str = "online",
         embedding: Sequence[float] | None = None,
     ) -> OutRecord:
-        """One job's Result record; `dedupe_of`: the job whose request answered it (dedupe):
+        """One job's Result record (`job_id`, `requested_tier`, `metadata`: the job's own);
+        `dedupe_of`: the job whose request answered it (dedupe):
         such a job's usage is zero, since no request of its own was sent; `lane`: the lane it
         was read from; tier: the tier that answered, when not the one the job asked for (its
         fallback: `fallback_from`); mode: the way the job went. An embed job's `embedding` is
         its vector (its `output` None)."""
         tp = source.tp
         value = {
-            "id": job.id,
-            "tier": tier or job.tier,
+            "id": job_id,
+            "tier": tier or requested_tier,
             "status": "ok",
             "output": output,
             "embedding": embedding,
@@ -153,15 +157,15 @@ class AnswerResults:
             "batch": self._batch,
             "attempts": attempts,
             "latency_ms": round(latency_ms, 3) if latency_ms > 0 else 0.0,
-            "metadata": job.metadata,
+            "metadata": metadata,
             "source": {"topic": tp.topic, "partition": tp.partition, "offset": source.offset},
             "completed_at": self._completed_at,
             "dedupe_of": dedupe_of,
             "lane": lane,
             "mode": mode,
-            "fallback_from": job.tier if tier is not None and tier != job.tier else None,
+            "fallback_from": requested_tier if tier is not None and tier != requested_tier else None,
         }
-        return OutRecord(self._topic, job.id.encode(), orjson.dumps(value), _headers(source, traceparent))
+        return OutRecord(self._topic, job_id.encode(), orjson.dumps(value), _headers(source, traceparent))
 
 
 def too_large_result(record: OutRecord, max_bytes: int) -> str | None:

@@ -33,7 +33,7 @@ from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
-from consumer.core.window import Flush, LaneWindows, PackKey, pack_key_for
+from consumer.core.window import Flush, LaneWindows, PackKey
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import OutcomeSink
@@ -244,7 +244,8 @@ class Pipeline:
         routed again)."""
         if not counted:
             ctx.tier.stats.items += 1
-            if ctx.job.mode == "auto" or (ctx.job.mode is None and ctx.tier.config.default_mode == "auto"):
+            wanted = ctx.requested_mode
+            if wanted == "auto" or (wanted is None and ctx.tier.config.default_mode == "auto"):
                 ctx.tier.stats.count_auto(ctx.mode)
         if ctx.past_deadline(now_s):
             self._outcomes.fail(
@@ -260,9 +261,9 @@ class Pipeline:
             return
         if tier.dedupe is not None and not self._lead_or_share(ctx, tier.dedupe, now_s):
             return
-        batchable = ctx.batchable if ctx.job.batch and tier.config.batching.enabled else None
+        batchable = ctx.batchable if ctx.batch and tier.config.batching.enabled else None
         # embed jobs share a window whenever the tier windows: an array request changes no vector
-        embedding = embed_window(ctx) if ctx.job.kind == "embed" else None
+        embedding = embed_window(ctx) if ctx.kind == "embed" else None
         if batchable is None and embedding is None:
             self._start_plan([ctx], key=None)
             return
@@ -270,7 +271,13 @@ class Pipeline:
             key, limits = embedding
         else:
             assert batchable is not None
-            key = pack_key_for(ctx.job, batchable)
+            key = PackKey(
+                ctx.requested_tier,
+                batchable.prefix,
+                batchable.variable,
+                ctx.options_key,
+                ctx.requested_mode or "online",
+            )
             limits = tier.limits_for(key, now_s)
         if ctx.fallback_from is not None:
             key = key._replace(tier=tier.name)  # never in one window with the jobs of its own tier
@@ -301,13 +308,13 @@ class Pipeline:
         have got in the same batch.
         """
         options, model = ctx.options, ctx.tier.config.model
-        if ctx.job.kind == "embed":
+        if ctx.kind == "embed":
             key: str | None = embed_dedupe_key(ctx.tier.name, model, options, ctx.input)
         else:
             key = dedupe_key(ctx.tier.name, model, options, ((m.role, m.content) for m in ctx.messages))
         if key is None:
             return True
-        claim = table.claim(key, ctx.job.id, ctx, now_s)
+        claim = table.claim(key, ctx.id, ctx, now_s)
         if isinstance(claim, Lead):
             ctx.dedupe_key = key
             return True
@@ -332,7 +339,7 @@ class Pipeline:
     ) -> asyncio.Task[None]:
         runner = self._runners[key[0]]
         members, pack_key = plan
-        embed = members[0].job.kind == "embed"  # a window holds jobs of one kind
+        embed = members[0].kind == "embed"  # a window holds jobs of one kind
         return self._task(runner.run_embed(members) if embed else runner.run(members, pack_key))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

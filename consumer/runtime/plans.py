@@ -43,7 +43,7 @@ from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
-from consumer.core.plan import Member, PlannedRequest, RequestPlan, Step
+from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
 from consumer.core.window import PackKey
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.runtime.context import JobContext
@@ -116,7 +116,7 @@ class PlanRunner:
         """
         tier = self.tier
         plan = RequestPlan(
-            [Member(c, c.input, _max_tokens(c.options), c.output_check()) for c in ctxs],
+            ctxs,  # a job's context is its own plan member
             prefix=key.prefix if key else "",
             variable=key.variable if key else "",
             retry=tier.retry_policy,
@@ -127,13 +127,7 @@ class PlanRunner:
         if batched:
             tier.stats.items_in_batched_plans += len(ctxs)
         try:
-            async with asyncio.TaskGroup() as group:
-                first, *others = plan.start()
-                for req in others:
-                    group.create_task(self._send(plan, req, group, key, batched))
-                # the first request runs in this task: most plans are one request, and a task
-                # of its own is CPU an unbatched job need not spend (bench/README.md)
-                await self._send(plan, first, group, key, batched)
+            await self._send_all(plan, plan.start(), key, batched)
         except BaseException as exc:
             self.abandon_unfinished(ctxs, exc, "a request plan")
             raise
@@ -155,17 +149,26 @@ class PlanRunner:
                 exc_info=exc,
             )
 
-    async def _send(
-        self,
-        plan: RequestPlan,
-        req: PlannedRequest,
-        group: asyncio.TaskGroup,
-        key: PackKey | None,
-        batched_plan: bool,
+    async def _send_all(
+        self, plan: RequestPlan, reqs: list[PlannedRequest], key: PackKey | None, batched_plan: bool
     ) -> None:
+        """Send `reqs` and their follow-ups until none is left: in this task while one goes at a
+        time (most plans are one request, and their retries follow one another), in a task group
+        while several go at once (the halves of a split, the re-asks of missing members)."""
+        while len(reqs) == 1:
+            reqs = await self._send(plan, reqs[0], key, batched_plan)
+        if reqs:
+            async with asyncio.TaskGroup() as group:
+                for req in reqs:
+                    group.create_task(self._send_all(plan, [req], key, batched_plan))
+
+    async def _send(
+        self, plan: RequestPlan, req: PlannedRequest, key: PackKey | None, batched_plan: bool
+    ) -> list[PlannedRequest]:
+        """Send one planned request and apply its outcome; returns the requests it leads to."""
         sent = await self.send_planned(plan, req, lambda planned: self.build_request(planned, key))
         if sent is None:
-            return
+            return []
         req, request, answer = sent
         self._count_sent(req, batched_plan)
         if isinstance(answer, ProviderError):
@@ -185,7 +188,7 @@ class PlanRunner:
             self._learn(key, step, len(req.members), share)
         for nxt in step.requests:
             self._count_follow_up(req, nxt)
-            group.create_task(self._send(plan, nxt, group, key, batched_plan))
+        return step.requests
 
     async def send_planned(
         self, plan: RequestPlan, req: PlannedRequest, build: Callable[[PlannedRequest], AnyRequest]
@@ -539,7 +542,7 @@ class PlanRunner:
         from the ordinary prompts' lengths at the batched prompt's own tokens per character."""
         usage, size = completion.usage, len(req.members)
         batched_chars = sum(len(m.content) for m in request.messages) if request is not None else 0
-        alone_chars = sum(len(m.content) for member in req.members for m in _ctx(member).messages)
+        alone_chars = sum(_ctx(member).alone_chars for member in req.members)
         stats = self.tier.stats
         stats.batched_tokens += usage.input_tokens + usage.output_tokens
         stats.alone_tokens_estimate += alone_input_estimate(
@@ -563,8 +566,8 @@ class PlanRunner:
                 self.tier.stats.splits += 1
 
 
-def _ctx(member: Member) -> JobContext:
-    return cast(JobContext, member.ref)  # every Member a runner makes refers to its JobContext
+def _ctx(member: PlanMember) -> JobContext:
+    return cast(JobContext, member)  # a runner's plan members are its jobs' contexts
 
 
 def _schedule_of(req: PlannedRequest) -> tuple[Lane | None, float | None]:
@@ -591,8 +594,3 @@ def _note_rate_limited(tier: TierRuntime, token: Token, exc: RateLimited) -> Non
     tier.limiter.note_budget(exc.hint, token, rejected=True)
     if exc.hint.retry_after_s:
         tier.limiter.pause(min(exc.hint.retry_after_s, tier.config.retry.backoff_max_s))
-
-
-def _max_tokens(options: dict[str, Any]) -> int | None:
-    value = options.get("max_tokens")
-    return value if isinstance(value, int) and value > 0 else None

@@ -40,7 +40,7 @@ def build_request(
 ) -> CompletionRequest:
     """The provider request of a planned one: the job's own, or a packed prompt with its
     schema; `pack_key` names the prompt cache of a packed prompt's shared head."""
-    first = cast(JobContext, req.members[0].ref)
+    first = cast(JobContext, req.members[0])  # a runner's plan members are its jobs' contexts
     if req.packed is None:
         return ordinary_request(tier, first)
     options = dict(first.options)

@@ -41,6 +41,8 @@ class TierRuntime:
     dedupe: DedupeTable[Any, Any] | None = None
     #: the provider's quota, exhausted for a cool-down after it says so (`fallback.quota_exhausted`)
     quota: QuotaWatch = field(default_factory=QuotaWatch)
+    #: the window limits of each adaptive size in use (one value per size, not one per job)
+    _limits_by_size: dict[int, WindowLimits] = field(default_factory=dict, init=False, repr=False)
 
     @cached_property
     def fallback(self) -> FallbackRule | None:
@@ -66,7 +68,10 @@ class TierRuntime:
         size = self.sizes.size_at(key, now_s, request_limited=request_limited)
         if size == self.window_limits.max_items:
             return self.window_limits
-        return replace(self.window_limits, max_items=size)
+        limits = self._limits_by_size.get(size)
+        if limits is None:
+            limits = self._limits_by_size[size] = replace(self.window_limits, max_items=size)
+        return limits
 
     def refresh_gauges(self, now_s: float) -> None:
         """Copy the limiter's state into the tier's stats (read by snapshots and /metrics)."""

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
         2.0, gt=0, description="how often an instance publishes its stats snapshot (and batching evidence)"
     )
     config: str | None = Field(None, description="the tier file, instead of --config")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto", description="the service's event loop: auto (uvloop where installed), uvloop, or asyncio"
+    )
     kafka: KafkaSecurity = Field(
         KafkaSecurity(), description="Kafka client security (nested: PROMPTBUS_KAFKA__...)"
     )

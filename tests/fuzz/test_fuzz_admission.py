@@ -72,8 +72,18 @@ def check_admit(value: bytes | None, key: bytes | None = b"j1") -> JobContext | 
         assert verdict.raw == (value or b"")
     else:
         assert isinstance(verdict, JobContext)
-        assert verdict.tier is TIERS[verdict.job.tier]
+        assert verdict.tier is TIERS[verdict.requested_tier]
         assert isinstance(verdict.input, str) and verdict.messages
+        # the compact copy agrees with the job decoded again from the record's bytes
+        job = verdict.parsed_job()
+        assert (job.id, job.tier, job.metadata, job.batch, job.mode, job.kind) == (
+            verdict.id,
+            verdict.requested_tier,
+            verdict.metadata,
+            verdict.batch,
+            verdict.requested_mode,
+            verdict.kind,
+        )
     return verdict
 
 

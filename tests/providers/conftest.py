@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -27,6 +26,7 @@ from yarl import URL
 
 from consumer.core.completion import ChatMessage, CompletionRequest
 from consumer.providers.factory import make_http_client
+from consumer.providers.transport import HttpTransport
 from consumer.settings import TierConfig
 
 #: a key shaped unlike anything the redaction regex knows, so a leak cannot be hidden by it
@@ -97,7 +97,7 @@ class _ServerLoop:
 _SERVER_LOOP: _ServerLoop | None = None
 #: recorders and sessions made during the current test (closed by `_close_recorders`)
 _LIVE: list[Recorder] = []
-_SESSIONS: list[aiohttp.ClientSession] = []
+_SESSIONS: list[HttpTransport] = []
 _SOCKETS: list[socket.socket] = []
 
 
@@ -164,8 +164,8 @@ class Recorder:
         """The JSON body of a recorded request."""
         return orjson.loads(self.requests[index].content)
 
-    def client(self, timeout_s: float = 10.0) -> aiohttp.ClientSession:
-        """A session as the factory builds it (call inside the test's event loop)."""
+    def client(self, timeout_s: float = 10.0) -> HttpTransport:
+        """A transport as the factory builds it (call inside the test's event loop)."""
         return client_session(timeout_s)
 
     async def aclose(self) -> None:
@@ -173,7 +173,7 @@ class Recorder:
         await _server_loop().run_async(self._runner.cleanup())
 
 
-def client_session(timeout_s: float = 10.0) -> aiohttp.ClientSession:
+def client_session(timeout_s: float = 10.0) -> HttpTransport:
     """`make_http_client` for a tier with `timeout_s`; closed at the end of the test."""
     session = make_http_client(TierConfig(provider="openai", model="m", timeout_s=timeout_s))
     _SESSIONS.append(session)

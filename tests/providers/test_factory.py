@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
-import aiohttp
 import pytest
 
 from consumer.core.errors import ConfigError, NotSupportedError
@@ -14,6 +13,7 @@ from consumer.providers.batch_openai import OpenAIBatchProvider
 from consumer.providers.factory import build_batch_provider, build_provider, make_http_client
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
+from consumer.providers.transport import HttpResponse, HttpTarget, KeepAliveTransport, parse_target
 from consumer.settings import TierConfig
 from tests.providers.conftest import SECRET, recorder
 
@@ -23,34 +23,42 @@ def tier(**kw: object) -> TierConfig:
     return TierConfig.model_validate(data)
 
 
+class _NoNet:
+    """A transport that records every request it is asked to send; the test fails if there is one."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    async def request(
+        self, method: str, target: HttpTarget, headers: Mapping[str, str], body: bytes | None
+    ) -> HttpResponse:
+        self.started.append(f"{method} {target.url}")
+        raise ConnectionError("no network in this test")
+
+    async def close(self) -> None:
+        pass
+
+
 @pytest.fixture
-async def no_net() -> AsyncIterator[aiohttp.ClientSession]:
-    """A session that records every request it starts; the test fails if there is one."""
-    started: list[str] = []
-
-    async def on_start(_session: object, _ctx: object, params: aiohttp.TraceRequestStartParams) -> None:
-        started.append(f"{params.method} {params.url}")
-
-    trace = aiohttp.TraceConfig()
-    trace.on_request_start.append(on_start)
-    session = aiohttp.ClientSession(trace_configs=[trace])
-    yield session
-    await session.close()
-    assert started == [], "no request may be sent"
+async def no_net() -> AsyncIterator[_NoNet]:
+    transport = _NoNet()
+    yield transport
+    assert transport.started == [], "no request may be sent"
 
 
 async def test_http_client_timeouts_and_pool() -> None:
     client = make_http_client(tier(timeout_s=7.5, limiter={"initial": 2, "max": 12}))
+    assert isinstance(client, KeepAliveTransport)
     try:
-        assert client.timeout.sock_read == 7.5 and client.timeout.connect == 7.5
-        assert client.timeout.sock_connect == 7.5 and client.timeout.total is None
-        assert client.connector is not None and client.connector.limit == 16  # limiter max + headroom
+        assert client.timeout_s == 7.5 and client.connect_timeout_s == 7.5
+        assert client.limit == 16  # limiter max + headroom
     finally:
         await client.close()
     client = make_http_client(tier(timeout_s=120))
+    assert isinstance(client, KeepAliveTransport)
     try:
-        assert client.timeout.sock_read == 120 and client.timeout.sock_connect == 10.0  # connect capped
-        assert client.connector is not None and client.connector.limit == 64 + 4
+        assert client.timeout_s == 120 and client.connect_timeout_s == 10.0  # connect capped
+        assert client.limit == 64 + 4
     finally:
         await client.close()
 
@@ -61,8 +69,8 @@ async def test_http_client_keeps_connections_alive() -> None:
     client = make_http_client(tier())
     try:
         for _ in range(3):
-            async with client.get(rec.base_url + "/") as response:
-                await response.read()
+            response = await client.request("GET", parse_target(rec.base_url + "/"), {}, None)
+            assert response.status == 200
     finally:
         await client.close()
     assert len(rec.requests) == 3 and len({r.peer for r in rec.requests}) == 1
@@ -70,7 +78,7 @@ async def test_http_client_keeps_connections_alive() -> None:
 
 async def test_provider_per_kind_and_auto_structured_mode(
     monkeypatch: pytest.MonkeyPatch,
-    no_net: aiohttp.ClientSession,
+    no_net: _NoNet,
 ) -> None:
     monkeypatch.setenv("SIM_KEY", SECRET)
     p = build_provider("a", tier(api_key_env="SIM_KEY"), no_net)
@@ -93,7 +101,7 @@ async def test_provider_per_kind_and_auto_structured_mode(
 
 async def test_unset_key_env_is_a_config_error(
     monkeypatch: pytest.MonkeyPatch,
-    no_net: aiohttp.ClientSession,
+    no_net: _NoNet,
 ) -> None:
     monkeypatch.delenv("NOPE_KEY", raising=False)
     with pytest.raises(ConfigError) as info:
@@ -102,13 +110,13 @@ async def test_unset_key_env_is_a_config_error(
     assert "NOPE_KEY" in info.value.reason
 
 
-async def test_anthropic_with_a_response_format_mode_is_a_config_error(no_net: aiohttp.ClientSession) -> None:
+async def test_anthropic_with_a_response_format_mode_is_a_config_error(no_net: _NoNet) -> None:
     with pytest.raises(ConfigError) as info:
         build_provider("x", tier(provider="anthropic", batching={"structured": "json_schema"}), no_net)
     assert info.value.key == "tiers.x.batching.structured"
 
 
-async def test_batch_providers(monkeypatch: pytest.MonkeyPatch, no_net: aiohttp.ClientSession) -> None:
+async def test_batch_providers(monkeypatch: pytest.MonkeyPatch, no_net: _NoNet) -> None:
     monkeypatch.setenv("SIM_KEY", SECRET)
     b = build_batch_provider("a", tier(api_key_env="SIM_KEY", offline={"completion_window": "24h"}), no_net)
     assert isinstance(b, OpenAIBatchProvider) and b.completion_window == "24h"
@@ -116,7 +124,7 @@ async def test_batch_providers(monkeypatch: pytest.MonkeyPatch, no_net: aiohttp.
     assert isinstance(b, AnthropicBatchProvider)
 
 
-async def test_openai_compat_has_no_batch_api(no_net: aiohttp.ClientSession) -> None:
+async def test_openai_compat_has_no_batch_api(no_net: _NoNet) -> None:
     with pytest.raises(NotSupportedError, match="no Batch API; use online mode"):
         build_batch_provider(
             "local", tier(provider="openai_compat", base_url="http://127.0.0.1:9/v1"), no_net
@@ -124,7 +132,7 @@ async def test_openai_compat_has_no_batch_api(no_net: aiohttp.ClientSession) -> 
 
 
 @pytest.mark.parametrize("url", ["ftp://h/v1", "not a url", "http:///v1"])
-async def test_bad_base_url_is_a_config_error(url: str, no_net: aiohttp.ClientSession) -> None:
+async def test_bad_base_url_is_a_config_error(url: str, no_net: _NoNet) -> None:
     with pytest.raises(ConfigError) as info:
         build_provider("t", tier(provider="openai_compat", base_url=url), no_net)
     assert info.value.key == "tiers.t.base_url"

@@ -5,15 +5,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import aiohttp
 import pytest
 from pydantic import SecretStr
 
 from consumer.core.errors import AuthFailed, ConnectionFailed
 from consumer.localmodel import free_port
+from consumer.providers.factory import make_http_client
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.providers.openai_compat import OpenAICompatProvider
 from consumer.runtime.reachability import check_tier_providers
+from consumer.settings import TierConfig
+
+TIER = TierConfig(provider="openai_compat", model="m", base_url="http://127.0.0.1:9/v1", timeout_s=5)
 
 
 async def test_an_unreachable_tier_is_one_warning_naming_tier_and_url(
@@ -33,23 +36,30 @@ async def test_an_unreachable_tier_is_one_warning_naming_tier_and_url(
 
 async def test_the_http_adapter_asks_the_models_listing_and_names_a_refused_port() -> None:
     port = free_port()
-    async with aiohttp.ClientSession() as session:
-        provider = OpenAICompatProvider(session, base_url=f"http://127.0.0.1:{port}/v1", owns_client=False)
+    provider = OpenAICompatProvider(make_http_client(TIER), base_url=f"http://127.0.0.1:{port}/v1")
+    try:
         with pytest.raises(ConnectionFailed):
             await provider.check_reachable()
+    finally:
+        await provider.aclose()
 
 
 async def test_the_listing_answered_is_reachable_and_a_refused_key_is_not(
     aiohttp_listing_server: tuple[str, list[str]],
 ) -> None:
     base_url, seen = aiohttp_listing_server
-    async with aiohttp.ClientSession() as session:
-        ok = OpenAICompatProvider(session, base_url=base_url, owns_client=False)
+    transport = make_http_client(TIER)
+    try:
+        ok = OpenAICompatProvider(transport, base_url=base_url, owns_client=False)
         assert await ok.check_reachable() == f"{base_url}/models"
-        bad = OpenAICompatProvider(session, base_url=base_url, api_key=SecretStr("wrong"), owns_client=False)
+        bad = OpenAICompatProvider(
+            transport, base_url=base_url, api_key=SecretStr("wrong"), owns_client=False
+        )
         with pytest.raises(AuthFailed) as caught:
             await bad.check_reachable()
         assert "wrong" not in str(caught.value)
+    finally:
+        await transport.close()
     assert seen == ["GET /v1/models", "GET /v1/models"]
 
 

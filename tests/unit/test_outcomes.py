@@ -82,7 +82,9 @@ def test_result_record_is_the_result_models_json(
         output, finish, usage=Usage(*tokens), provider="openai", model="m-1", request_id=request_id
     )
     record = AnswerResults("results", completion, size).record(
-        job=job,
+        job_id=job.id,
+        requested_tier=job.tier,
+        metadata=job.metadata,
         source=source,
         output=output,
         attempts=attempts,
@@ -117,7 +119,15 @@ def test_jobs_of_one_answer_share_its_fields_but_keep_their_own() -> None:
     ]
     sources = [SourceOffset(TopicPartition("jobs", i), 10 + i) for i in range(2)]
     records = [
-        results.record(job=job, source=src, output=f"out-{i}", attempts=i + 1, latency_ms=5.0 * i)
+        results.record(
+            job_id=job.id,
+            requested_tier=job.tier,
+            metadata=job.metadata,
+            source=src,
+            output=f"out-{i}",
+            attempts=i + 1,
+            latency_ms=5.0 * i,
+        )
         for i, (job, src) in enumerate(zip(jobs, sources, strict=True))
     ]
     for i, record in enumerate(records):
@@ -171,7 +181,9 @@ def test_a_dead_letter_over_its_topics_record_size_leaves_out_its_copies_of_the_
 def test_a_result_over_its_topics_record_size_is_refused_with_the_reason() -> None:
     completion = Completion("y" * 3000, "stop", usage=Usage(1, 1), provider="openai", model="m")
     record = AnswerResults("results", completion, 1).record(
-        job=Job.model_validate({"id": "j1", "tier": "t", "prompt": "p"}),
+        job_id="j1",
+        requested_tier="t",
+        metadata=None,
         source=SourceOffset(TopicPartition("jobs", 0), 1),
         output="y" * 3000,
         attempts=1,

@@ -16,7 +16,7 @@ from typing import Any
 from consumer.testing.simulator_entry import MISSING_EXTRA
 
 ROOT = Path(__file__).resolve().parents[2]
-SIMULATOR_STACK = {"starlette", "uvicorn", "httptools"}
+SIMULATOR_STACK = {"starlette", "uvicorn"}
 
 #: makes the simulator's web stack unimportable, as it is without the extra
 BLOCK_SIMULATOR_STACK = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in SIMULATOR_STACK)

@@ -8,8 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from consumer.core.offsets import CommitPoint, OffsetTracker
 from consumer.kafka.assignment import Assignment
@@ -34,9 +33,9 @@ COMMIT_GATHER_S = 0.005
 COMMIT_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    """Proof that an input record was taken in under a given assignment of its partition."""
+class Ticket(NamedTuple):
+    """Proof that an input record was taken in under a given assignment of its partition (a
+    NamedTuple: one is made per record)."""
 
     source: SourceOffset
     epoch: int

@@ -51,13 +51,17 @@ def parse_batch_items(prompt_text: str) -> list[tuple[str, str]] | None:
     return None
 
 
+#: the schema of a plain string answer (a packed prompt's items, most often)
+_STRING = {"type": "string"}
+
+
 def _digest_int(text: str) -> int:
     return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:8], 16)
 
 
 def value_for_schema(schema: Any, text: str, _depth: int = 0) -> Any:
     """A value obeying `schema`, determined by `text` (see the module docstring)."""
-    if not isinstance(schema, Mapping) or _depth > 8:
+    if not isinstance(schema, Mapping) or _depth > 8 or schema == _STRING:
         return answer_for(text)
     if "const" in schema:
         return schema["const"]
