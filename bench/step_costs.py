@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import statistics
 import sys
 import time
 import timeit
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,57 @@ async def cpu_per_request(n: int, call: Callable[[], Awaitable[object]]) -> floa
     return (time.thread_time() - cpu0) / n * 1e6
 
 
+#: a client made for one round and closed after it (uvicorn closes a connection idle 5 s, so
+#: a pool kept across rounds would meet a connection the server has closed)
+Call = Callable[[], Awaitable[object]]
+ClientRound = Callable[[str, bytes, dict[str, str]], contextlib.AbstractAsyncContextManager[Call]]
+
+
+@contextlib.asynccontextmanager
+async def aiohttp_round(url: str, payload: bytes, headers: dict[str, str]) -> AsyncIterator[Call]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=IN_FLIGHT)) as session:
+
+        async def post() -> object:
+            async with session.post(url, data=payload, headers=headers) as r:
+                return orjson.loads(await r.read())
+
+        yield post
+
+
+@contextlib.asynccontextmanager
+async def httpx_round(url: str, payload: bytes, headers: dict[str, str]) -> AsyncIterator[Call]:
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=IN_FLIGHT)) as client:
+
+        async def post() -> object:
+            return orjson.loads((await client.post(url, content=payload, headers=headers)).content)
+
+        yield post
+
+
+def transport_round(tier: TierConfig, content: str, *, adapter: bool) -> ClientRound:
+    """The service's transport: a bare POST through it, or the tier's adapter on it."""
+
+    @contextlib.asynccontextmanager
+    async def round_(url: str, payload: bytes, headers: dict[str, str]) -> AsyncIterator[Call]:
+        transport = make_http_client(tier)
+        provider = build_provider(TIER, tier, transport)
+        target = parse_target(url)
+        request = CompletionRequest((ChatMessage("user", content),), tier.model, {"max_tokens": 400})
+
+        async def post() -> object:
+            if adapter:
+                return await provider.complete(request)
+            return orjson.loads((await transport.request("POST", target, headers, payload)).body)
+
+        try:
+            yield post
+        finally:
+            await provider.aclose()
+            await transport.close()
+
+    return round_
+
+
 async def http_costs(n: int, repeats: int) -> dict[str, Any]:
     content, body = chat_body()
     payload = orjson.dumps(body)
@@ -132,39 +184,17 @@ async def http_costs(n: int, repeats: int) -> dict[str, Any]:
     async with SimProcess({"seed": 1}, ROOT / "bench" / "out" / "sim-step-costs.log") as sim:
         url = f"{sim.base}/v1/chat/completions"
         tier = TierConfig.model_validate(tier_dict(f"{sim.base}/v1", batching=False)["tiers"][TIER])
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=IN_FLIGHT))
-        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=IN_FLIGHT))
-        transport = make_http_client(tier)
-        adapter = build_provider(TIER, tier, transport)
-        target = parse_target(url)
-        request = CompletionRequest((ChatMessage("user", content),), tier.model, {"max_tokens": 400})
-
-        async def aiohttp_post() -> object:
-            async with session.post(url, data=payload, headers=headers) as r:
-                return orjson.loads(await r.read())
-
-        async def httpx_post() -> object:
-            return orjson.loads((await client.post(url, content=payload, headers=headers)).content)
-
-        async def transport_post() -> object:
-            return orjson.loads((await transport.request("POST", target, headers, payload)).body)
-
-        calls = {
-            "aiohttp": aiohttp_post,
-            "httpx": httpx_post,
-            "transport": transport_post,
-            "adapter": lambda: adapter.complete(request),
+        clients: dict[str, ClientRound] = {
+            "aiohttp": aiohttp_round,
+            "httpx": httpx_round,
+            "transport": transport_round(tier, content, adapter=False),
+            "adapter": transport_round(tier, content, adapter=True),
         }
-        runs: dict[str, list[float]] = {name: [] for name in calls}
-        try:
-            for _ in range(repeats):
-                for name, call in calls.items():
+        runs: dict[str, list[float]] = {name: [] for name in clients}
+        for _ in range(repeats):
+            for name, client_round in clients.items():
+                async with client_round(url, payload, headers) as call:
                     runs[name].append(round(await cpu_per_request(n, call), 1))
-        finally:
-            await session.close()
-            await client.aclose()
-            await adapter.aclose()
-            await transport.close()
     medians = {name: statistics.median(values) for name, values in runs.items()}
     return {
         "requests": n,
