@@ -41,7 +41,7 @@ from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.backpressure import LaneGate
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
-from consumer.runtime.embed_runner import EmbedRunner, embed_window
+from consumer.runtime.embed_runner import EmbedRunner
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.stats import ServiceStats
@@ -263,7 +263,7 @@ class Pipeline:
             return
         batchable = ctx.batchable if ctx.batch and tier.config.batching.enabled else None
         # embed jobs share a window whenever the tier windows: an array request changes no vector
-        embedding = embed_window(ctx) if ctx.kind == "embed" else None
+        embedding = tier.embed_window(ctx.options_key, ctx.options, ctx.mode) if ctx.kind == "embed" else None
         if batchable is None and embedding is None:
             self._start_plan([ctx], key=None)
             return

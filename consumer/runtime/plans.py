@@ -127,7 +127,8 @@ class PlanRunner:
         if batched:
             tier.stats.items_in_batched_plans += len(ctxs)
         try:
-            await self._send_all(plan, plan.start(), key, batched)
+            send = functools.partial(self._send, plan, key=key, batched_plan=batched)
+            await self.send_all(plan.start(), send)
         except BaseException as exc:
             self.abandon_unfinished(ctxs, exc, "a request plan")
             raise
@@ -149,21 +150,24 @@ class PlanRunner:
                 exc_info=exc,
             )
 
-    async def _send_all(
-        self, plan: RequestPlan, reqs: list[PlannedRequest], key: PackKey | None, batched_plan: bool
+    async def send_all(
+        self,
+        reqs: list[PlannedRequest],
+        send: Callable[[PlannedRequest], Coroutine[Any, Any, list[PlannedRequest]]],
     ) -> None:
-        """Send `reqs` and their follow-ups until none is left: in this task while one goes at a
-        time (most plans are one request, and their retries follow one another), in a task group
-        while several go at once (the halves of a split, the re-asks of missing members)."""
+        """Send `reqs` with `send` (which returns the requests each leads to) and their
+        follow-ups until none is left: in this task while one goes at a time (most plans are
+        one request, and their retries follow one another), in a task group while several go
+        at once (the halves of a split, the re-asks of missing members)."""
         while len(reqs) == 1:
-            reqs = await self._send(plan, reqs[0], key, batched_plan)
+            reqs = await send(reqs[0])
         if reqs:
             async with asyncio.TaskGroup() as group:
                 for req in reqs:
-                    group.create_task(self._send_all(plan, [req], key, batched_plan))
+                    group.create_task(self.send_all([req], send))
 
     async def _send(
-        self, plan: RequestPlan, req: PlannedRequest, key: PackKey | None, batched_plan: bool
+        self, plan: RequestPlan, req: PlannedRequest, *, key: PackKey | None, batched_plan: bool
     ) -> list[PlannedRequest]:
         """Send one planned request and apply its outcome; returns the requests it leads to."""
         sent = await self.send_planned(plan, req, lambda planned: self.build_request(planned, key))
