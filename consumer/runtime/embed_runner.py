@@ -69,7 +69,7 @@ class EmbedRunner(PlanRunner):
         if sent is None:
             return []
         req, _, answer = sent
-        self._count_sent(req, batched_plan)
+        self.counts.sent(req, batched_plan)
         if isinstance(answer, ProviderError):
             step = plan.on_error(req, answer)
             self._apply(plan, step, None)
@@ -78,7 +78,7 @@ class EmbedRunner(PlanRunner):
             step = plan.on_vectors(req, answer.vectors)
             self._apply_embedded(plan, step, answer)
         for nxt in step.requests:
-            self._count_follow_up(req, nxt)
+            self.counts.follow_up(req, nxt)
         return step.requests
 
     def _apply_embedded(self, plan: EmbedPlan, step: Step, answer: Embeddings) -> None:
