@@ -123,7 +123,8 @@ class Pipeline:
         # plans start per (tier, lane): a lane's queued plans never wait behind another lane's
         self._gate: PlanGate[tuple[str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
             lambda key: running_plan_limit(tiers[key[0]].config.limiter.max),
-            self._launch,
+            self._run_plan,
+            self._task,
         )
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
@@ -334,13 +335,13 @@ class Pipeline:
         lane = min(members, key=lambda c: c.lane.rank if c.lane is not None else 0).lane_name
         self._gate.submit((members[0].tier.name, lane), (members, key))
 
-    def _launch(
-        self, key: tuple[str, str], plan: tuple[list[JobContext], PackKey | None]
-    ) -> asyncio.Task[None]:
+    async def _run_plan(self, key: tuple[str, str], plan: tuple[list[JobContext], PackKey | None]) -> None:
         runner = self._runners[key[0]]
         members, pack_key = plan
-        embed = members[0].kind == "embed"  # a window holds jobs of one kind
-        return self._task(runner.run_embed(members) if embed else runner.run(members, pack_key))
+        if members[0].kind == "embed":  # a window holds jobs of one kind
+            await runner.run_embed(members)
+        else:
+            await runner.run(members, pack_key)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._task(coro)
