@@ -73,7 +73,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -301,6 +301,30 @@ def rate_from_stamps(stamps: list[int]) -> tuple[float, float]:
 # throughput
 
 
+class SteadyCpu:
+    """This process's CPU per outcome between the first outcome seen and the last: start-up,
+    the group join and the clients' first metadata fetch (large on a broker with many topics)
+    are left out, as they are of the items/s."""
+
+    def __init__(self) -> None:
+        self._first: tuple[float, int] | None = None
+        self._last: tuple[float, int] | None = None
+
+    def mark(self, done: int) -> None:
+        """`done` outcomes are out now."""
+        if done <= 0:
+            return
+        point = (time.process_time(), done)
+        if self._first is None:
+            self._first = point
+        self._last = point
+
+    def us_per_job(self) -> float | None:
+        if self._first is None or self._last is None or self._last[1] <= self._first[1]:
+            return None
+        return round((self._last[0] - self._first[0]) * 1e6 / (self._last[1] - self._first[1]), 1)
+
+
 async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
     """Consume the jobs topic in a group, produce each message as it is to another topic, wait
     for the acks, commit: the floor cost of moving these messages through Kafka."""
@@ -320,6 +344,7 @@ async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
     await consumer.start()
     t0 = time.monotonic()
     done = 0
+    cpu = SteadyCpu()
     try:
         while done < n and time.monotonic() - t0 < timeout_s:
             batches = await consumer.getmany(timeout_ms=50, max_records=500)
@@ -331,6 +356,7 @@ async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
                 await asyncio.gather(*futures)
                 await consumer.commit()
                 done += len(futures)
+                cpu.mark(done)
         wall_s = time.monotonic() - t0
     finally:
         await consumer.stop()
@@ -342,6 +368,7 @@ async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
         "span_s": round(span_s, 3),
         "items_per_s": round(rate, 1),
         "wall_s": round(wall_s, 3),
+        "steady_cpu_us_per_job": cpu.us_per_job(),
     }
 
 
@@ -358,11 +385,14 @@ async def service_run(
     settings = variant_settings(base, name)
     svc = InProcessService(settings, tiers, providers=providers)
     t0 = time.monotonic()
+    cpu = SteadyCpu()
     async with svc:
         watcher = asyncio.create_task(on_running(svc)) if on_running else None
         while time.monotonic() - t0 < timeout_s:
             snap = svc.stats_snapshot()
-            if snap["results"] + sum(snap["dead_letters"].values()) >= n:
+            done = snap["results"] + sum(snap["dead_letters"].values())
+            cpu.mark(done)
+            if done >= n:
                 break
             await asyncio.sleep(0.05)
         wall_s = time.monotonic() - t0
@@ -386,6 +416,7 @@ async def service_run(
         "final_limit": tier.get("limit"),
         # what committing costs: commits per 1,000 outcomes (at_least_once commits as acks arrive)
         "commits_per_1k_items": round(1000 * snap.get("commits", 0) / max(len(stamps), 1), 1),
+        "steady_cpu_us_per_job": cpu.us_per_job(),
     }
     return out, settings
 
@@ -472,6 +503,7 @@ async def throughput_workload(
             "items_per_s_median": round(statistics.median(rates), 1),
             "items_per_s_runs": rates,
             "cpu_us_per_job_median": statistics.median(r["cpu_us_per_job"] for r in results),
+            "steady_cpu_us_per_job_median": _median_of(r.get("steady_cpu_us_per_job") for r in results),
             "last_run": results[-1],
         }
     raw_rate = out.get("raw", {}).get("items_per_s_median")
@@ -482,6 +514,11 @@ async def throughput_workload(
     if "sim" in out and sdk_rate:
         out["sim"]["ratio_vs_sdk"] = round(out["sim"]["items_per_s_median"] / sdk_rate, 2)
     return out
+
+
+def _median_of(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> dict[str, Any]:
@@ -534,6 +571,7 @@ async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> d
     await consumer.start()
     t0 = time.monotonic()
     done = 0
+    cpu = SteadyCpu()
     try:
         while done < n and time.monotonic() - t0 < timeout_s:
             batches = await consumer.getmany(timeout_ms=50, max_records=500)
@@ -543,6 +581,7 @@ async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> d
                 await asyncio.gather(*acks)
                 await consumer.commit()
                 done += len(records)
+                cpu.mark(done)
         wall_s = time.monotonic() - t0
     finally:
         await consumer.stop()
@@ -555,6 +594,7 @@ async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> d
         "span_s": round(span_s, 3),
         "items_per_s": round(rate, 1),
         "wall_s": round(wall_s, 3),
+        "steady_cpu_us_per_job": cpu.us_per_job(),
     }
 
 
@@ -887,6 +927,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                     "target": TARGET_RATIO,
                     "met": ratio >= TARGET_RATIO,
                     "cpu_us_per_job": entry.get("cpu_us_per_job_median"),
+                    "steady_cpu_us_per_job": entry.get("steady_cpu_us_per_job_median"),
                 }
     sdk_ratio = tp.get("unbatched", {}).get("sim", {}).get("ratio_vs_sdk")
     if sdk_ratio is not None:
