@@ -636,6 +636,7 @@ async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> d
     await producer.start()
     await consumer.start()
     t0 = time.monotonic()
+    cpu = CpuMeter(n)
     done = 0
     try:
         while done < n and time.monotonic() - t0 < timeout_s:
@@ -646,6 +647,7 @@ async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> d
                 await asyncio.gather(*acks)
                 await consumer.commit()
                 done += len(records)
+                cpu.mark(done)
         wall_s = time.monotonic() - t0
     finally:
         await consumer.stop()
@@ -658,6 +660,7 @@ async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> d
         "span_s": round(span_s, 3),
         "items_per_s": round(rate, 1),
         "wall_s": round(wall_s, 3),
+        "cpu_us_per_item": cpu.us_per_item(),
     }
 
 
@@ -992,6 +995,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                     "target": TARGET_RATIO,
                     "met": ratio >= TARGET_RATIO,
                     "cpu_us_per_job": entry.get("cpu_us_per_job_median"),
+                    "cpu_us_per_item": entry.get("cpu_us_per_item_median"),
                 }
     sdk_ratio = tp.get("unbatched", {}).get("sim", {}).get("ratio_vs_sdk")
     if sdk_ratio is not None:
