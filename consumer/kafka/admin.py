@@ -19,23 +19,36 @@ log = logging.getLogger(__name__)
 TOPIC_ALREADY_EXISTS = 36
 
 
+#: a compacted topic rewritten several times a second (a group's board) rolls its segments
+#: this often, so compaction keeps what a starting instance reads to a few minutes of records
+BOARD_SEGMENT_MS = 10 * 60 * 1000
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
+    """A topic promptbus creates; segment_ms: how often its segments roll (None: the broker's
+    default)."""
+
     name: str
     partitions: int
     replication: int
     compacted: bool = False
+    segment_ms: int | None = None
 
     def configs(self) -> dict[str, str]:
         cfg = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
         if self.compacted:
             cfg["cleanup.policy"] = "compact"
+        if self.segment_ms is not None:
+            cfg["segment.ms"] = str(self.segment_ms)
         return cfg
 
 
 def topic_specs(settings: Settings, lane_topics: Sequence[str] = ()) -> list[TopicSpec]:
     """Every topic promptbus reads or writes; `lane_topics`: the lanes' job topics, made like
-    the jobs topic. batches, stats and batching are compacted (latest per key)."""
+    the jobs topic. batches, stats, batching and quotas are compacted (latest per key); quotas,
+    a group's board of quota demands, is one partition so every instance reads its records in
+    the order they were written."""
     p, r = settings.topic_partitions, settings.topic_replication
     jobs = list(dict.fromkeys([settings.jobs_topic, *lane_topics]))
     return [
@@ -45,6 +58,7 @@ def topic_specs(settings: Settings, lane_topics: Sequence[str] = ()) -> list[Top
         TopicSpec(settings.batches_topic, 1, r, compacted=True),
         TopicSpec(settings.stats_topic, 1, r, compacted=True),
         TopicSpec(settings.batching_topic, 1, r, compacted=True),
+        TopicSpec(settings.quotas_topic, 1, r, compacted=True, segment_ms=BOARD_SEGMENT_MS),
     ]
 
 

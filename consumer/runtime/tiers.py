@@ -18,6 +18,7 @@ from consumer.core.window import PackKey, WindowLimits
 from consumer.providers.base import CompletionProvider
 from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.limiter import AsyncLimiter
+from consumer.runtime.quotas import FleetQuota
 from consumer.runtime.stats import TierStats
 from consumer.settings import BatchingConfig, TierConfig
 
@@ -131,8 +132,10 @@ class TierRuntime:
         provider: CompletionProvider,
         stats: TierStats,
         remembered: RememberedEvidence | None = None,
+        fleet_quota: FleetQuota | None = None,
     ) -> TierRuntime:
-        """remembered: what earlier runs measured; each new batch key starts from it."""
+        """remembered: what earlier runs measured; each new batch key starts from it;
+        fleet_quota: the quota the tier names (`quota:`), shared with every tier naming it."""
         b, r = config.batching, config.retry
 
         def new_size(key: PackKey) -> AdaptivePackSize:
@@ -145,7 +148,7 @@ class TierRuntime:
             name=name,
             config=config,
             provider=provider,
-            limiter=AsyncLimiter(limit_for(config.limiter)),
+            limiter=AsyncLimiter(limit_for(config.limiter), quota=fleet_quota),
             retry_policy=RetryPolicy.from_config(r),
             window_limits=WindowLimits.from_config(b),
             stats=stats,

@@ -10,11 +10,13 @@ here (`from consumer.settings import X` is the public path):
     tiers.py        `TierConfig` and its sections (batching, limiter, retry, offline, fallback,
                     pricing)
     lanes.py        `LaneConfig` and the core's `Lane`s made from the `lanes` section
+    quotas.py       `QuotaConfig`: one fleet quota of the `quotas` section
     base.py         `StrictModel`, the base of every tier-file model
 """
 
 from consumer.settings.environment import KafkaSecurity, Settings, load_settings
 from consumer.settings.lanes import LaneConfig
+from consumer.settings.quotas import QuotaConfig
 from consumer.settings.tierfile import KeyedProblem, TierFile, lane_topic, load_tier_file, parse_tier_file
 from consumer.settings.tiers import (
     DEFAULT_BASE_URLS,
@@ -39,6 +41,7 @@ __all__ = [
     "OfflineConfig",
     "PricingConfig",
     "ProviderName",
+    "QuotaConfig",
     "RetryConfig",
     "Settings",
     "TierConfig",

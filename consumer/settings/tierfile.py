@@ -15,6 +15,7 @@ from consumer.core.fallback import chain_problem
 from consumer.core.lanes import Lane
 from consumer.settings.base import StrictModel
 from consumer.settings.lanes import LaneConfig, lane_list, lanes_problem
+from consumer.settings.quotas import QuotaConfig
 from consumer.settings.tiers import TierConfig
 from consumer.yaml12 import YAMLError, load_yaml
 
@@ -37,12 +38,27 @@ class TierFile(StrictModel):
         description="lane name -> its job topic and share, highest priority first; unset: one lane "
         "on PROMPTBUS_JOBS_TOPIC",
     )
+    quotas: dict[str, QuotaConfig] | None = Field(
+        None,
+        min_length=1,
+        description="quota name -> what one API key and model may spend per minute, shared by every "
+        "instance of the group; a tier names one with quota: NAME",
+    )
 
     @model_validator(mode="after")
     def _check_lanes(self) -> TierFile:
         problem = lanes_problem(self.lanes) if self.lanes else None
         if problem is not None:
             raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _check_quotas(self) -> TierFile:
+        known = self.quotas or {}
+        for name, tier in self.tiers.items():
+            if tier.quota is not None and tier.quota not in known:
+                where = f"(quotas: {', '.join(sorted(known))})" if known else "(the tier file has no quotas)"
+                raise KeyedProblem(f"tiers.{name}.quota", f"unknown quota {tier.quota!r} {where}")
         return self
 
     @model_validator(mode="after")
