@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from consumer.app import Service, run_service
 from consumer.kafka.admin import ensure_topics
 from consumer.settings import Settings, parse_tier_file
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.simulator import SimulatorConfig, run_simulator
 
 LATENCY_MS = 200
@@ -291,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bulk", type=int, default=5000, help="bulk jobs queued (default 5000)")
     parser.add_argument("--interactive", type=int, default=100, help="interactive jobs (default 100)")
     parser.add_argument("--rate", type=float, default=2.0, help="interactive jobs per second (default 2)")
+    add_save_option(parser)
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))
-    print(json.dumps(result, indent=2))
+    emit_report(result, args.save, name="lanes_bench")
     return 0
 
 

@@ -32,7 +32,7 @@ from consumer.core.offsets import (
     encode_done,
 )
 from consumer.kafka.assignment import Assignment
-from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
+from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs, group_kwargs
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.settings import Settings
 
@@ -133,7 +133,6 @@ class KafkaIntake:
     ) -> None:
         self.group_id = settings.group_id
         self._topics = list(topics) if topics else [settings.jobs_topic]
-        session_ms = int(settings.session_timeout_s * 1000)
         self._consumer = AIOKafkaConsumer(
             group_id=settings.group_id,
             client_id=client_id,
@@ -144,9 +143,7 @@ class KafkaIntake:
             fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
             # the pipeline polls continuously even when paused, so a short poll interval is safe
             max_poll_interval_ms=300_000,
-            session_timeout_ms=session_ms,
-            # a third of the session at most, as Kafka recommends
-            heartbeat_interval_ms=min(3_000, session_ms // 3),
+            **group_kwargs(settings),
             **client_kwargs(settings),
         )
         #: per owned partition: its fetch position and what an earlier owner finished (shared

@@ -39,6 +39,7 @@ _TIER_COUNTERS = {
     "verify_requests": "Extra single requests sent to verify batched answers",
     "circuit_opened": "Times the tier's circuit opened (its provider unreachable)",
     "held_requests": "Requests held through a provider outage instead of failing",
+    "circuit_probes": "Model listings sent as the probe of an open circuit (connections refused)",
     "input_tokens": "Prompt tokens of answered requests, as the provider counted them (cached ones included)",
     "output_tokens": "Output tokens of answered requests",
     "cached_input_tokens": "Prompt tokens read from the provider's prompt cache",

@@ -41,7 +41,7 @@ from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.backpressure import LaneGate
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
-from consumer.runtime.embed_runner import EmbedRunner, embed_window
+from consumer.runtime.embed_runner import EmbedRunner
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.stats import ServiceStats
@@ -123,7 +123,8 @@ class Pipeline:
         # plans start per (tier, lane): a lane's queued plans never wait behind another lane's
         self._gate: PlanGate[tuple[str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
             lambda key: running_plan_limit(tiers[key[0]].config.limiter.max),
-            self._launch,
+            self._run_plan,
+            self._task,
         )
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
@@ -263,7 +264,7 @@ class Pipeline:
             return
         batchable = ctx.batchable if ctx.batch and tier.config.batching.enabled else None
         # embed jobs share a window whenever the tier windows: an array request changes no vector
-        embedding = embed_window(ctx) if ctx.kind == "embed" else None
+        embedding = tier.embed_window(ctx.options_key, ctx.options, ctx.mode) if ctx.kind == "embed" else None
         if batchable is None and embedding is None:
             self._start_plan([ctx], key=None)
             return
@@ -334,13 +335,18 @@ class Pipeline:
         lane = min(members, key=lambda c: c.lane.rank if c.lane is not None else 0).lane_name
         self._gate.submit((members[0].tier.name, lane), (members, key))
 
-    def _launch(
-        self, key: tuple[str, str], plan: tuple[list[JobContext], PackKey | None]
-    ) -> asyncio.Task[None]:
+    async def _run_plan(self, key: tuple[str, str], plan: tuple[list[JobContext], PackKey | None]) -> None:
         runner = self._runners[key[0]]
         members, pack_key = plan
-        embed = members[0].kind == "embed"  # a window holds jobs of one kind
-        return self._task(runner.run_embed(members) if embed else runner.run(members, pack_key))
+        if members[0].kind == "embed":  # a window holds jobs of one kind
+            await runner.run_embed(members)
+        else:
+            await runner.run(members, pack_key)
+
+    @property
+    def running(self) -> int:
+        """Request plans and verifications running now (the drain waits for these)."""
+        return len(self._plans)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._task(coro)

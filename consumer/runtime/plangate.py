@@ -3,19 +3,20 @@
 A plan is a task with its request plan, task group and limiter wait: several KB. Past the
 tier's concurrency limit a started plan only waits for a limiter slot, so with a slow
 provider and `max_inflight` jobs held, a task per held unbatched job would be most of the
-memory a held job costs. `PlanGate` starts at most `limit` plans per key (a tier and a lane:
+memory a held job costs. `PlanGate` runs at most `limit` plans per key (a tier and a lane:
 a lane's plans never queue behind another lane's, so the limiter's lane priority sees them)
-and keeps the rest as (members, key) in arrival order, starting the next one as a plan ends. The limit is a
+and keeps the rest as (members, key) in arrival order. A running plan's task, once its plan
+ends, runs the next queued plan of its key itself: under a backlog the same tasks run plan
+after plan, and a task is made only when a key has room and nothing queued. The limit is a
 multiple of the limiter's highest limit: plans sleeping out a retry backoff hold no slot, and
 the limiter must still find work whenever it opens one.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
 __all__ = ["MIN_RUNNING_PLANS", "PLANS_PER_SLOT", "PlanGate", "running_plan_limit"]
 
@@ -34,14 +35,22 @@ def running_plan_limit(limiter_max: int) -> int:
 
 
 class PlanGate(Generic[K, T]):
-    """Per key: at most `limit_of(key)` plans running (`launch` starts one and returns its
-    task); the rest queued in arrival order."""
+    """Per key: at most `limit_of(key)` plans running, the rest queued in arrival order.
+
+    run: runs one plan (a plan that fails has logged why and left its jobs uncommitted; the
+    task goes on with the next); spawn: makes a task of a coroutine (one the service's drain
+    waits for).
+    """
 
     def __init__(
-        self, limit_of: Callable[[K], int], launch: Callable[[K, T], asyncio.Task[None]]
+        self,
+        limit_of: Callable[[K], int],
+        run: Callable[[K, T], Awaitable[None]],
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
     ) -> None:
         self._limit_of = limit_of
-        self._launch = launch
+        self._run = run
+        self._spawn = spawn
         self._limits: dict[K, int] = {}
         self._running: dict[K, int] = {}
         self._queued: dict[K, deque[T]] = {}
@@ -53,20 +62,25 @@ class PlanGate(Generic[K, T]):
             limit = self._limits[key] = self._limit_of(key)
             self._running[key], self._queued[key] = 0, deque()
         if self._running[key] < limit:
-            self._start(key, plan)
+            self._running[key] += 1
+            self._spawn(self._drive(key, plan))
         else:
             self._queued[key].append(plan)
 
-    def _start(self, key: K, plan: T) -> None:
-        self._running[key] += 1
-        task = self._launch(key, plan)
-        task.add_done_callback(lambda _: self._ended(key))
-
-    def _ended(self, key: K) -> None:
-        self._running[key] -= 1
+    async def _drive(self, key: K, plan: T) -> None:
+        """Run `plan`, then the queued plans of its key one after another until none is left."""
         queue = self._queued[key]
-        while queue and self._running[key] < self._limits[key]:
-            self._start(key, queue.popleft())
+        try:
+            while True:
+                try:
+                    await self._run(key, plan)
+                except Exception:
+                    pass
+                if not queue:
+                    return
+                plan = queue.popleft()
+        finally:
+            self._running[key] -= 1
 
     def queued(self) -> int:
         """Plans waiting to start, over all keys."""
@@ -75,9 +89,9 @@ class PlanGate(Generic[K, T]):
     def drop(self, matches: Callable[[T], bool]) -> list[T]:
         """Remove the queued plans `matches` selects (revoked partitions, shutdown); return them."""
         dropped: list[T] = []
-        for key, queue in self._queued.items():
-            kept: deque[T] = deque()
-            for plan in queue:
-                (dropped if matches(plan) else kept).append(plan)
-            self._queued[key] = kept
+        for queue in self._queued.values():
+            kept = [plan for plan in queue if not matches(plan)]
+            dropped += [plan for plan in queue if matches(plan)]
+            queue.clear()
+            queue.extend(kept)
         return dropped

@@ -69,6 +69,7 @@ class CircuitProber:
     async def probe(self, tier: TierRuntime, deployment: Deployment) -> None:
         """One listing probe of `deployment`'s circuit (granted to the caller as its probe)."""
         deployment.stats.listing_probes += 1
+        tier.stats.circuit_probes += 1
         try:
             async with asyncio.timeout(min(PROBE_TIMEOUT_S, deployment.config.timeout_s)):
                 await deployment.provider.check_reachable()

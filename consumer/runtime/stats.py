@@ -62,6 +62,8 @@ class TierStats:
     #: times the tier's circuit opened (its provider unreachable), requests held through it
     circuit_opened: int = 0
     held_requests: int = 0
+    #: model listings sent as the probe of an open circuit (`consumer.runtime.prober`)
+    circuit_probes: int = 0
     #: tokens of every answered provider request, as the providers counted them (input
     #: counts cached and cache-written tokens too), and their cost at the tier's `pricing`
     input_tokens: int = 0

@@ -12,6 +12,7 @@ from consumer.core.adaptive import AdaptivePackSize, AdaptiveSizes
 from consumer.core.circuit import Admit, CircuitBreaker
 from consumer.core.dedupe import DedupeTable
 from consumer.core.deployments import DEFAULT_DEPLOYMENT
+from consumer.core.embed import embed_limits, embed_pack_key, embed_window_limits
 from consumer.core.fallback import FallbackRule, QuotaWatch, TierCondition
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
@@ -25,6 +26,8 @@ from consumer.runtime.quotas import FleetQuota
 from consumer.runtime.stats import TierStats
 from consumer.settings import BatchingConfig, TierConfig
 
+#: distinct embed option sets whose window keys are kept for reuse
+EMBED_KEYS_KEPT = 4096
 #: providers that bill per token: batching saves the prompt prefix repeated per job
 PER_TOKEN_PROVIDERS = frozenset({"openai", "anthropic"})
 
@@ -104,6 +107,8 @@ class TierRuntime:
     def outage_s(self, now_s: float) -> float:
         """How long every deployment has been down (0: some deployment's circuit is closed)."""
         return min(d.circuit.outage_s(now_s) for d in self.deployments)
+    #: the embed window key of each (job options, mode) seen
+    _embed_keys: dict[tuple[str, str], PackKey] = field(default_factory=dict, init=False, repr=False)
 
     @cached_property
     def fallback(self) -> FallbackRule | None:
@@ -128,6 +133,32 @@ class TierRuntime:
             return TierCondition()
         outage_s = min((d.circuit.outage_s(now_s) for d in deployments if d.circuit.open), default=0.0)
         return TierCondition(any(opened) and not any(exhausted), outage_s, any(exhausted))
+
+    @cached_property
+    def embed_window_limits(self) -> WindowLimits | None:
+        """The limits of this tier's embed windows (bounded by what one provider request
+        takes); None when it does not window embed jobs (`batching.enabled` false, or a
+        provider without embeddings): an embed job goes alone."""
+        limits = embed_limits(self.config.provider)
+        if not self.config.batching.enabled or limits is None:
+            return None
+        return embed_window_limits(self.window_limits, limits)
+
+    def embed_window(
+        self, options_key: str, options: dict[str, Any], mode: str
+    ) -> tuple[PackKey, WindowLimits] | None:
+        """The window an embed job of these options (`options_key`: the job's own, canonical;
+        `options`: merged over this tier's) waits in, and its limits; None: it goes alone.
+        The key of each option set is made once."""
+        limits = self.embed_window_limits
+        if limits is None:
+            return None
+        key = self._embed_keys.get((options_key, mode))
+        if key is None:
+            key = embed_pack_key(self.name, options, mode)
+            if len(self._embed_keys) < EMBED_KEYS_KEPT:
+                self._embed_keys[(options_key, mode)] = key
+        return key, limits
 
     def limits_for(self, key: PackKey, now_s: float) -> WindowLimits:
         """The window limits for a job routed to `key`'s window: max_items follows the key's

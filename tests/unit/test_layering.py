@@ -1,7 +1,7 @@
 """Imports under consumer/ go one way (STYLE.md habit 3), checked on every module's AST.
 
-    core  <-  settings  <-  providers, kafka, telemetry, schemas, localmodel
-          <-  runtime (providers, kafka, telemetry)  <-  app  <-  cli
+    core, yaml12  <-  settings  <-  providers, kafka, telemetry, schemas, localmodel
+                  <-  runtime (providers, kafka, telemetry)  <-  app  <-  cli
     client: core, settings and kafka only (the producer side never loads the service)
     testing: may import anything; nothing else imports it (tests/ and bench/ do), except
              the CLI's `simulate`, which loads the simulator by name when it is parsed
@@ -21,14 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from consumer.testing.paths import REPO_ROOT
 from tests.import_scan import Import, imports_of, module_name
 
-ROOT = Path(__file__).resolve().parents[2]
-CONSUMER = ROOT / "consumer"
+CONSUMER = REPO_ROOT / "consumer"
 
 CORE = "consumer.core"
 SETTINGS = "consumer.settings"
 WAITS = "consumer.waits"
+YAML12 = "consumer.yaml12"
 BASE = frozenset({CORE, SETTINGS, WAITS})
 EDGES = BASE | {"consumer.kafka", "consumer.providers", "consumer.telemetry"}
 RUNTIME = EDGES | {"consumer.runtime"}
@@ -36,8 +37,9 @@ RUNTIME = EDGES | {"consumer.runtime"}
 #: top-level name -> the top-level names its modules may import (besides their own)
 ALLOWED: Mapping[str, frozenset[str]] = {
     CORE: frozenset(),
-    SETTINGS: frozenset({CORE}),
+    SETTINGS: frozenset({CORE, YAML12}),
     WAITS: frozenset(),
+    YAML12: frozenset(),
     "consumer.kafka": BASE,
     "consumer.providers": BASE,
     "consumer.telemetry": BASE,
@@ -66,7 +68,7 @@ def top_level(module: str) -> str:
 def _scan() -> dict[str, tuple[Path, list[Import]]]:
     modules = {}
     for path in sorted(CONSUMER.rglob("*.py")):
-        name = module_name(path, ROOT)
+        name = module_name(path, REPO_ROOT)
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source, filename=str(path))
         modules[name] = (path, imports_of(tree, name, path.name == "__init__.py", source))

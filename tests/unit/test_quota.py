@@ -56,8 +56,8 @@ def test_above_the_floor_the_shares_follow_demand(demand: dict[str, float], floo
     for name, d in demand.items():
         above = fractions[name] - least
         if total > 0:
-            # the rest (1 - n * floor) goes out in proportion to demand
-            assert above == pytest.approx((1.0 - len(demand) * least) * d / total, rel=1e-9, abs=1e-12)
+            # the rest (1 - n * floor) goes out in proportion to demand (the ratio first, as the split does)
+            assert above == pytest.approx((1.0 - len(demand) * least) * (d / total), rel=1e-9, abs=1e-12)
         else:
             assert above == pytest.approx((1.0 - len(demand) * least) / len(demand), abs=1e-12)
 
