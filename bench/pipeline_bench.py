@@ -206,8 +206,8 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 class SimProcess:
     """`python -m consumer.cli simulate` in its own process (so it runs on the other core)."""
 
-    def __init__(self, faults: dict[str, Any], log_path: Path) -> None:
-        self.port = free_port()
+    def __init__(self, faults: dict[str, Any], log_path: Path, port: int | None = None) -> None:
+        self.port = port if port is not None else free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.faults = faults
         self.log_path = log_path

@@ -79,22 +79,21 @@ class TierRuntime:
         self.limiter.wake()
 
     def admit(self, now_s: float) -> tuple[Admit, float, Deployment | None]:
-        """May a request of this tier go now? SEND (some deployment's circuit is closed),
-        PROBE (every one is open and this request is the probe of the one named), or WAIT (with
-        how long until a probe could go; a circuit probed by its listing is `CircuitProber`'s)."""
-        wait_s = float("inf")
-        for deployment in self.deployments:
-            if not deployment.circuit.open:
-                return Admit.SEND, 0.0, None
+        """May a request of this tier go now? PROBE (it is the probe of the open circuit named,
+        whose probe is due: one probed by requests, not by its listing, which is
+        `CircuitProber`'s), SEND (some deployment's circuit is closed), or WAIT (with how long
+        until a probe could go)."""
+        closed = False
         for deployment in self.deployments:
             circuit = deployment.circuit
-            if circuit.listing_probes:
-                wait_s = min(wait_s, max(circuit.probe_wait_s(now_s), circuit.probe_s))
-                continue
-            admit, probe_wait_s = circuit.admit(now_s)
-            if admit is Admit.PROBE:
+            if not circuit.open:
+                closed = True
+            elif not circuit.listing_probes and circuit.probe_due(now_s):
+                circuit.admit(now_s)  # granted to this request
                 return Admit.PROBE, 0.0, deployment
-            wait_s = min(wait_s, probe_wait_s)
+        if closed:
+            return Admit.SEND, 0.0, None
+        wait_s = min(max(d.circuit.probe_wait_s(now_s), 0.01) for d in self.deployments)
         return Admit.WAIT, wait_s, None
 
     def job_probe_due(self, now_s: float) -> bool:
@@ -164,7 +163,7 @@ class TierRuntime:
         """The window limits for a job routed to `key`'s window: max_items follows the key's
         adaptive batch size (asked once per job, as `AdaptivePackSize.size_at` wants)."""
         # a learnt request budget means the provider is paid in requests: batching saves them
-        request_limited = bool(self.limiter.pacer.rate_per_s)
+        request_limited = any(g.pacer.rate_per_s for g in self.limiter.gates)
         size = self.sizes.size_at(key, now_s, request_limited=request_limited)
         if size == self.window_limits.max_items:
             return self.window_limits

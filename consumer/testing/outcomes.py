@@ -53,6 +53,10 @@ class Outcome:
     #: the result's lane and the tier that answered (None for dead letters)
     lane: str | None = None
     tier: str | None = None
+    #: the result's deployment (None: a tier without deployments, or a dead letter) and when
+    #: the service had its answer (`completed_at`, RFC 3339)
+    deployment: str | None = None
+    completed_at: str | None = None
 
 
 def _outcome(dead: bool, partition: int, offset: int, timestamp_ms: int, value: dict[str, Any]) -> Outcome:
@@ -69,6 +73,8 @@ def _outcome(dead: bool, partition: int, offset: int, timestamp_ms: int, value: 
         str(source.get("topic", "")),
         None if dead else value.get("lane"),
         None if dead else value.get("tier"),
+        None if dead else value.get("deployment"),
+        None if dead else value.get("completed_at"),
     )
 
 
