@@ -12,7 +12,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ __all__ = [
     "open_fds",
     "rss_bytes",
     "run_cli",
+    "simulator_processes",
     "start_simulator",
     "stop_gracefully",
 ]
@@ -158,6 +159,20 @@ def start_simulator(port: int, faults: str) -> subprocess.Popen[bytes]:
     proc.kill()
     proc.wait(timeout=30)
     raise TimeoutError(f"the simulator did not listen on port {port} within {SIMULATOR_START_S} s")
+
+
+@contextlib.contextmanager
+def simulator_processes(ports: Iterable[int], faults: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`start_simulator` on each port; the list (a test may replace an entry with the process
+    it started again) is killed at the end, whatever still runs."""
+    procs = [start_simulator(port, faults) for port in ports]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
 
 
 def rss_bytes(pid: int) -> int:

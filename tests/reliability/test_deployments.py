@@ -14,17 +14,14 @@ import asyncio
 import logging
 import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from consumer.localmodel import free_port
-from consumer.testing.harness import KafkaBus, tier_file_dict
-from tests.reliability.support import JobStream
-from tests.service.harness import job, start_simulator
+from consumer.testing.harness import JobStream, KafkaBus, job, tier_file_dict
+from consumer.testing.ports import free_port
+from consumer.testing.process import simulator_processes, start_simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -36,18 +33,6 @@ RETRY = {
 #: after a restart, how long the primary's circuit may take to close (the issue measured its
 #: new jobs 20 s after the restart)
 RECOVERY_BOUND_S = 20.0
-
-
-@contextmanager
-def _simulators(ports: list[int]) -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = [start_simulator(port, FAULTS) for port in ports]
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> datetime:
@@ -77,7 +62,7 @@ async def test_a_primary_back_after_an_outage_takes_every_new_job_before_any_arr
     main_port, backup_port = free_port(), free_port()
     first = [job(i, batch=False) for i in range(600)]
     later = [job(10_000 + i, batch=False) for i in range(200)]
-    with _simulators([main_port, backup_port]) as procs:
+    with simulator_processes([main_port, backup_port], FAULTS) as procs:
         tiers = tier_file_dict(f"http://127.0.0.1:{main_port}/v1", batching=False, retry=RETRY)
         small = tiers["tiers"]["small"]
         small["limiter"] = {"algorithm": "aimd", "initial": 4, "min": 1, "max": 8}
@@ -124,7 +109,7 @@ async def test_a_deployment_killed_mid_run_gets_nothing_until_it_is_back_then_it
     ports = [free_port() for _ in range(3)]
     jobs = [job(i, batch=False) for i in range(1500)]
     later = [job(10_000 + i, batch=False) for i in range(600)]
-    with _simulators(ports) as procs:
+    with simulator_processes(ports, FAULTS) as procs:
         tiers = tier_file_dict(f"http://127.0.0.1:{ports[0]}/v1", batching=False, retry=RETRY)
         small = tiers["tiers"]["small"]
         small["limiter"] = {"algorithm": "aimd", "initial": 4, "min": 1, "max": 8}

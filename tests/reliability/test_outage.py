@@ -10,9 +10,7 @@ import asyncio
 import itertools
 import logging
 import signal
-import subprocess
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,7 +18,7 @@ import pytest
 
 from consumer.testing.harness import KafkaBus, Outcomes, job, tier_file_dict
 from consumer.testing.ports import free_port
-from consumer.testing.process import ServiceProcess, start_simulator, stop_gracefully
+from consumer.testing.process import ServiceProcess, simulator_processes, start_simulator, stop_gracefully
 from consumer.testing.simulator import answer_for
 
 pytestmark = pytest.mark.slow
@@ -38,18 +36,6 @@ PROBES = 3
 ABANDONED = "shutdown: abandoned {} unfinished requests"
 
 
-@contextmanager
-def _simulator(port: int, faults: str = "latency_ms=20") -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = [start_simulator(port, faults)]
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
-
-
 @pytest.mark.integration
 async def test_provider_killed_mid_backlog_loses_and_dead_letters_nothing(
     kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
@@ -61,7 +47,7 @@ async def test_provider_killed_mid_backlog_loses_and_dead_letters_nothing(
     port = free_port()
     caplog.set_level(logging.INFO, logger="consumer.runtime.plans")
     caplog.set_level(logging.INFO, logger="consumer.runtime.prober")  # a listing closes the circuit
-    with _simulator(port) as procs:
+    with simulator_processes([port], "latency_ms=20") as procs:
         tiers = tier_file_dict(f"http://127.0.0.1:{port}/v1", batching=False)
         small = tiers["tiers"]["small"]
         small["limiter"] = {"algorithm": "aimd", "initial": 4, "min": 1, "max": 8}

@@ -14,8 +14,7 @@ from typing import Any
 from consumer.core.completion import CompletionRequest
 from consumer.core.errors import ConnectionFailed
 from consumer.providers.fake import FakeProvider, text_completion
-from consumer.testing.harness import tier_file_dict
-from tests.service.harness import job
+from consumer.testing.harness import job, tier_file_dict
 
 RETRY = {
     "max_attempts": 3, "backoff_initial_s": 0.01, "backoff_max_s": 0.05, "circuit_failures": 2,

@@ -1,15 +1,14 @@
 """A tier's `deployments` in the tier file: the refusals name the dotted key, each deployment
-takes the tier's own keys it leaves out, the docs' examples load and pass check-config's
-checks, and `promptbus stats` prints a line per deployment from merged snapshots."""
+takes the tier's own keys it leaves out (the docs' examples are checked with every other
+example: tests/unit/test_doc_examples.py), and `promptbus stats` prints a line per deployment
+from merged snapshots."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from consumer.app import validate_config
 from consumer.cli.stats import format_stats
@@ -130,29 +129,6 @@ def test_a_deployment_takes_the_tiers_own_keys_it_leaves_out() -> None:
 def test_a_tier_without_deployments_is_its_own_one() -> None:
     tier = parse_tier_file({"tiers": {"a": TIER}}).tiers["a"]
     assert tier.deployment_configs("a") == [(None, "a", 1.0, tier)]
-
-
-def _yaml_blocks(page: str, heading: str) -> list[str]:
-    text = (ROOT / page).read_text(encoding="utf-8")
-    section = text.split(heading + "\n", 1)[1].split("\n#", 1)[0]
-    return re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
-
-
-@pytest.mark.parametrize(
-    ("page", "heading"),
-    [("docs/configuration.md", "### Deployments"), ("docs/operations.md", "## Deployments")],
-)
-def test_the_docs_examples_load_and_pass_check_config(
-    page: str, heading: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    blocks = _yaml_blocks(page, heading)
-    assert blocks, f"{page} has an example under {heading}"
-    monkeypatch.setenv("OPENAI_API_KEY", "k")
-    monkeypatch.setenv("OPENAI_API_KEY_B", "k2")
-    for block in blocks:
-        tier_file = parse_tier_file(yaml.safe_load(block))
-        validate_config(tier_file)
-        assert any(t.deployments for t in tier_file.tiers.values())
 
 
 def test_stats_print_a_line_per_deployment_from_the_merged_snapshots() -> None:
