@@ -1,6 +1,13 @@
 """Async concurrency limiter around a pure limit algorithm (`consumer.core.limit`), paced by
 the provider's announced request budget (`consumer.core.pacing`).
 
+A tier's limiter is a pool of its deployments' gates (`consumer.runtime.gates.Gate`: each
+deployment's limit algorithm, mirrors, pause and fleet quota) behind one waiter queue: what
+follows holds per gate, and a request, once its turn comes, is granted to the gate
+`consumer.core.deployments.choose_deployment` names among those that admit it now, never to
+one whose circuit is open (`Gate.up`) unless it is that gate's probe. A waiter that finds every
+deployment down is told so (`NoDeploymentUp`): its caller holds it at the circuit instead.
+
 A caller acquires a `Token` before a provider call and ends it exactly once:
 `success()` (the call returned; its RTT feeds the algorithm), `dropped()` (overload:
 429/529/503/timeout — the algorithm shrinks), or `ignore()` (a failure that says nothing
@@ -47,7 +54,10 @@ from consumer.core.limit import ConcurrencyLimit
 from consumer.core.pacing import BudgetPacer, TokenBudget
 from consumer.core.quota import NOTHING_USED, QuotaCost, Reservation
 from consumer.core.scheduling import LaneScheduler
+from consumer.runtime.gates import Gate, NoDeploymentUp
 from consumer.runtime.quotas import FleetQuota
+
+__all__ = ["UNLANED", "AsyncLimiter", "Gate", "NoDeploymentUp", "Slot", "Token"]
 
 #: smoothing of the actual / estimated token cost of answered requests
 COST_RATIO_SMOOTHING = 0.2
@@ -65,78 +75,6 @@ def _quota_cost(estimated_tokens: float, output_tokens: int | None) -> QuotaCost
     """What a request reserves of a fleet quota: one request, its estimated input tokens and
     its max_tokens (None: unknown, reserved as large as the input estimate)."""
     return QuotaCost(1, estimated_tokens, estimated_tokens if output_tokens is None else output_tokens)
-
-
-class NoDeploymentUp(Exception):
-    """Raised to a waiter (not a probe) when every deployment's circuit is open: its caller
-    goes back to the circuit, which holds it or moves it to the fallback tier."""
-
-
-class Gate:
-    """One deployment's admission state: its concurrency limit, the mirrors of its provider's
-    budgets, its pause and its fleet quota. The pool (`AsyncLimiter`) asks each gate whether it
-    admits a request now; `up` says whether its circuit is closed (None: always).
-
-    It is the quota's user (`consumer.runtime.quotas.QuotaUser`): it counts the pool's waiters
-    in the quota's demand only when it is the pool's first gate naming that quota.
-    """
-
-    __slots__ = (
-        "_counts_waiting", "_pool", "algorithm", "cost_ratio", "index", "inflight", "pacer",
-        "paused_until_s", "quota", "seq", "tokens", "up", "weight",
-    )
-
-    def __init__(
-        self,
-        algorithm: ConcurrencyLimit,
-        *,
-        pacer: BudgetPacer | None = None,
-        tokens: TokenBudget | None = None,
-        quota: FleetQuota | None = None,
-        weight: float = 1.0,
-        up: Callable[[], bool] | None = None,
-    ) -> None:
-        self.algorithm = algorithm
-        self.pacer = pacer if pacer is not None else BudgetPacer()
-        self.tokens = tokens if tokens is not None else TokenBudget()
-        self.quota = quota
-        self.weight = weight
-        self.up = up
-        self.cost_ratio = 1.0  # actual / estimated tokens of answered requests, smoothed
-        self.inflight = 0
-        self.seq = 0
-        self.paused_until_s = 0.0
-        self.index = 0
-        self._pool: AsyncLimiter | None = None
-        self._counts_waiting = False
-
-    @property
-    def limit(self) -> int:
-        return self.algorithm.limit
-
-    @property
-    def waiting(self) -> int:
-        pool = self._pool
-        return len(pool._waiters) if pool is not None and self._counts_waiting else 0
-
-    def wake(self) -> None:
-        if self._pool is not None:
-            self._pool.wake()
-
-    def is_up(self) -> bool:
-        return self.up is None or self.up()
-
-    def mirror_wait_s(self, estimated_tokens: float, now_s: float) -> float:
-        """Seconds until the mirrors of the provider's budgets hold a request of these tokens."""
-        return max(self.pacer.wait_s(now_s), self.tokens.wait_s(estimated_tokens * self.cost_ratio, now_s))
-
-    def wait_s(self, estimated_tokens: float, now_s: float) -> float:
-        """Seconds until its pause and mirrors admit the request (0.0: now; the quota apart)."""
-        return max(self.paused_until_s - now_s, self.mirror_wait_s(estimated_tokens, now_s), 0.0)
-
-    def room(self, ready: bool, now_s: float) -> Room:
-        level = self.pacer.level(now_s)
-        return Room(self.is_up(), ready, self.limit - self.inflight, level, self.weight, self.seq)
 
 
 class Token:
@@ -255,11 +193,10 @@ class AsyncLimiter:
         self._clock = clock
         quotas_seen: set[int] = set()
         for index, gate in enumerate(self._gates):
-            gate.index, gate._pool = index, self
+            first_of_quota = gate.quota is not None and id(gate.quota) not in quotas_seen
+            gate.join(self, index, counts_waiting=first_of_quota)
             if gate.quota is not None:
-                gate._counts_waiting = id(gate.quota) not in quotas_seen
                 quotas_seen.add(id(gate.quota))
-                gate.quota.attach(gate)
         #: the waiters, by lane (`consumer.core.scheduling`)
         self._waiters: LaneScheduler[_Waiter] = LaneScheduler()
         self._wake_timer: asyncio.TimerHandle | None = None
