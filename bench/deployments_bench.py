@@ -40,7 +40,7 @@ import orjson
 
 # run as a script, this file's directory is importable: the simulator process and the jobs
 # are pipeline_bench's own
-from pipeline_bench import ROOT, TIER, SimProcess, _progress, make_jobs, tier_dict
+from pipeline_bench import TIER, SimProcess, _progress, make_jobs, tier_dict
 
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.clients import submit_jobs
@@ -49,6 +49,7 @@ from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.faultrun import latest_stats
 from consumer.testing.harness import service_env, settings_from_env
 from consumer.testing.outcomes import Outcome, OutcomeFollower
+from consumer.testing.paths import REPO_ROOT
 from consumer.testing.process import ServiceProcess
 
 PARTITIONS = 12
@@ -246,7 +247,7 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-    workdir = ROOT / "bench" / "out" / "deployments"
+    workdir = REPO_ROOT / "bench" / "out" / "deployments"
     workdir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "bench": "deployments_bench",

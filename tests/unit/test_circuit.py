@@ -106,3 +106,18 @@ def test_properties_over_any_sequence(failures: int, events: list[tuple[str, flo
             elif verdict is Admit.PROBE:
                 probe_out = True
         assert c.outage_s(now) >= 0 and (c.outage_s(now) == 0 or c.open)
+
+
+def test_an_outage_of_refused_connections_is_probed_by_a_listing_and_says_when() -> None:
+    circuit = CircuitBreaker(failures=1, probe_s=1.0, probe_max_s=4.0)
+    assert circuit.probe_wait_s(0.0) == 0.0 and not circuit.listing_probes
+    circuit.on_outage(DOWN, 10.0)
+    assert circuit.listing_probes
+    assert circuit.probe_wait_s(10.25) == 0.75
+    assert circuit.admit(11.0)[0] is Admit.PROBE
+    assert circuit.probe_wait_s(11.0) == 1.0, "a probe is out: the current wait"
+    circuit.on_outage(DOWN, 11.5, probe=True)
+    assert circuit.probe_wait_s(11.5) == 2.0, "the wait doubled"
+    # an outage the server answered itself is probed by a request, not a listing
+    circuit.on_outage(ServerError("502"), 12.0)
+    assert not circuit.listing_probes
