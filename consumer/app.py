@@ -31,7 +31,7 @@ from consumer.kafka.edges import KafkaEdges, ServiceEdges, ServiceIntake
 from consumer.kafka.publisher import SidePublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink
 from consumer.kafka.topicreader import TopicReader
-from consumer.providers.base import CompletionProvider
+from consumer.providers.base import BatchProvider, CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.deployments import Deployment
@@ -39,7 +39,7 @@ from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.heap import tune_gc
 from consumer.runtime.lag import LagMonitor
 from consumer.runtime.metrics import MetricsServer, build_app, register_otel_metrics
-from consumer.runtime.offline import BatchTracker, OfflineCollector
+from consumer.runtime.offline import BatchTracker, OfflineCollector, provider_key
 from consumer.runtime.outcomes import RecordLimits
 from consumer.runtime.pipeline import Pipeline
 from consumer.runtime.prober import CircuitProber
@@ -47,7 +47,7 @@ from consumer.runtime.quotas import FleetQuota, QuotaSharing
 from consumer.runtime.reachability import ReachabilityCheck
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tiers import TierRuntime
-from consumer.settings import Settings, TierFile
+from consumer.settings import Settings, TierConfig, TierFile
 from consumer.telemetry import Telemetry, meter_provider_from_env, service_resource
 
 log = logging.getLogger(__name__)
@@ -372,11 +372,7 @@ def build_offline(
     offline_tiers = {n: t for n, t in tier_file.tiers.items() if t.offline.enabled}
     if not offline_tiers:
         return None, []
-    batch_providers = {}
-    for name, config in offline_tiers.items():
-        client = make_http_client(config)
-        clients.append(client)
-        batch_providers[name] = build_batch_provider(name, config, client)
+    batch_providers, deployments = offline_providers(offline_tiers, clients)
     max_enqueued = {
         n: t.offline.max_enqueued_tokens for n, t in offline_tiers.items() if t.offline.max_enqueued_tokens
     }
@@ -385,7 +381,9 @@ def build_offline(
         if max_enqueued
         else None
     )
-    collector = OfflineCollector(settings, batch_providers, kafka.side_producer, outcomes, batches=followed)
+    collector = OfflineCollector(
+        settings, batch_providers, kafka.side_producer, outcomes, batches=followed, deployments=deployments
+    )
     exactly_once = settings.processing_guarantee == "exactly_once"
     tracker_producer = (
         kafka.make_producer(transactional_id=f"{settings.group_id}.batch-tracker")
@@ -407,6 +405,32 @@ def build_offline(
     )
     # exactly_once: the tracker's own transactional producer starts first and stops last
     return collector, [tracker_producer, collector, tracker] if exactly_once else [collector, tracker]
+
+
+def offline_providers(
+    offline_tiers: dict[str, TierConfig], clients: list[Any]
+) -> tuple[dict[str, BatchProvider], dict[str, list[tuple[str, str]]]]:
+    """The Batch API adapters of the offline tiers, by `provider_key`: each deployment's, and
+    each tier's own (a tier with `deployments` too, when its own key is set: batches recorded
+    before it had deployments are read back there); and per tier with deployments, each
+    one's name and model. The HTTP clients made are added to `clients`."""
+    providers: dict[str, BatchProvider] = {}
+    deployments: dict[str, list[tuple[str, str]]] = {}
+    for name, config in offline_tiers.items():
+        places = [(None, name, config)] + [
+            (dep, where, dep_config)
+            for dep, where, _weight, dep_config in config.deployment_configs(name)
+            if dep is not None
+        ]
+        for dep, where, dep_config in places:
+            if dep is None and config.deployments and config.api_key_env and config.api_key() is None:
+                continue  # the tier's own key is unset: only its deployments' are used
+            client = make_http_client(dep_config)
+            clients.append(client)
+            providers[provider_key(name, dep)] = build_batch_provider(where, dep_config, client)
+        if config.deployments:
+            deployments[name] = [(d.name, d.model or config.model) for d in config.deployments]
+    return providers, deployments
 
 
 def side_publishers(

@@ -201,12 +201,13 @@ def token_shards(tokens: Sequence[int], limit: int) -> list[range]:
     return shards
 
 
-def enqueued_tokens(records: Iterable[Mapping[str, Any]], tier: str) -> int:
-    """The estimated input tokens of a tier's unfinished batches, from their batches-topic
+def enqueued_tokens(records: Iterable[Mapping[str, Any]], tier: str, deployment: str | None = None) -> int:
+    """The estimated input tokens of the unfinished batches of a tier's deployment (None: the
+    tier's own keys; a record that names no deployment is theirs), from their batches-topic
     records (`estimated_tokens`; a record written without it counts none)."""
     total = 0
     for record in records:
-        if record.get("tier") == tier:
+        if record.get("tier") == tier and record.get("deployment") == deployment:
             with contextlib.suppress(TypeError, ValueError):
                 total += max(0, int(record.get("estimated_tokens") or 0))
     return total

@@ -6,12 +6,15 @@
                       when that record is acknowledged lets the members' input offsets commit.
                       Under a tier's `offline.max_enqueued_tokens` it cuts a collection into
                       shards that fit and submits each once the unfinished batches of the tier
-                      (every instance's: it follows the batches topic) leave it room.
+                      (every instance's: it follows the batches topic) leave it room. A tier
+                      with `deployments` sends each provider batch to the one with the most
+                      room (each under its own limit), and its record names it.
     BatchTracker      owns polling. It reads the batches topic (one partition) through a
                       `TopicReader` of its own consumer group, so exactly one instance tracks at
                       a time and a restarted or surviving instance takes over: on assignment it
                       reads the topic from the beginning (latest record per batch), polls each
-                      open batch every `poll_s`,
+                      open batch every `poll_s` where it went (its record's deployment; none:
+                      the tier's own keys),
                       publishes one result or dead letter per member when the batch ends, then a
                       tombstone for the batch. In exactly_once mode those records and the
                       tombstone commit in one transaction. A batch the provider failed for its
@@ -32,6 +35,7 @@ from consumer.runtime.offline.records import (
     observe_offline_latency,
     offline_request,
     outcome_records,
+    provider_key,
     read_batch_record,
 )
 from consumer.runtime.offline.tracker import BatchTracker
@@ -47,5 +51,6 @@ __all__ = [
     "observe_offline_latency",
     "offline_request",
     "outcome_records",
+    "provider_key",
     "read_batch_record",
 ]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,13 @@ from consumer.kafka.records import TopicPartition
 from consumer.providers.base import BatchProvider
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
-from consumer.runtime.offline.records import batch_key, batch_record, enqueued_fields, offline_request
+from consumer.runtime.offline.records import (
+    batch_key,
+    batch_record,
+    enqueued_fields,
+    offline_request,
+    provider_key,
+)
 from consumer.settings import Settings
 from consumer.waits import cancel_and_wait
 
@@ -49,7 +56,10 @@ class OfflineCollector:
 
     outcomes: where a job's recorded batch (its offset may commit) or its failed submission ends;
     batches: the batches topic followed (what is enqueued, for tiers with
-    `offline.max_enqueued_tokens`; None: no tier has one).
+    `offline.max_enqueued_tokens`; None: no tier has one); batch_providers: by `provider_key`;
+    deployments: per tier with `deployments`, each one's name and model: each provider batch
+    goes to the one with the most room for enqueued work (without a limit, or without the
+    batches topic followed: the one this instance gave the fewest tokens).
     """
 
     def __init__(
@@ -60,7 +70,11 @@ class OfflineCollector:
         outcomes: OutcomeWriter,
         clock: Callable[[], float] = time.monotonic,
         batches: TopicFollower | None = None,
+        deployments: Mapping[str, Sequence[tuple[str, str]]] | None = None,
     ) -> None:
+        self._deployments = dict(deployments or {})
+        #: tokens this instance submitted per (tier, deployment), for the choice without a limit
+        self._given: Counter[tuple[str, str | None]] = Counter()
         self._settings = settings
         self._providers = batch_providers
         self._producer = producer
@@ -70,10 +84,11 @@ class OfflineCollector:
         self._pending: dict[str, _Pending] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
-        #: tokens of this instance's shards being submitted now, per tier
-        self._submitting: dict[str, int] = {}
-        #: batch key -> (tier, tokens, when) of batches recorded here and not yet seen followed
-        self._recorded: dict[bytes, tuple[str, int, float]] = {}
+        #: tokens of this instance's shards being submitted now, per (tier, deployment)
+        self._submitting: Counter[tuple[str, str | None]] = Counter()
+        #: batch key -> (tier, deployment, tokens, when) of batches recorded here and not yet
+        #: seen followed
+        self._recorded: dict[bytes, tuple[str, str | None, int, float]] = {}
         #: batch key -> the followed record and what it says (tier, estimated tokens)
         self._followed: dict[bytes, tuple[FollowedRecord, dict[str, Any]]] = {}
 
@@ -140,48 +155,76 @@ class OfflineCollector:
         tokens = [r.request.estimated_tokens() for r in requests]
         limit = ctxs[0].tier.config.offline.max_enqueued_tokens
         if limit is None or self._batches is None:
-            await self._submit_shard(tier, ctxs, requests, tokens)
+            deployment, own_model = self._choose(tier, None, model)
+            if own_model != model:
+                requests = [
+                    BatchRequest(r.custom_id, offline_request(c, own_model))
+                    for r, c in zip(requests, ctxs, strict=True)
+                ]
+            await self._submit_shard(tier, deployment, ctxs, requests, tokens)
             return
         try:
             for shard in token_shards(tokens, limit):
                 shard_tokens = sum(tokens[i] for i in shard)
-                await self._wait_for_room(tier, shard_tokens, limit)
-                self._submitting[tier] = self._submitting.get(tier, 0) + shard_tokens
+                deployment, own_model = self._choose(tier, limit, model)
+                await self._wait_for_room(tier, deployment, shard_tokens, limit)
+                place = (tier, deployment)
+                self._submitting[place] += shard_tokens
+                shard_ctxs, shard_requests = (
+                    ctxs[shard.start : shard.stop],
+                    requests[shard.start : shard.stop],
+                )
+                if own_model != model:
+                    shard_requests = [
+                        BatchRequest(r.custom_id, offline_request(c, own_model))
+                        for r, c in zip(shard_requests, shard_ctxs, strict=True)
+                    ]
                 try:
                     await self._submit_shard(
-                        tier,
-                        ctxs[shard.start : shard.stop],
-                        requests[shard.start : shard.stop],
-                        tokens[shard.start : shard.stop],
+                        tier, deployment, shard_ctxs, shard_requests, tokens[shard.start : shard.stop]
                     )
                 finally:
-                    self._submitting[tier] -= shard_tokens
+                    self._submitting[place] -= shard_tokens
         except asyncio.CancelledError:
             for c in ctxs:
                 if not c.done:  # not recorded: read again after a restart
                     self._outcomes.abandon(c)
             raise
 
-    async def _wait_for_room(self, tier: str, tokens: int, limit: int) -> None:
-        """Until a shard of `tokens` fits beside the tier's unfinished batches."""
+    def _choose(self, tier: str, limit: int | None, model: str) -> tuple[str | None, str]:
+        """The deployment a provider batch of `tier` goes to, and its model: the one with the
+        most room under `limit` for enqueued work (None: the fewest tokens given it here); a
+        tier without deployments: its own keys (None) and `model`, the tier's."""
+        own = self._deployments.get(tier)
+        if not own:
+            return None, model
+        if limit is not None and self._batches is not None:
+            name, model = max(own, key=lambda d: limit - self._enqueued(tier, d[0]))
+        else:
+            name, model = min(own, key=lambda d: self._given[(tier, d[0])])
+        return name, model
+
+    async def _wait_for_room(self, tier: str, deployment: str | None, tokens: int, limit: int) -> None:
+        """Until a shard of `tokens` fits beside the unfinished batches of the tier's deployment."""
         assert self._batches is not None
         waited = False
-        while not fits(tokens, self._enqueued(tier), limit):
+        while not fits(tokens, self._enqueued(tier, deployment), limit):
             if not waited:
                 waited = True
                 log.info(
                     "tier %s: %d offline tokens wait for room under offline.max_enqueued_tokens %d "
                     "(%d enqueued)",
-                    tier,
+                    provider_key(tier, deployment),
                     tokens,
                     limit,
-                    self._enqueued(tier),
+                    self._enqueued(tier, deployment),
                 )
             await self._batches.wait_for_change(self._batches.version, ROOM_CHECK_S)
 
-    def _enqueued(self, tier: str) -> int:
-        """The estimated input tokens of the tier's unfinished batches: every instance's, as
-        the batches topic shows them, and this instance's not shown there yet."""
+    def _enqueued(self, tier: str, deployment: str | None = None) -> int:
+        """The estimated input tokens of the unfinished batches of the tier's deployment (None:
+        its own keys): every instance's, as the batches topic shows them, and this instance's
+        not shown there yet."""
         assert self._batches is not None
         latest = self._batches.latest()
         for key in [k for k in self._followed if k not in latest]:
@@ -192,21 +235,28 @@ class OfflineCollector:
             if known is None or known[0] is not followed:
                 known = self._followed[key] = (followed, enqueued_fields(followed.value))
             records.append(known[1])
-        total = enqueued_tokens(records, tier) + self._submitting.get(tier, 0)
+        total = enqueued_tokens(records, tier, deployment) + self._submitting[(tier, deployment)]
         now_s = self._clock()
-        for key, (of_tier, tokens, at_s) in list(self._recorded.items()):
+        for key, (of_tier, of_deployment, tokens, at_s) in list(self._recorded.items()):
             if key in latest or now_s - at_s > RECORD_SEEN_S:
                 del self._recorded[key]
-            elif of_tier == tier:
+            elif of_tier == tier and of_deployment == deployment:
                 total += tokens
         return total
 
     async def _submit_shard(
-        self, tier: str, ctxs: list[JobContext], requests: list[BatchRequest], tokens: list[int]
+        self,
+        tier: str,
+        deployment: str | None,
+        ctxs: list[JobContext],
+        requests: list[BatchRequest],
+        tokens: list[int],
     ) -> None:
-        """Submit one provider batch (or the several the provider's size limits make) and record
-        each, with its members' estimated tokens; then its members' offsets may commit."""
-        provider = self._providers[tier]
+        """Submit one provider batch (or the several the provider's size limits make) to the
+        tier's deployment and record each, with the deployment and its members' estimated
+        tokens; then its members' offsets may commit."""
+        provider = self._providers[provider_key(tier, deployment)]
+        self._given[(tier, deployment)] += sum(tokens)
         delay_s = 1.0
         while True:
             try:
@@ -229,10 +279,10 @@ class OfflineCollector:
             )
             job_tokens = sum(tokens[start : start + job.total])
             start += job.total
-            record = batch_record(tier, job, [(r.custom_id, c) for r, c in members], job_tokens)
+            record = batch_record(tier, job, [(r.custom_id, c) for r, c in members], job_tokens, deployment)
             key = batch_key(tier, job.id)
             await self._producer.send_and_wait(self._settings.batches_topic, orjson.dumps(record), key=key)
-            self._recorded[key] = (tier, job_tokens, self._clock())
+            self._recorded[key] = (tier, deployment, job_tokens, self._clock())
             for _, c in members:
                 self._outcomes.offline_recorded(c)
         log.info("tier %s: %d offline jobs submitted as %s", tier, len(ctxs), ", ".join(j.id for j in jobs))

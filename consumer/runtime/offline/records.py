@@ -3,6 +3,7 @@ what a finished batch's members become: their outcome records, their latency, th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +43,12 @@ def batch_key(tier: str, batch_id: str) -> bytes:
     return f"{tier}:{batch_id}".encode()
 
 
+def provider_key(tier: str, deployment: str | None) -> str:
+    """Where a batch goes and is read back from: `TIER` (the tier's own keys) or
+    `TIER/DEPLOYMENT` (one of its `deployments`)."""
+    return tier if deployment is None else f"{tier}/{deployment}"
+
+
 def enqueued_fields(value: bytes) -> dict[str, Any]:
     """What a batches-topic record says about the enqueued tokens (its tier and estimate; an
     unreadable record counts none)."""
@@ -51,7 +58,11 @@ def enqueued_fields(value: bytes) -> dict[str, Any]:
         return {}
     if not isinstance(record, dict):
         return {}
-    return {"tier": record.get("tier"), "estimated_tokens": record.get("estimated_tokens")}
+    return {
+        "tier": record.get("tier"),
+        "deployment": record.get("deployment"),
+        "estimated_tokens": record.get("estimated_tokens"),
+    }
 
 
 class _MemberSource(BaseModel):
@@ -84,13 +95,18 @@ def read_batch_record(value: bytes) -> dict[str, Any]:
 
 
 def batch_record(
-    tier: str, job: BatchJob, members: Sequence[tuple[str, JobContext]], estimated_tokens: int = 0
+    tier: str,
+    job: BatchJob,
+    members: Sequence[tuple[str, JobContext]],
+    estimated_tokens: int = 0,
+    deployment: str | None = None,
 ) -> dict[str, Any]:
-    """The batches-topic record of a submitted batch: its id, its members (the full jobs, where
-    their inputs came from) and its estimated input tokens (what it holds of the provider's
-    enqueued token limit)."""
+    """The batches-topic record of a submitted batch: its id, the tier's deployment it went to
+    (None: the tier's own keys), its members (the full jobs, where their inputs came from) and
+    its estimated input tokens (what it holds of the provider's enqueued token limit)."""
     return {
         "tier": tier,
+        "deployment": deployment,
         "provider": job.provider,
         "batch_id": job.id,
         "submitted_at": time.time(),
@@ -160,6 +176,7 @@ def outcome_records(
     by_id = {item.custom_id: item for item in items}
     latency_ms = max(0.0, (time.time() - float(record.get("submitted_at", time.time()))) * 1000.0)
     out: list[OutRecord] = []
+    deployment = record.get("deployment")  # the tier's deployment the batch went to
     for member in record["members"]:
         job = Job.model_validate(member["job"])
         src = member["source"]
@@ -167,7 +184,10 @@ def outcome_records(
         item = by_id.get(member["custom_id"])
         outcome = item_outcome(item, job, status, record["batch_id"], tier_options or {})
         if isinstance(outcome, Answered):
-            result = AnswerResults(settings.results_topic, outcome.answer, 1).record(
+            answer = outcome.answer
+            if isinstance(deployment, str):
+                answer = dataclasses.replace(answer, deployment=deployment)
+            result = AnswerResults(settings.results_topic, answer, 1).record(
                 job_id=job.id,
                 requested_tier=job.tier,
                 metadata=job.metadata,

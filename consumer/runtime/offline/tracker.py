@@ -32,6 +32,7 @@ from consumer.runtime.offline.records import (
     count_offline_usage,
     observe_offline_latency,
     outcome_records,
+    provider_key,
     read_batch_record,
 )
 from consumer.runtime.outcomes import RecordLimits
@@ -142,9 +143,13 @@ class BatchTracker:
                     log.warning("polling batch %s failed: %s", record.get("batch_id"), exc)
 
     async def _check(self, key: bytes, record: dict[str, Any]) -> None:
-        provider = self._providers.get(record["tier"])
+        provider = self._providers.get(provider_key(record["tier"], record.get("deployment")))
         if provider is None:
-            log.error("batch %s belongs to unknown tier %s; left open", record["batch_id"], record["tier"])
+            log.error(
+                "batch %s belongs to unknown tier or deployment %s; left open",
+                record["batch_id"],
+                provider_key(record["tier"], record.get("deployment")),
+            )
             return
         job = await provider.status(record["batch_id"])
         if job.over_enqueued_limit:
@@ -198,14 +203,14 @@ class BatchTracker:
         poll_s = self._poll_s_by_tier.get(tier, 60.0)
         if not may_resubmit(
             int(record.get("estimated_tokens") or 0),
-            enqueued_tokens(others, tier),
+            enqueued_tokens(others, tier, record.get("deployment")),
             self._max_enqueued.get(tier),
             ended_since=self._ended[tier] > held.ended,
             waited_s=self._clock() - held.since_s,
             backoff_s=resubmit_backoff_s(held.tries, poll_s),
         ):
             return
-        provider = self._providers.get(tier)
+        provider = self._providers.get(provider_key(tier, record.get("deployment")))
         if provider is None:
             return
         job = await provider.resubmit(record["batch_id"])
