@@ -280,7 +280,7 @@ class OfflineCollector:
             job_tokens = sum(tokens[start : start + job.total])
             start += job.total
             record = batch_record(tier, job, [(r.custom_id, c) for r, c in members], job_tokens, deployment)
-            key = batch_key(tier, job.id)
+            key = batch_key(tier, job.id, deployment)
             await self._producer.send_and_wait(self._settings.batches_topic, orjson.dumps(record), key=key)
             self._recorded[key] = (tier, deployment, job_tokens, self._clock())
             for _, c in members:

@@ -39,8 +39,10 @@ def offline_request(ctx: JobContext, model: str) -> CompletionRequest | Embeddin
     return CompletionRequest(ctx.messages, model, ctx.options)
 
 
-def batch_key(tier: str, batch_id: str) -> bytes:
-    return f"{tier}:{batch_id}".encode()
+def batch_key(tier: str, batch_id: str, deployment: str | None = None) -> bytes:
+    """A batch's key on the batches topic: `TIER:ID`, or `TIER/DEPLOYMENT:ID` (two deployments'
+    providers may use the same ids)."""
+    return f"{provider_key(tier, deployment)}:{batch_id}".encode()
 
 
 def provider_key(tier: str, deployment: str | None) -> str:

@@ -221,7 +221,7 @@ class BatchTracker:
             "resubmissions": held.tries,
             "resubmitted_from": record["batch_id"],
         }
-        new_key = batch_key(tier, job.id)
+        new_key = batch_key(tier, job.id, record.get("deployment"))
         await self._publish(key, [OutRecord(self._settings.batches_topic, new_key, orjson.dumps(again))])
         self._held.pop(key, None)
         self._open.pop(key, None)
