@@ -81,6 +81,10 @@ class QuotaWatch:
     def exhausted(self, now_s: float) -> bool:
         return self._until_s is not None and now_s < self._until_s
 
+    def left_s(self, now_s: float) -> float:
+        """Seconds until the cool-down ends (0.0: not exhausted)."""
+        return max(0.0, self._until_s - now_s) if self._until_s is not None else 0.0
+
 
 def fallback_cause(rule: FallbackRule, condition: TierCondition) -> FallbackCause | None:
     """Why the rule's tier is to hand its jobs on now (None: it is not)."""

@@ -42,7 +42,7 @@ from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
-from consumer.core.plan import MIN_QUOTA_PAUSE_S, PlanMember, PlannedRequest, RequestPlan, Step
+from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
 from consumer.core.window import PackKey
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.runtime.accounting import RequestCounts
@@ -207,7 +207,8 @@ class PlanRunner:
         (fewer members when some moved to the tier's fallback tier), its provider request and
         the answer; None when nothing was left to send (its members' deadlines passed, the
         outage outlasted `retry.max_outage_s`, or every member moved to the fallback tier)."""
-        if req.delay_s > 0:
+        # a retry after an exhausted quota goes at once when another deployment can take it
+        if req.delay_s > 0 and not (req.quota_waited_s > 0 and self.tier.any_up(self._clock())):
             await asyncio.sleep(req.delay_s)
         request: AnyRequest | None = None
         traces = [_ctx(m).trace for m in req.members]
@@ -366,14 +367,15 @@ class PlanRunner:
         return completion
 
     def _quota_exhausted(self, deployment: Deployment, exc: QuotaExhausted) -> None:
-        """The deployment's provider quota is spent: that deployment pauses (the others go on)
-        for the answer's Retry-After, else the tier's `retry.quota_cooldown_s`."""
+        """The deployment's provider quota is spent: it is down (the others go on) for the
+        answer's Retry-After, else the tier's `retry.quota_cooldown_s`; the requests waiting for
+        a slot leave it at once (to another deployment, or to the circuit, where the fallback
+        tier may take them)."""
         hinted = exc.hint.retry_after_s
         cooldown_s = self.tier.config.retry.quota_cooldown_s if hinted is None else hinted
         deployment.quota.on_exhausted(self._clock(), cooldown_s)
-        pause_s = max(MIN_QUOTA_PAUSE_S, cooldown_s)
-        self.tier.limiter.pause(pause_s, deployment.gate)
-        log.warning("%s: quota exhausted, paused %.1fs", deployment.where(self.tier.name), pause_s)
+        log.warning("%s: quota exhausted, paused %.1fs", deployment.where(self.tier.name), cooldown_s)
+        self.tier.circuit_changed()
 
     def _held(self, error: ProviderError) -> bool:
         """True when a request that failed with `error` is held and sent again (to another

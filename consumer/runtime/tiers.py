@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -72,8 +73,9 @@ class TierRuntime:
         return self._circuit_changed
 
     def circuit_changed(self) -> None:
-        """A deployment's circuit opened or closed: wake what waits on it (held requests, and
-        the limiter's waiters, which may go to it now or must leave a deployment that is down)."""
+        """A deployment's circuit opened or closed, or its quota ran out: wake what waits on it
+        (held requests, and the limiter's waiters, which may go to it now or must leave a
+        deployment that is down)."""
         self._circuit_changed.set()
         self._circuit_changed = asyncio.Event()
         self.limiter.wake()
@@ -81,20 +83,30 @@ class TierRuntime:
     def admit(self, now_s: float) -> tuple[Admit, float, Deployment | None]:
         """May a request of this tier go now? PROBE (it is the probe of the open circuit named,
         whose probe is due: one probed by requests, not by its listing, which is
-        `CircuitProber`'s), SEND (some deployment's circuit is closed), or WAIT (with how long
-        until a probe could go)."""
-        closed = False
+        `CircuitProber`'s), SEND (some deployment is up: its circuit closed and its quota not
+        exhausted), or WAIT (with how long until a probe could go or a quota's cool-down ends)."""
+        up = False
+        wait_s = float("inf")
         for deployment in self.deployments:
             circuit = deployment.circuit
             if not circuit.open:
-                closed = True
+                if deployment.quota.exhausted(now_s):  # out of quota: down until its cool-down ends
+                    wait_s = min(wait_s, deployment.quota.left_s(now_s))
+                else:
+                    up = True
             elif not circuit.listing_probes and circuit.probe_due(now_s):
                 circuit.admit(now_s)  # granted to this request
                 return Admit.PROBE, 0.0, deployment
-        if closed:
+            else:
+                wait_s = min(wait_s, circuit.probe_wait_s(now_s))
+        if up:
             return Admit.SEND, 0.0, None
-        wait_s = min(max(d.circuit.probe_wait_s(now_s), 0.01) for d in self.deployments)
-        return Admit.WAIT, wait_s, None
+        return Admit.WAIT, max(wait_s, 0.01), None
+
+    def any_up(self, now_s: float) -> bool:
+        """True when some deployment can take a request (its circuit closed, its quota not
+        exhausted)."""
+        return any(not d.circuit.open and not d.quota.exhausted(now_s) for d in self.deployments)
 
     def job_probe_due(self, now_s: float) -> bool:
         """True when every deployment is down and one of them is to be probed by a request
@@ -219,12 +231,13 @@ class TierRuntime:
             circuit = CircuitBreaker(
                 failures=r.circuit_failures, probe_s=r.circuit_probe_s, probe_max_s=r.circuit_probe_max_s
             )
+            watch = QuotaWatch()
             gate = Gate(
-                limit_for(dep_config.limiter), quota=dep_quota, weight=weight, up=_closed(circuit)
+                limit_for(dep_config.limiter), quota=dep_quota, weight=weight, up=_up(circuit, watch)
             )
             label = dep_name if dep_name is not None else DEFAULT_DEPLOYMENT
             own_stats = stats.deployment(label)
-            parts.append(Deployment(dep_name, dep_config, dep_provider, gate, circuit, stats=own_stats))
+            parts.append(Deployment(dep_name, dep_config, dep_provider, gate, circuit, watch, own_stats))
 
         def new_size(key: PackKey) -> AdaptivePackSize:
             tracker = adaptive_size_for(config)
@@ -248,11 +261,14 @@ class TierRuntime:
         )
 
 
-def _closed(circuit: CircuitBreaker) -> Callable[[], bool]:
-    def closed() -> bool:
-        return not circuit.open
+def _up(circuit: CircuitBreaker, quota: QuotaWatch) -> Callable[[], bool]:
+    """A gate's `up`: its deployment's circuit is closed and its provider quota not exhausted
+    (on the limiter's clock)."""
 
-    return closed
+    def up() -> bool:
+        return not circuit.open and not quota.exhausted(time.monotonic())
+
+    return up
 
 
 def trusted_items(batching: BatchingConfig) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from consumer.core.completion import CompletionRequest
-from consumer.core.errors import ConnectionFailed
+from consumer.core.errors import ConnectionFailed, QuotaExhausted
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.testing.harness import job, tier_file_dict
 
@@ -39,11 +39,14 @@ class _Endpoint:
     def __init__(self, name: str) -> None:
         self.name = name
         self.down = False
+        self.out_of_quota = False
         self.provider = FakeProvider(self._answer, name="openai_compat")
 
     def _answer(self, request: CompletionRequest) -> Any:
         if self.down:
             return ConnectionFailed(f"{self.name}: connection refused")
+        if self.out_of_quota:
+            return QuotaExhausted(f"{self.name}: insufficient_quota", status_code=429)
         return text_completion("ok " + request.messages[-1].content[-6:])
 
     def set_down(self, down: bool) -> None:
@@ -110,3 +113,24 @@ async def test_a_deployment_that_refuses_connections_gets_nothing_and_its_listin
     assert closed_at_checks >= 1, "b's circuit closed on its listing"
     second_counts = _by_deployment(later.results, {j["id"] for j in second})
     assert second_counts["b"] >= len(second) // 4, second_counts
+
+
+async def test_an_exhausted_quota_on_one_deployment_sends_its_work_to_the_others_at_once(
+    make_bus: Callable[..., Any],
+) -> None:
+    endpoints = {name: _Endpoint(name) for name in ("a", "b")}
+    endpoints["b"].out_of_quota = True
+    bus = make_bus(partitions=2)
+    providers = {f"small.{name}": e.provider for name, e in endpoints.items()}
+    jobs = [job(i, batch=False) for i in range(200)]
+    tiers = _tiers({"a": 1, "b": 1})
+    tiers["tiers"]["small"]["retry"] = {**RETRY, "quota_cooldown_s": 600}
+    async with bus.service(tiers, providers=providers) as service:
+        await bus.produce(jobs)
+        outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=30)
+        stats = service.stats_snapshot()["deployments"]
+    assert not outcomes.dead
+    assert _by_deployment(outcomes.results, {j["id"] for j in jobs}) == Counter({"a": len(jobs)})
+    # b was asked only until its first answers said its quota is spent (its slots at most)
+    assert 1 <= len(endpoints["b"].provider.requests) <= 4, len(endpoints["b"].provider.requests)
+    assert stats["small/b"]["provider_errors"] == len(endpoints["b"].provider.requests)
