@@ -112,15 +112,17 @@ async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_boo
     assert otel[("promptbus.results", ())] == 3
     assert otel[("promptbus.tier.provider_requests", (("tier", "small"),))] == 1
     assert otel[("promptbus.tier.requests_saved", (("tier", "small"),))] == 2
-    assert ("promptbus.tier.limit", (("tier", "small"),)) in otel
+    assert ("promptbus.tier.limit", (("deployment", "default"), ("tier", "small"))) in otel
     # latency histograms: one per job in Prometheus and in OTel, with the same bounds
     job_labels = (("lane", "default"), ("outcome", "result"), ("tier", "small"))
     assert 'promptbus_job_latency_seconds_count{lane="default",outcome="result",tier="small"} 3.0' in metrics
     assert 'promptbus_queue_wait_seconds_count{lane="default",tier="small"} 3.0' in metrics
-    assert 'promptbus_provider_request_seconds_count{outcome="ok",tier="small"} 1.0' in metrics
+    request_series = 'promptbus_provider_request_seconds_count{deployment="default",outcome="ok",tier="small"}'
+    assert f"{request_series} 1.0" in metrics
     assert otel[("promptbus.job_latency_seconds", job_labels)] == 3
     assert otel[("promptbus.job_latency_seconds.bounds", job_labels)] == JOB_LATENCY.bounds
-    assert otel[("promptbus.provider_request_seconds", (("outcome", "ok"), ("tier", "small")))] == 1
+    request_labels = (("deployment", "default"), ("outcome", "ok"), ("tier", "small"))
+    assert otel[("promptbus.provider_request_seconds", request_labels)] == 1
 
 
 async def test_null_and_garbage_trace_headers_start_new_traces(kafka_bootstrap: str) -> None:
