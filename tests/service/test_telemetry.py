@@ -117,7 +117,9 @@ async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_boo
     job_labels = (("lane", "default"), ("outcome", "result"), ("tier", "small"))
     assert 'promptbus_job_latency_seconds_count{lane="default",outcome="result",tier="small"} 3.0' in metrics
     assert 'promptbus_queue_wait_seconds_count{lane="default",tier="small"} 3.0' in metrics
-    request_series = 'promptbus_provider_request_seconds_count{deployment="default",outcome="ok",tier="small"}'
+    request_series = (
+        'promptbus_provider_request_seconds_count{deployment="default",outcome="ok",tier="small"}'
+    )
     assert f"{request_series} 1.0" in metrics
     assert otel[("promptbus.job_latency_seconds", job_labels)] == 3
     assert otel[("promptbus.job_latency_seconds.bounds", job_labels)] == JOB_LATENCY.bounds
