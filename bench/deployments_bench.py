@@ -1,8 +1,8 @@
 """Deployments bench: one tier served by three deployments of different budgets, spread by
 headroom, and one of them SIGKILLed and started again.
 
-    .venv/bin/python bench/deployments_bench.py [--rows share,kill] [--jobs 6000] [--kill-jobs 4000]
-                                                [--save [NAME]]
+    .venv/bin/python bench/deployments_bench.py [--rows share,alone,kill] [--jobs 6000]
+                                                [--kill-jobs 4000] [--alone-jobs 6000] [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092). Prints one JSON report
 on stdout (`--save`: also bench/results/deployments_bench.json); progress goes to stderr.
@@ -17,6 +17,9 @@ the unbatched jobs are produced at once, once the service owns its partitions.
   results' `completed_at`) over the summed ceiling, target at least 0.9; each deployment's share
   of the answers (the results' `deployment`) over its share of the ceiling, target within
   0.8-1.2; 429s over every request the simulators saw, target at most 2%.
+- `alone` (6,000 jobs, the control): one simulator of 140 requests/s (the summed ceiling) as a
+  tier's own endpoint (no `deployments`): the rate and 429s of pacing one provider at that
+  rate on this machine in the same run.
 - `kill` (4,000 jobs): `d80` SIGKILLed once 1,000 jobs are answered, started again on its port
   once 2,000 are. Targets: every job answered, none dead-lettered, none answered by `d80`
   between its death and its restart; after the restart (from its circuit's close: its first
@@ -59,16 +62,21 @@ CEILING_PER_S = float(sum(RATES.values()))
 KILLED = "d80"
 TARGET_RATE, TARGET_SHARE, TARGET_429 = 0.9, (0.8, 1.2), 0.02
 KILL_AT, BACK_AT = 1000, 2000
+#: row -> the simulators it runs; `alone` is the control: one simulator of the summed ceiling as
+#: a tier's own endpoint (no `deployments`): what pacing 140 requests/s costs in 429s on this
+#: machine in the same run, without deployments
+ROW_RATES = {"share": RATES, "kill": RATES, "alone": {"one": sum(RATES.values())}}
 
 
 def faults(rate: int) -> dict[str, Any]:
     return {"seed": rate, "latency_ms": 50, "capacity": 16, "rate_window_s": 1.0, "rpm": rate}
 
 
-def tier_file(sims: dict[str, SimProcess]) -> dict[str, Any]:
-    tiers = tier_dict(f"{sims['d20'].base}/v1", batching=False)
+def tier_file(sims: dict[str, SimProcess], *, deployments: bool) -> dict[str, Any]:
+    tiers = tier_dict(f"{next(iter(sims.values())).base}/v1", batching=False)
     tier = tiers["tiers"][TIER]
-    tier["deployments"] = [{"name": name, "base_url": f"{sim.base}/v1"} for name, sim in sims.items()]
+    if deployments:
+        tier["deployments"] = [{"name": name, "base_url": f"{sim.base}/v1"} for name, sim in sims.items()]
     # a killed deployment's circuit: probed every second at most, so its return is seen at once
     tier["retry"] = {**tier["retry"], "circuit_probe_s": 0.5, "circuit_probe_max_s": 1.0}
     return tiers
@@ -115,13 +123,17 @@ async def run_row(name: str, n: int, bootstrap: str, workdir: Path) -> dict[str,
     env = service_env(bootstrap, partitions=PARTITIONS, PROMPTBUS_SHUTDOWN_TIMEOUT_S="10")
     settings = settings_from_env(env)
     await ensure_topics(settings)
-    sims = {d: SimProcess(faults(r), workdir / f"sim-{name}-{d}.log") for d, r in RATES.items()}
+    rates = ROW_RATES[name]
+    ceiling_per_s = float(sum(rates.values()))
+    sims = {d: SimProcess(faults(r), workdir / f"sim-{name}-{d}.log") for d, r in rates.items()}
     for sim in sims.values():
         await sim.__aenter__()
-    proc = ServiceProcess(env, tier_file(sims), workdir, name=f"deployments-{name}")
+    proc = ServiceProcess(
+        env, tier_file(sims, deployments=name != "alone"), workdir, name=f"deployments-{name}"
+    )
     proc.log_path.unlink(missing_ok=True)
     jobs = make_jobs(n, batched_share=0.0, seed=3)
-    out: dict[str, Any] = {"jobs": n, "ceiling_per_s": CEILING_PER_S, "rates_per_s": RATES}
+    out: dict[str, Any] = {"jobs": n, "ceiling_per_s": ceiling_per_s, "rates_per_s": rates}
     try:
         proc.start()
         await wait_for_partitions(settings, proc, 120)
@@ -140,12 +152,17 @@ async def run_row(name: str, n: int, bootstrap: str, workdir: Path) -> dict[str,
             out["answered"] = len({o.job_id for o in results})
             out["dead_letters"] = len({o.job_id for o in follower.dead_letters()})
             out["duplicates"] = follower.duplicates()
-        if name == "share":
+        if name != "kill":
             rate = steady_rate(results, n)
             out["steady_rate_per_s"] = round(rate, 2) if rate else None
-            out["rate_vs_ceiling"] = round(rate / CEILING_PER_S, 3) if rate else None
-            out["share_vs_ceiling_share"] = shares(results)
+            out["rate_vs_ceiling"] = round(rate / ceiling_per_s, 3) if rate else None
+            if name == "share":
+                out["share_vs_ceiling_share"] = shares(results)
             stats = [await sim.stats() for sim in sims.values()]
+            out["by_deployment"] = {
+                d: {"requests": st["requests"], "status_429": st["status_429"]}
+                for d, st in zip(sims, stats, strict=True)
+            }
             requests, rejected = sum(s["requests"] for s in stats), sum(s["status_429"] for s in stats)
             out["requests"], out["status_429"] = requests, rejected
             out["share_429"] = round(rejected / requests, 4) if requests else None
@@ -200,7 +217,10 @@ def _within(value: Any) -> bool:
     return isinstance(value, float) and TARGET_SHARE[0] <= value <= TARGET_SHARE[1]
 
 
-def verdict(name: str, row: dict[str, Any]) -> bool:
+def verdict(name: str, row: dict[str, Any]) -> bool | None:
+    """Whether a row met its targets (None: the control row, measured only)."""
+    if name == "alone":
+        return None
     done = bool(row.get("all_answered")) and row.get("dead_letters") == 0
     if name == "share":
         rate, rejected = row.get("rate_vs_ceiling"), row.get("share_429")
@@ -232,7 +252,11 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
             lines.append(f"| {name} | {r.get('jobs')} | error: {r['error']} | | | | | | |")
             continue
         key = "share_vs_ceiling_share" if name == "share" else "share_vs_ceiling_share_after_back"
-        split = ", ".join(str(r.get(key, {}).get(d)) for d in RATES)
+        split = (
+            ", ".join(str(r.get(key, {}).get(d)) for d in RATES)
+            if name != "alone"
+            else "- (one endpoint of 140/s)"
+        )
         if name == "kill":
             split += f" (after it is back, {r.get('back_after_restart_s')} s after its restart)"
         share_429 = r.get("share_429")
@@ -240,7 +264,7 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
             f"| {name} | {r['jobs']} | {r.get('rate_vs_ceiling', '-')} | {split} "
             f"| {'-' if share_429 is None else f'{share_429:.2%}'} | {r.get('answered')}/{r['jobs']} "
             f"| {r.get('dead_letters')} | {r.get('answered_by_killed_while_dead', '-')} "
-            f"| {'yes' if r.get('met') else 'NO'} |"
+            f"| {'-' if r.get('met') is None else 'yes' if r.get('met') else 'NO'} |"
         )
     return "\n".join(lines)
 
@@ -258,12 +282,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         },
         "rows": {},
     }
-    sizes = {"share": args.jobs, "kill": args.kill_jobs}
+    sizes = {"share": args.jobs, "kill": args.kill_jobs, "alone": args.alone_jobs}
     for name in args.rows:
         _progress("row %s: %d jobs", name, sizes[name])
         try:
             row = await run_row(name, sizes[name], bootstrap, workdir)
-        except Exception as exc:  # one row's failure is reported, the other still runs
+        except Exception as exc:  # one row's failure is reported, the others still run
             logging.exception("row %s failed", name)
             row = {"jobs": sizes[name], "error": f"{type(exc).__name__}: {exc}", "met": False}
         report["rows"][name] = row
@@ -276,15 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rows", default="share,kill", help="comma list of rows: share, kill")
+    parser.add_argument("--rows", default="share,alone,kill", help="comma list of rows: share, alone, kill")
     parser.add_argument("--jobs", type=int, default=6000, help="jobs of the share row")
     parser.add_argument("--kill-jobs", type=int, default=4000, help="jobs of the kill row")
+    parser.add_argument("--alone-jobs", type=int, default=6000, help="jobs of the alone row (the control)")
     add_save_option(parser)
     args = parser.parse_args(argv)
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-    unknown = [r for r in args.rows if r not in ("share", "kill")]
+    unknown = [r for r in args.rows if r not in ROW_RATES]
     if unknown:
-        parser.error(f"unknown rows {unknown}; known: share, kill")
+        parser.error(f"unknown rows {unknown}; known: {', '.join(ROW_RATES)}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     report = asyncio.run(main_async(args))
