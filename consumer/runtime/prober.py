@@ -6,7 +6,9 @@ sends, once the circuit's probe wait is over; an answer closes it at once, so a 
 a whole tier) that recovered takes its work back before the next job arrives, not on a probe
 some held or new job carries. A circuit opened by errors the server itself answered (5xx,
 overloaded, timeouts) says the listing may answer while completions fail: it is still probed
-by one held request, as `consumer.core.circuit` says.
+by one held request, as `consumer.core.circuit` says. So is one whose listing the server
+answers with an error of its own (no listing there, or not for this key): the failed probe
+records that error, and the circuit is no longer probed by its listing.
 """
 
 from __future__ import annotations
