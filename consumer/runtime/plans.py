@@ -105,9 +105,11 @@ class PlanRunner:
         self._queue_wait_s: dict[str, Series] = {}
         self._latency = latency
         self._telemetry = telemetry
-        #: what this tier's provider calls' spans and GenAI metrics name (None: not traced)
-        config = tier.config
-        self._call_target = telemetry.call_target(tier.name, config.provider, config.resolved_base_url)
+        #: per deployment, what its provider calls' spans and GenAI metrics name (None: not traced)
+        self._call_targets = [
+            telemetry.call_target(tier.name, d.config.provider, d.config.resolved_base_url)
+            for d in tier.deployments
+        ]
         self._rng = rng
         self._clock = clock
         self._spawn = spawn
@@ -328,7 +330,8 @@ class PlanRunner:
         """The provider call of `call` on the deployment its slot was granted to."""
         tier = self.tier
         series = self._request_s[deployment.gate.index]
-        with self._telemetry.provider_call(self._call_target, request, traces) as traced:
+        target = self._call_targets[deployment.gate.index]
+        with self._telemetry.provider_call(target, request, traces) as traced:
             sent_s = self._clock()
             try:
                 completion: Completion | Embeddings
@@ -354,7 +357,9 @@ class PlanRunner:
                 log.exception("provider %s raised unexpectedly", tier.name)
                 if probe:
                     deployment.circuit.probe_abandoned()
-                return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
+                error = ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
+                error.deployment = deployment.gate.index
+                return error
             traced.answered(completion)
         series[OK].observe(self._clock() - sent_s)
         _note_answer(tier, token, completion)  # before the token ends: it settles to the usage
