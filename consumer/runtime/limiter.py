@@ -197,6 +197,10 @@ class AsyncLimiter:
             gate.join(self, index, counts_waiting=first_of_quota)
             if gate.quota is not None:
                 quotas_seen.add(id(gate.quota))
+        #: the one gate of a tier of one deployment (None: several)
+        self._only = self._gates[0] if len(self._gates) == 1 else None
+        #: the gates that take from a fleet quota
+        self._quota_gates = tuple(g for g in self._gates if g.quota is not None)
         #: the waiters, by lane (`consumer.core.scheduling`)
         self._waiters: LaneScheduler[_Waiter] = LaneScheduler()
         self._wake_timer: asyncio.TimerHandle | None = None
@@ -366,9 +370,21 @@ class AsyncLimiter:
         granted there only. Raises NoDeploymentUp when every deployment's circuit is open.
         """
         if not self._waiters:
-            gate, _wait_s, _joined = self._choose(estimated_tokens, output_tokens, probe, self._clock())
-            if gate is not None:
-                return self._admit(gate, estimated_tokens, output_tokens)
+            gate = self._only
+            if gate is not None and probe is None and gate.quota is None:
+                # one deployment and no fleet quota, the common tier: the checks inline
+                now_s = self._clock()
+                if (
+                    gate.inflight < gate.algorithm.limit
+                    and (gate.up is None or gate.up())
+                    and gate.paused_until_s <= now_s
+                    and gate.mirror_wait_s(estimated_tokens, now_s) <= 0
+                ):
+                    return self._admit(gate, estimated_tokens, output_tokens)
+            else:
+                gate, _wait_s = self._choose(estimated_tokens, output_tokens, probe, self._clock())
+                if gate is not None:
+                    return self._admit(gate, estimated_tokens, output_tokens)
         fut: asyncio.Future[Token] = asyncio.get_running_loop().create_future()
         waiter: _Waiter = (fut, estimated_tokens, output_tokens, probe)
         self._waiters.push(waiter, lane if lane is not None else UNLANED, deadline_s)
@@ -404,46 +420,64 @@ class AsyncLimiter:
         self._wake()
 
     def _choose(
-        self, estimated_tokens: float, output_tokens: int | None, probe: Gate | None, now_s: float
-    ) -> tuple[Gate | None, float | None, list[Gate]]:
+        self,
+        estimated_tokens: float,
+        output_tokens: int | None,
+        probe: Gate | None,
+        now_s: float,
+        in_line: set[int] | None = None,
+    ) -> tuple[Gate | None, float | None]:
         """The gate to admit a request on now, else None with the seconds until one may (None:
-        every deployment is down; inf: until a slot or a quota frees), and the gates whose
-        quota line the request now stands in. A gate whose next request waits on its fleet
-        quota stands in the quota's line: the limiters naming one quota take turns."""
-        gates = self._gates if probe is None else (probe,)
-        wait_s: float | None = None
-        joined: list[Gate] = []
-        rooms: list[Room] | None = [] if len(gates) > 1 else None
-        for gate in gates:
-            up = probe is not None or gate.is_up()
-            ready = False
-            if up:
-                wait_s = math.inf if wait_s is None else wait_s
-                if gate.inflight < gate.limit:
-                    gate_wait_s = gate.wait_s(estimated_tokens, now_s)
-                    quota = gate.quota
-                    if gate_wait_s <= 0 and quota is not None:
-                        gate_wait_s = quota.wait_s(_quota_cost(estimated_tokens, output_tokens), now_s)
-                        if gate_wait_s > 0 or not quota.turn_of(gate):
-                            quota.join(gate)  # woken by a timer, by the limiter served before it, or by room
-                            joined.append(gate)
-                            gate_wait_s = max(gate_wait_s, 0.0) or math.inf
-                    ready = gate_wait_s <= 0
-                    if not ready:
-                        wait_s = min(wait_s, gate_wait_s)
-            if rooms is None:
-                return (gate if ready else None), wait_s, joined
-            rooms.append(gate.room(ready, now_s) if up else _DOWN)
-        assert rooms is not None
+        every deployment is down; inf: until a slot or a quota frees). A gate whose next request
+        waits on its fleet quota stands in the quota's line (its index added to `in_line`): the
+        limiters naming one quota take turns."""
+        if probe is not None or len(self._gates) == 1:
+            gate = probe if probe is not None else self._gates[0]
+            if probe is None and not gate.is_up():
+                return None, None
+            wait_s = self._gate_wait_s(gate, estimated_tokens, output_tokens, now_s, in_line)
+            return (gate, 0.0) if wait_s <= 0 else (None, wait_s)
+        any_up = False
+        wait_s = math.inf
+        rooms: list[Room] = []
+        for gate in self._gates:
+            if not gate.is_up():
+                rooms.append(_DOWN)
+                continue
+            any_up = True
+            gate_wait_s = self._gate_wait_s(gate, estimated_tokens, output_tokens, now_s, in_line)
+            wait_s = min(wait_s, gate_wait_s)
+            rooms.append(gate.room(gate_wait_s <= 0, now_s))
+        if not any_up:
+            return None, None
         chosen = choose_deployment(rooms)
-        return (gates[chosen] if chosen is not None else None), wait_s, joined
+        return (self._gates[chosen], 0.0) if chosen is not None else (None, wait_s)
+
+    @staticmethod
+    def _gate_wait_s(
+        gate: Gate, estimated_tokens: float, output_tokens: int | None, now_s: float, in_line: set[int] | None
+    ) -> float:
+        """Seconds until `gate` admits the request (0.0: now; inf: until a slot or its quota frees)."""
+        if gate.inflight >= gate.limit:
+            return math.inf
+        wait_s = gate.wait_s(estimated_tokens, now_s)
+        quota = gate.quota
+        if wait_s > 0 or quota is None:
+            return wait_s
+        wait_s = quota.wait_s(_quota_cost(estimated_tokens, output_tokens), now_s)
+        if wait_s > 0 or not quota.turn_of(gate):
+            quota.join(gate)  # woken by a timer, by the limiter served before it, or by room
+            if in_line is not None:
+                in_line.add(gate.index)
+            return wait_s if wait_s > 0 else math.inf
+        return 0.0
 
     def _wake(self) -> None:
         """Hand admissions to the waiters the lane scheduler names, each on the deployment
         `_choose` names (none while every deployment is paused, at its limit, or short of
         budget or quota for the one whose turn it is: then a timer, a release or a quota wakes
         it again). A waiter finds every deployment down: it is told so (NoDeploymentUp)."""
-        in_line: set[int] = set()
+        in_line: set[int] | None = set() if self._quota_gates else None
         while self._waiters:
             now_s = self._clock()
             waiter = self._waiters.peek(now_s)
@@ -452,8 +486,7 @@ class AsyncLimiter:
             if fut.done():  # cancelled while waiting
                 self._waiters.discard(waiter)
                 continue
-            gate, wait_s, joined = self._choose(estimated_tokens, output_tokens, probe, now_s)
-            in_line.update(g.index for g in joined)
+            gate, wait_s = self._choose(estimated_tokens, output_tokens, probe, now_s, in_line)
             if gate is None:
                 if wait_s is None:
                     self._waiters.pop(now_s)
@@ -466,10 +499,12 @@ class AsyncLimiter:
             fut.set_result(self._admit(gate, estimated_tokens, output_tokens))
             if gate.quota is not None:
                 gate.quota.served(gate)
-                in_line.discard(gate.index)
-        for gate in self._gates:
-            if gate.quota is not None and gate.index not in in_line:
-                gate.quota.leave(gate)  # nothing waits on the quota here: no waiter, at its limit, or paced
+                if in_line is not None:
+                    in_line.discard(gate.index)
+        for gate in self._quota_gates:
+            quota = gate.quota
+            if quota is not None and (in_line is None or gate.index not in in_line):
+                quota.leave(gate)  # nothing waits on the quota here: no waiter, at its limit, or paced
 
 
 #: what a deployment whose circuit is open offers
