@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumer.core.lanes import Lane
+from consumer.core.tenants import TenantPolicies
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.edges import KafkaEdges, ServiceEdges, ServiceIntake
 from consumer.kafka.publisher import SidePublisher
@@ -31,6 +32,8 @@ from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
+from consumer.runtime.accounts import TenantLedger
+from consumer.runtime.budgets import TenantBudgets
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.heap import tune_gc
@@ -41,6 +44,7 @@ from consumer.runtime.outcomes import RecordLimits
 from consumer.runtime.pipeline import Pipeline
 from consumer.runtime.reachability import ReachabilityCheck
 from consumer.runtime.stats import ServiceStats
+from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings, TierFile
 from consumer.telemetry import Telemetry, meter_provider_from_env, service_resource
@@ -174,7 +178,11 @@ async def build_service(
     for tier in tiers.values():
         stack.push_async_callback(tier.provider.aclose)
     kafka = KafkaClients.build(settings, edges, f"promptbus-{instance}", lanes)
-    outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits)
+    policies = tier_file.tenant_policies()
+    ledger = TenantLedger(policies, stats)
+    outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits, ledger=ledger)
+    budgets = build_budgets(settings, edges, policies, instance, kafka.side_producer)
+    gate = TenantGate(ledger, budgets, outcomes) if budgets is not None else None
     collector, offline_parts = build_offline(settings, tier_file, outcomes, kafka, clients, limits)
     pipeline = Pipeline(
         settings,
@@ -186,6 +194,8 @@ async def build_service(
         telemetry,
         offline=collector,
         lanes=lanes,
+        tenants=policies,
+        gate=gate,
         rng=random.Random(),
     )
     parts: list[Part] = [
@@ -193,6 +203,8 @@ async def build_service(
         kafka.side_producer,
         *offline_parts,
         *side_publishers(settings, kafka.side_producer, stats, remembered, tiers),
+        # what the group spent today is read before any job is admitted
+        *([budgets] if budgets is not None else []),
     ]
     if settings.metrics_port is not None:
         app = build_app(stats, pipeline.ready.is_set)
@@ -258,15 +270,16 @@ async def build_tiers(
     """
     tiers: dict[str, TierRuntime] = {}
     clients: list[Any] = []
+    tenants = tier_file.tenant_policies()
     try:
         for name, config in tier_file.tiers.items():
             if providers and name in providers:
-                tiers[name] = TierRuntime.build(name, config, providers[name], stats.tier(name), remembered)
-                continue
-            client = make_http_client(config)
-            clients.append(client)
-            provider = build_provider(name, config, client)
-            tiers[name] = TierRuntime.build(name, config, provider, stats.tier(name), remembered)
+                provider = providers[name]
+            else:
+                client = make_http_client(config)
+                clients.append(client)
+                provider = build_provider(name, config, client)
+            tiers[name] = TierRuntime.build(name, config, provider, stats.tier(name), remembered, tenants)
     except BaseException:
         for client in clients:
             await client.close()
@@ -357,6 +370,17 @@ def build_offline(
     )
     # exactly_once: the tracker's own transactional producer starts first and stops last
     return collector, [tracker_producer, collector, tracker] if exactly_once else [collector, tracker]
+
+
+def build_budgets(
+    settings: Settings, edges: ServiceEdges, policies: TenantPolicies, instance: str, producer: Any
+) -> TenantBudgets | None:
+    """The tenants' daily budgets, shared by the group's instances over the budgets topic (None
+    when no tenant has a budget)."""
+    if not policies.budgeted:
+        return None
+    board = edges.board(settings, settings.budgets_topic, producer)
+    return TenantBudgets(policies, instance, board, publish_interval_s=settings.stats_interval_s)
 
 
 def side_publishers(

@@ -19,23 +19,32 @@ log = logging.getLogger(__name__)
 TOPIC_ALREADY_EXISTS = 36
 
 
+#: the budgets topic keeps records this long (compacted too): a record of a day that ended
+#: counts nothing, and every process run writes under its own key
+BUDGETS_RETENTION_MS = 3 * 24 * 3600 * 1000
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
     name: str
     partitions: int
     replication: int
     compacted: bool = False
+    #: records older than this are deleted as well (None: kept while compaction keeps them)
+    retention_ms: int | None = None
 
     def configs(self) -> dict[str, str]:
         cfg = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
         if self.compacted:
-            cfg["cleanup.policy"] = "compact"
+            cfg["cleanup.policy"] = "compact" if self.retention_ms is None else "compact,delete"
+        if self.retention_ms is not None:
+            cfg["retention.ms"] = str(self.retention_ms)
         return cfg
 
 
 def topic_specs(settings: Settings, lane_topics: Sequence[str] = ()) -> list[TopicSpec]:
     """Every topic promptbus reads or writes; `lane_topics`: the lanes' job topics, made like
-    the jobs topic. batches, stats and batching are compacted (latest per key)."""
+    the jobs topic. batches, stats, batching and budgets are compacted (latest per key)."""
     p, r = settings.topic_partitions, settings.topic_replication
     jobs = list(dict.fromkeys([settings.jobs_topic, *lane_topics]))
     return [
@@ -45,6 +54,7 @@ def topic_specs(settings: Settings, lane_topics: Sequence[str] = ()) -> list[Top
         TopicSpec(settings.batches_topic, 1, r, compacted=True),
         TopicSpec(settings.stats_topic, 1, r, compacted=True),
         TopicSpec(settings.batching_topic, 1, r, compacted=True),
+        TopicSpec(settings.budgets_topic, 1, r, compacted=True, retention_ms=BUDGETS_RETENTION_MS),
     ]
 
 

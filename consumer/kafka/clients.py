@@ -68,6 +68,17 @@ async def topic_partitions(settings: Settings, topic: str) -> list[int]:
     return []
 
 
+def committed_reader(settings: Settings) -> AIOKafkaConsumer:
+    """A consumer in no group that reads committed records only and never commits (the caller
+    assigns its partitions)."""
+    return AIOKafkaConsumer(
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        **client_kwargs(settings),
+    )
+
+
 async def read_topic(
     settings: Settings, topic: str, *, from_beginning: bool, follow: bool, idle_stop_s: float = 1.0
 ) -> AsyncIterator[tuple[bytes | None, bytes | None]]:
@@ -80,12 +91,7 @@ async def read_topic(
         # a topic not made yet holds nothing; and a consumer stopped straight after its start
         # has aiokafka's coordinator raise CancelledError from its clean-up
         return
-    consumer = AIOKafkaConsumer(
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-        **client_kwargs(settings),
-    )
+    consumer = committed_reader(settings)
     try:
         await consumer.start()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from consumer.kafka.admin import ensure_topics, max_record_bytes
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.clients import read_latest
+from consumer.kafka.groupboard import GroupBoard, KafkaBoard
 from consumer.kafka.intake import JobIntake, KafkaIntake
 from consumer.kafka.sink import kafka_producer_factory
 from consumer.kafka.topicreader import KafkaTopicReader, TopicReader
@@ -30,7 +31,7 @@ class ServiceIntake(JobIntake, Protocol):
 
 class ServiceEdges(Protocol):
     """The service's edges to Kafka: topics, the jobs intake, producers, the offline tracker's
-    reader."""
+    reader, the group's board (the tenants' budgets)."""
 
     async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]: ...
 
@@ -50,6 +51,11 @@ class ServiceEdges(Protocol):
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         """The latest value of every key of a compacted topic."""
+        ...
+
+    def board(self, settings: Settings, topic: str, producer: Any) -> GroupBoard:
+        """The group's board on the compacted `topic`: every instance's latest record, this
+        instance's written with `producer`."""
         ...
 
 
@@ -75,3 +81,6 @@ class KafkaEdges:
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         return await read_latest(settings, topic)
+
+    def board(self, settings: Settings, topic: str, producer: Any) -> KafkaBoard:
+        return KafkaBoard(settings, topic, producer)

@@ -41,7 +41,7 @@ def embed_window(ctx: JobContext) -> tuple[PackKey, WindowLimits] | None:
     limits = embed_limits(config.provider)
     if not config.batching.enabled or limits is None:
         return None
-    key = embed_pack_key(ctx.tier.name, ctx.options, ctx.mode)
+    key = embed_pack_key(ctx.tier.name, ctx.options, ctx.mode, ctx.tenant)
     return key, embed_window_limits(WindowLimits.from_config(config.batching), limits)
 
 

@@ -8,8 +8,9 @@ about load, e.g. a 400). `async with limiter.slot(tokens) as token:` guarantees 
 token the block did not end (it raised, or forgot) ends as `ignore`, so no exception can
 leak a slot and wedge the tier. A free slot goes to the waiter the lane scheduler names
 (`consumer.core.scheduling`): the highest lane with a request waiting, unless a lower lane is owed
-its `min_share`; within a lane the nearest deadline first, then first come, first served (a
-waiter that names no lane waits in the one default lane: first-in first-out).
+its `min_share`; within a lane the tenant with the least weighted service so far; within a
+tenant the nearest deadline first, then first come, first served (a waiter that names no lane
+waits in the one default lane, one that names no tenant as the `default` tenant).
 
 Three things bound admission: the concurrency limit (AIMD, gradient or fixed) and, once a
 provider has sent rate-limit headers, mirrors of its request bucket (`BudgetPacer`) and of
@@ -35,6 +36,7 @@ from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
 from consumer.core.limit import ConcurrencyLimit
 from consumer.core.pacing import BudgetPacer, TokenBudget
 from consumer.core.scheduling import LaneScheduler
+from consumer.core.tenants import DEFAULT_TENANT
 
 #: smoothing of the actual / estimated token cost of answered requests
 COST_RATIO_SMOOTHING = 0.2
@@ -90,20 +92,26 @@ class Slot:
     went; whatever it left unended, by an exception or otherwise, ends as `ignore`.
     """
 
-    __slots__ = ("_deadline_s", "_estimated_tokens", "_lane", "_limiter", "_token")
+    __slots__ = ("_deadline_s", "_estimated_tokens", "_lane", "_limiter", "_tenant", "_token")
 
     def __init__(
-        self, limiter: AsyncLimiter, estimated_tokens: float, lane: Lane | None, deadline_s: float | None
+        self,
+        limiter: AsyncLimiter,
+        estimated_tokens: float,
+        lane: Lane | None,
+        deadline_s: float | None,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
         self._limiter = limiter
         self._estimated_tokens = estimated_tokens
         self._lane = lane
         self._deadline_s = deadline_s
+        self._tenant = tenant
         self._token: Token | None = None
 
     async def __aenter__(self) -> Token:
         self._token = await self._limiter.acquire(
-            self._estimated_tokens, lane=self._lane, deadline_s=self._deadline_s
+            self._estimated_tokens, lane=self._lane, deadline_s=self._deadline_s, tenant=self._tenant
         )
         return self._token
 
@@ -121,7 +129,9 @@ class AsyncLimiter:
         clock: Callable[[], float] = time.monotonic,
         pacer: BudgetPacer | None = None,
         tokens: TokenBudget | None = None,
+        weight_of: Callable[[str], float] | None = None,
     ) -> None:
+        """weight_of: a tenant's fair-share weight (None: every tenant weighs 1)."""
         self._algorithm = algorithm
         self._clock = clock
         self._pacer = pacer if pacer is not None else BudgetPacer()
@@ -129,8 +139,10 @@ class AsyncLimiter:
         self._cost_ratio = 1.0  # actual / estimated tokens of answered requests, smoothed
         self._inflight = 0
         self._seq = 0
-        #: the waiters, by lane (`consumer.core.scheduling`)
-        self._waiters: LaneScheduler[_Waiter] = LaneScheduler()
+        #: the waiters, by lane and tenant (`consumer.core.scheduling`)
+        self._waiters: LaneScheduler[_Waiter] = (
+            LaneScheduler(weight_of=weight_of) if weight_of is not None else LaneScheduler()
+        )
         self._paused_until_s = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None
         self._wake_at_s = 0.0  # loop time the pending timer fires
@@ -237,24 +249,37 @@ class AsyncLimiter:
         self._tokens.admit(self._seq, estimated_tokens * self._cost_ratio, now_s)
         return Token(self, now_s, self._seq, estimated_tokens)
 
-    def waiting_in(self, lane: str) -> int:
-        """Requests of `lane` waiting for a slot."""
+    def waiting_in(self, lane: str, tenant: str | None = None) -> int:
+        """Requests of `lane` (of `tenant` in it, when named) waiting for a slot."""
+        if tenant is not None:
+            return self._waiters.waiting_of(lane, tenant)
         return self._waiters.waiting(lane)
 
     def slot(
-        self, estimated_tokens: float = 0.0, *, lane: Lane | None = None, deadline_s: float | None = None
+        self,
+        estimated_tokens: float = 0.0,
+        *,
+        lane: Lane | None = None,
+        deadline_s: float | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Slot:
         """An async context manager around `acquire` that always ends its token (see `Slot`)."""
-        return Slot(self, estimated_tokens, lane, deadline_s)
+        return Slot(self, estimated_tokens, lane, deadline_s, tenant)
 
     async def acquire(
-        self, estimated_tokens: float = 0.0, *, lane: Lane | None = None, deadline_s: float | None = None
+        self,
+        estimated_tokens: float = 0.0,
+        *,
+        lane: Lane | None = None,
+        deadline_s: float | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Token:
         """Wait for a slot; a released slot is handed to the waiter the lane scheduler names.
 
         estimated_tokens: the request's tokens as the caller estimates them (paces a token
         budget; 0 when unknown); lane: the lane the request is scheduled in (None: the one
-        default lane); deadline_s: the nearest deadline of its jobs, on the limiter's clock.
+        default lane); deadline_s: the nearest deadline of its jobs, on the limiter's clock;
+        tenant: whose request it is (fair share within the lane).
         """
         if (
             self._inflight < self.limit
@@ -265,7 +290,7 @@ class AsyncLimiter:
             return self._admit(estimated_tokens)
         fut: asyncio.Future[Token] = asyncio.get_running_loop().create_future()
         waiter: _Waiter = (fut, estimated_tokens)
-        self._waiters.push(waiter, lane if lane is not None else UNLANED, deadline_s)
+        self._waiters.push(waiter, lane if lane is not None else UNLANED, deadline_s, tenant)
         self._wake()  # a slot may be free with nothing in flight to release it (after a pause)
         try:
             return await fut

@@ -45,6 +45,7 @@ from consumer.core.offline import (
     Failed,
     item_outcome,
 )
+from consumer.core.tenants import DEFAULT_TENANT, tenant_problem
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchProvider
@@ -221,6 +222,7 @@ def batch_record(tier: str, job: BatchJob, members: Sequence[tuple[str, JobConte
                 "job": c.parsed_job().model_dump(mode="json"),
                 "timestamp": c.timestamp_s,
                 "lane": c.lane_name,
+                "tenant": c.tenant,
                 "source": {
                     "topic": c.source.topic,
                     "partition": c.source.partition,
@@ -423,6 +425,7 @@ def outcome_records(
                 tier=record.get("tier"),
                 mode="offline",
                 embedding=outcome.embedding,
+                tenant=_member_tenant(member, job),
             )
             problem = too_large_result(result, limits.results)
             if problem is None:
@@ -440,6 +443,15 @@ def outcome_records(
                 status_code=outcome.status_code,
                 provider=record.get("provider"),
                 max_bytes=limits.dead_letters,
+                tenant=_member_tenant(member, job),
             )
         )
     return out
+
+
+def _member_tenant(member: dict[str, Any], job: Job) -> str:
+    """A batch member's tenant: as recorded with it (its header's, when the job named none)."""
+    recorded = member.get("tenant")
+    if isinstance(recorded, str) and tenant_problem(recorded) is None:
+        return recorded
+    return job.tenant or DEFAULT_TENANT

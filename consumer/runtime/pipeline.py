@@ -33,6 +33,7 @@ from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
+from consumer.core.tenants import TenantPolicies
 from consumer.core.window import Flush, LaneWindows, PackKey
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
@@ -45,6 +46,7 @@ from consumer.runtime.embed_runner import EmbedRunner, embed_window
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.stats import ServiceStats
+from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings
 from consumer.telemetry import Telemetry
@@ -57,6 +59,10 @@ POLL_INTERVAL_S = 0.05
 #: adaptive batch sizes of batch keys unused this long are forgotten (checked this often)
 SIZES_IDLE_S = 3600.0
 SIZES_EXPIRE_EVERY_S = 60.0
+
+
+def _unweighted(_tenant: str) -> float:
+    return 1.0
 
 
 class OfflineJobs(Protocol):
@@ -88,9 +94,14 @@ class Pipeline:
         *,
         offline: OfflineJobs | None = None,
         lanes: tuple[Lane, ...] = (),
+        tenants: TenantPolicies | None = None,
+        gate: TenantGate | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """tenants: their fair-share weights order the windows due together and the queued
+        plans (None: every tenant weighs 1); gate: the tenants' budgets, when some account has
+        one (their spent tenants' jobs are held or dead-lettered before they go further)."""
         self._settings = settings
         self._tiers = tiers
         self._intake = intake
@@ -99,6 +110,7 @@ class Pipeline:
         self._stats = stats
         self._offline = offline
         self._clock = clock
+        self._tenant_gate = gate
         self._admission = Admission(
             tiers,
             max_job_bytes=settings.max_job_bytes,
@@ -111,11 +123,12 @@ class Pipeline:
         self._runners = {
             name: EmbedRunner(
                 tier, outcomes, stats, telemetry,
-                rng=rng, clock=clock, spawn=self._spawn, fallback=self._fallback,
+                rng=rng, clock=clock, spawn=self._spawn, fallback=self._fallback, gate=gate,
             )
             for name, tier in tiers.items()
         }
-        self._windows: LaneWindows[JobContext] = LaneWindows()
+        weight_of = tenants.weight if tenants is not None else _unweighted
+        self._windows: LaneWindows[JobContext] = LaneWindows(weight_of)
         self._plans: set[asyncio.Task[None]] = set()
         # each lane pauses its own partitions at its own bound (no lanes: one on the jobs topic)
         lanes = lanes or (Lane(DEFAULT_LANE_NAME, settings.jobs_topic, max_inflight=settings.max_inflight),)
@@ -124,6 +137,7 @@ class Pipeline:
         self._gate: PlanGate[tuple[str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
             lambda key: running_plan_limit(tiers[key[0]].config.limiter.max),
             self._launch,
+            weight_of,
         )
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
@@ -196,6 +210,8 @@ class Pipeline:
         # no new plan starts now: jobs still to be routed again are left to a restart
         for ctx in self._outcomes.take_rerouted():
             self._outcomes.abandon(ctx)
+        for ctx in self._tenant_gate.drain() if self._tenant_gate is not None else ():
+            self._outcomes.abandon(ctx)  # held for budget: read again after a restart
         await self._sink.flush(timeout_s=min(timeout_s, 10.0))
 
     # ------------------------------------------------------------------ rebalance
@@ -204,6 +220,8 @@ class Pipeline:
         abandoned = self._windows.drain_partitions(partitions)
         for members, _ in self._gate.drop(lambda plan: all(c.source.tp in partitions for c in plan[0])):
             abandoned += members
+        if self._tenant_gate is not None:
+            abandoned += self._tenant_gate.drop_partitions(partitions)
         for ctx in abandoned:
             self._outcomes.abandon(ctx)
         if self._offline is not None:
@@ -252,6 +270,8 @@ class Pipeline:
                 ctx, ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the job was read", attempts=0
             )
             return
+        if self._tenant_gate is not None and not self._tenant_gate.admits(ctx):
+            return  # its tenant's budget is spent: held, or dead-lettered budget_exhausted
         if self._fallback is not None:
             self._fallback.route_new(ctx, now_s)  # its tier in trouble: the fallback tier's job now
         tier = ctx.tier
@@ -277,6 +297,7 @@ class Pipeline:
                 batchable.variable,
                 ctx.options_key,
                 ctx.requested_mode or "online",
+                ctx.tenant,
             )
             limits = tier.limits_for(key, now_s)
         if ctx.fallback_from is not None:
@@ -294,9 +315,13 @@ class Pipeline:
 
     def _route_again(self, now_s: float) -> None:
         """Route the jobs the outcome writer handed back (deduped to a leader whose deadline
-        passed): each under its own deadline."""
+        passed), each under its own deadline, and the jobs held for budget whose tenant has
+        room again."""
         for ctx in self._outcomes.take_rerouted():
             self._route(ctx, now_s, counted=True)
+        if self._tenant_gate is not None:
+            for ctx in self._tenant_gate.take_released():
+                self._route(ctx, now_s, counted=True)
 
     def _lead_or_share(self, ctx: JobContext, table: DedupeTable[Any, Any], now_s: float) -> bool:
         """Dedupe: True when the job's own request is to go out (it leads, or it cannot be
@@ -309,9 +334,10 @@ class Pipeline:
         """
         options, model = ctx.options, ctx.tier.config.model
         if ctx.kind == "embed":
-            key: str | None = embed_dedupe_key(ctx.tier.name, model, options, ctx.input)
+            key: str | None = embed_dedupe_key(ctx.tier.name, model, options, ctx.input, ctx.tenant)
         else:
-            key = dedupe_key(ctx.tier.name, model, options, ((m.role, m.content) for m in ctx.messages))
+            messages = ((m.role, m.content) for m in ctx.messages)
+            key = dedupe_key(ctx.tier.name, model, options, messages, ctx.tenant)
         if key is None:
             return True
         claim = table.claim(key, ctx.id, ctx, now_s)
@@ -330,9 +356,15 @@ class Pipeline:
                 self._start_plan(members, key=flush.key)
 
     def _start_plan(self, members: list[JobContext], *, key: PackKey | None) -> None:
-        # a request waits in its most urgent member's lane (the limiter's too)
-        lane = min(members, key=lambda c: c.lane.rank if c.lane is not None else 0).lane_name
-        self._gate.submit((members[0].tier.name, lane), (members, key))
+        # a request waits in its most urgent member's lane (the limiter's too), as its tenant's
+        # (a plan's members are of one tenant: windows are per tenant)
+        first = members[0]
+        if len(members) == 1:
+            lane, deadline_s = first.lane_name, first.deadline_s
+        else:
+            lane = min(members, key=lambda c: c.lane.rank if c.lane is not None else 0).lane_name
+            deadline_s = min((d for c in members if (d := c.deadline_s) is not None), default=None)
+        self._gate.submit((first.tier.name, lane), (members, key), first.tenant, deadline_s)
 
     def _launch(
         self, key: tuple[str, str], plan: tuple[list[JobContext], PackKey | None]
@@ -367,3 +399,5 @@ class Pipeline:
         self._stats.skipped_done = self._intake.skipped_done
         for tier in self._tiers.values():
             tier.refresh_gauges(now_s)
+        if self._tenant_gate is not None:
+            self._tenant_gate.refresh_gauges()

@@ -13,6 +13,7 @@ from consumer.core.fallback import FallbackRule, QuotaWatch, TierCondition
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
 from consumer.core.routing import ModePolicy
+from consumer.core.tenants import TenantPolicies
 from consumer.core.window import PackKey, WindowLimits
 from consumer.providers.base import CompletionProvider
 from consumer.runtime.evidence import RememberedEvidence
@@ -100,8 +101,10 @@ class TierRuntime:
         provider: CompletionProvider,
         stats: TierStats,
         remembered: RememberedEvidence | None = None,
+        tenants: TenantPolicies | None = None,
     ) -> TierRuntime:
-        """remembered: what earlier runs measured; each new batch key starts from it."""
+        """remembered: what earlier runs measured; each new batch key starts from it; tenants:
+        their weights share the limiter's slots within a lane (None: every tenant weighs 1)."""
         b, r = config.batching, config.retry
 
         def new_size(key: PackKey) -> AdaptivePackSize:
@@ -114,7 +117,9 @@ class TierRuntime:
             name=name,
             config=config,
             provider=provider,
-            limiter=AsyncLimiter(limit_for(config.limiter)),
+            limiter=AsyncLimiter(
+                limit_for(config.limiter), weight_of=tenants.weight if tenants is not None else None
+            ),
             retry_policy=RetryPolicy.from_config(r),
             window_limits=WindowLimits.from_config(b),
             stats=stats,

@@ -10,11 +10,13 @@ here (`from consumer.settings import X` is the public path):
     tiers.py        `TierConfig` and its sections (batching, limiter, retry, offline, fallback,
                     pricing)
     lanes.py        `LaneConfig` and the core's `Lane`s made from the `lanes` section
+    tenants.py      `TenantConfig` and the core's `TenantPolicies` made from the `tenants` section
     base.py         `StrictModel`, the base of every tier-file model
 """
 
 from consumer.settings.environment import KafkaSecurity, Settings, load_settings
 from consumer.settings.lanes import LaneConfig
+from consumer.settings.tenants import TenantBudgetConfig, TenantConfig
 from consumer.settings.tierfile import KeyedProblem, TierFile, lane_topic, load_tier_file, parse_tier_file
 from consumer.settings.tiers import (
     DEFAULT_BASE_URLS,
@@ -41,6 +43,8 @@ __all__ = [
     "ProviderName",
     "RetryConfig",
     "Settings",
+    "TenantBudgetConfig",
+    "TenantConfig",
     "TierConfig",
     "TierFile",
     "lane_topic",

@@ -53,6 +53,13 @@ class Settings(BaseSettings):
             " from it (a new name: every tier learns afresh)"
         ),
     )
+    budgets_topic: str = Field(
+        "promptbus.budgets",
+        description=(
+            "compacted: each instance's claims on the tenants' daily budgets today, read at start so "
+            "the group's spend survives restarts (only used when a tenant has a budget)"
+        ),
+    )
     processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
         "at_least_once",
         description="at_least_once, or exactly_once (transactions; readers use read_committed)",

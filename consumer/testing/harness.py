@@ -38,6 +38,7 @@ def service_env(
         "PROMPTBUS_BATCHES_TOPIC": f"batches-{sfx}",
         "PROMPTBUS_STATS_TOPIC": f"stats-{sfx}",
         "PROMPTBUS_BATCHING_TOPIC": f"batching-{sfx}",
+        "PROMPTBUS_BUDGETS_TOPIC": f"budgets-{sfx}",
         "PROMPTBUS_TOPIC_PARTITIONS": str(partitions),
         "PROMPTBUS_PROCESSING_GUARANTEE": guarantee,
         "PROMPTBUS_STATS_INTERVAL_S": "0.5",

@@ -22,10 +22,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from consumer.core.lag import PartitionOffsets
 from consumer.kafka.admin import topic_specs
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.connection import MAX_MESSAGE_BYTES
+from consumer.kafka.groupboard import BoardRecords
 from consumer.kafka.intake import InRecord, RebalanceHandler
 from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import SourceOffset, TopicPartition
@@ -310,6 +313,38 @@ class MemoryProducer:
         await (await self.send(topic, value, key, headers))
 
 
+class MemoryBoard(BoardRecords):
+    """A `GroupBoard` on the memory broker: reads the topic's records it has not read yet
+    whenever it is asked for news, and writes through `producer`."""
+
+    def __init__(self, broker: MemoryBroker, topic: str, producer: Any) -> None:
+        super().__init__(topic)
+        self._broker = broker
+        self._producer = producer
+        self._read = 0
+
+    async def start(self) -> None:
+        self._catch_up()
+        await super().changed(0)  # what was there before the start is not news
+
+    async def stop(self) -> None:
+        return None
+
+    async def publish(self, key: bytes, value: dict[str, Any]) -> None:
+        await (await self._producer.send(self._topic, orjson.dumps(value), key=key))
+        self.written(key, value)
+
+    async def changed(self, timeout_s: float) -> bool:
+        self._catch_up()
+        return await super().changed(min(timeout_s, 0.05) if timeout_s > 0 else 0)
+
+    def _catch_up(self) -> None:
+        records = self._broker.records(self._topic)
+        for record in records[self._read :]:
+            self.take(record.key, record.value)
+        self._read = len(records)
+
+
 @dataclass(frozen=True)
 class MemoryEdges:
     """The service's Kafka edges on a `MemoryBroker` (see `consumer.kafka.edges.KafkaEdges`)."""
@@ -338,6 +373,9 @@ class MemoryEdges:
         self, settings: Settings, client_id: str, topic: str, group_id: str
     ) -> MemoryTopicReader:
         return MemoryTopicReader(self.broker, topic)
+
+    def board(self, settings: Settings, topic: str, producer: Any) -> MemoryBoard:
+        return MemoryBoard(self.broker, topic, producer)
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         latest: dict[bytes, bytes] = {}

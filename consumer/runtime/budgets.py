@@ -1,0 +1,196 @@
+"""Tenants' daily budgets at run time: reservations of requests, leases on the group's board,
+and the state the pipeline asks before it sends a tenant's work (`consumer.core.budgets`).
+
+`TenantBudgets.reserve` is awaited once a request has its limiter slot and before it goes:
+the estimate is held from this instance's leases, and when they do not hold it a new lease is
+written to the board first. This instance's record is written one write at a time (a lease,
+the periodic record, the final one), each holding every lease counted so far, so a later
+write never drops an earlier lease from the board. The answer settles the reservation
+(`settle`), a request not answered gives its estimate back (`release`).
+
+Before the service admits anything, `start` reads every instance's latest record from the
+board, so a restarted instance knows what the group spent today; from then on the records of
+other instances are read as they come, and this instance's own is written with every lease,
+every `publish_interval_s` and at stop (then with its unspent leases given back).
+
+Without a board (`board=None`: one instance, nothing kept across a restart) leases are granted
+at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from consumer.core.budgets import BudgetBook, Cost, Exhausted, LeaseWanted, Reservation
+from consumer.core.completion import Usage
+from consumer.core.cost import Pricing, cost_usd
+from consumer.core.tenants import TenantPolicies
+from consumer.kafka.groupboard import GroupBoard
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TenantBudgets", "estimated_cost", "spend_of"]
+
+#: what a request's output is estimated at when it names no max_tokens (its estimate, and so
+#: the bound on overspending, holds only for requests that do)
+DEFAULT_OUTPUT_ESTIMATE_TOKENS = 1024
+
+
+def estimated_cost(
+    input_tokens: int, output_tokens: int | None, pricing: Pricing | None, *, offline: bool = False
+) -> Cost:
+    """A request's cost before it is sent: its prompt tokens and its `max_tokens` (else
+    DEFAULT_OUTPUT_ESTIMATE_TOKENS) at `pricing` (offline at the batch price; no pricing: $0)."""
+    output = output_tokens if output_tokens is not None else DEFAULT_OUTPUT_ESTIMATE_TOKENS
+    return spend_of(Usage(input_tokens, output), pricing, offline=offline)
+
+
+def spend_of(usage: Usage, pricing: Pricing | None, *, offline: bool = False) -> Cost:
+    """What an answer's usage spends of a budget."""
+    usd = cost_usd(usage, pricing, offline=offline) if pricing is not None else 0.0
+    return Cost(usd, max(usage.input_tokens, 0) + max(usage.output_tokens, 0))
+
+
+class TenantBudgets:
+    """The budgeted accounts of one instance (`instance`: its key on the board)."""
+
+    def __init__(
+        self,
+        policies: TenantPolicies,
+        instance: str,
+        board: GroupBoard | None = None,
+        *,
+        publish_interval_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock
+        self._book = BudgetBook(policies, instance, now_s=clock())
+        self._board = board
+        self._key = instance.encode()
+        self._publish_interval_s = publish_interval_s
+        #: one board write at a time: each holds every lease counted before it
+        self._writing = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        #: set whenever budget may have come free (a new day, a settled estimate, another
+        #: instance giving its leases back): held jobs look again
+        self.freed = asyncio.Event()
+
+    @property
+    def book(self) -> BudgetBook:
+        return self._book
+
+    def budgeted(self, account: str) -> bool:
+        return self._book.budgeted(account)
+
+    def exhausted(self, account: str) -> bool:
+        """True while the account's last estimate was refused and no budget came free since."""
+        return self._book.exhausted(account, self._clock())
+
+    async def reserve(self, account: str, estimate: Cost) -> Reservation | Exhausted:
+        """Hold `estimate` for one request of the budgeted `account`, claiming a lease on the
+        board first when this instance's leases do not hold it."""
+        verdict = self._book.try_reserve(account, estimate, self._clock())
+        if not isinstance(verdict, LeaseWanted):
+            return verdict
+        async with self._writing:  # one lease write at a time; the rest may fit in it
+            verdict = self._book.try_reserve(account, estimate, self._clock())
+            if isinstance(verdict, LeaseWanted):
+                await self._claim(verdict)
+                verdict = self._book.try_reserve(account, estimate, self._clock())
+        if isinstance(verdict, LeaseWanted):  # the day ended meanwhile: try once more, leasing anew
+            return await self.reserve(account, estimate)
+        return verdict
+
+    async def _claim(self, lease: LeaseWanted) -> None:
+        """Record the lease on the board, then count it (a lost write loses no spend). The
+        caller holds `_writing`."""
+        if self._board is not None:
+            record = self._book.record(self._clock())
+            entry = record["accounts"][lease.account]
+            entry["claimed_usd"] = round(entry["claimed_usd"] + lease.amount.usd, 9)
+            entry["claimed_tokens"] += lease.amount.tokens
+            await self._board.publish(self._key, record)
+        self._book.claimed(lease)
+
+    def settle(self, reservation: Reservation, actual: Cost) -> None:
+        """The request was answered: `actual` spent, its estimate returned."""
+        self._book.settle(reservation, actual)
+        if actual.usd < reservation.estimate.usd or actual.tokens < reservation.estimate.tokens:
+            self.freed.set()
+
+    def release(self, reservation: Reservation) -> None:
+        """The request was not answered: its estimate is returned."""
+        self._book.release(reservation)
+        self.freed.set()
+
+    def exhausted_message(self, account: str) -> str:
+        return self._book.exhausted_message(account, self._clock())
+
+    def remaining(self, account: str) -> Cost:
+        return self._book.remaining(account, self._clock())
+
+    def spent(self, account: str) -> Cost:
+        return self._book.spent(account, self._clock())
+
+    def roll(self) -> bool:
+        """Start a new UTC day when one began (True then; held jobs may go)."""
+        rolled = self._book.roll(self._clock())
+        if rolled:
+            self.freed.set()
+        return rolled
+
+    # ------------------------------------------------------------------ the board
+    async def start(self) -> None:
+        """Read what every instance recorded today, then follow the board."""
+        if self._board is None:
+            return
+        await self._board.start()
+        self._observe_all()
+        self._task = asyncio.create_task(self._follow(), name="promptbus-budgets")
+
+    async def stop(self) -> None:
+        """Give the unspent leases back (this instance's record shrinks to what it spent)."""
+        if self._board is None:
+            return
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        try:
+            async with self._writing:
+                await self._board.publish(self._key, self._book.record(self._clock(), final=True))
+        except Exception as exc:  # a lost final write keeps the leases spent: never too low
+            log.warning("budgets: the final record was not written (%s); its leases stay spent", exc)
+        await self._board.stop()
+
+    def _observe_all(self) -> None:
+        assert self._board is not None
+        now_s = self._clock()
+        for key, value in self._board.latest().items():
+            if key != self._key:
+                self._book.observe(key.decode("utf-8", "replace"), value, now_s)
+
+    async def _follow(self) -> None:
+        """Read other instances' records as they come; write this one's now and then (its
+        settled figures, for `promptbus stats` of other instances)."""
+        assert self._board is not None
+        next_publish_s = time.monotonic() + self._publish_interval_s
+        while True:
+            wait_s = max(0.0, next_publish_s - time.monotonic())
+            try:
+                if await self._board.changed(wait_s):
+                    self._observe_all()
+                    self.freed.set()
+                if time.monotonic() >= next_publish_s:
+                    next_publish_s = time.monotonic() + self._publish_interval_s
+                    async with self._writing:
+                        await self._board.publish(self._key, self._book.record(self._clock()))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("budgets: the board could not be read or written (%s); trying again", exc)
+                await asyncio.sleep(min(self._publish_interval_s, 1.0))
