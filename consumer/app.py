@@ -183,7 +183,7 @@ async def build_service(
     outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits, ledger=ledger)
     budgets = build_budgets(settings, edges, policies, instance, kafka.side_producer)
     gate = TenantGate(ledger, budgets, outcomes) if budgets is not None else None
-    collector, offline_parts = build_offline(settings, tier_file, outcomes, kafka, clients, limits)
+    collector, offline_parts = build_offline(settings, tier_file, outcomes, kafka, clients, limits, gate)
     pipeline = Pipeline(
         settings,
         tiers,
@@ -335,6 +335,7 @@ def build_offline(
     kafka: KafkaClients,
     clients: list[Any],
     limits: RecordLimits,
+    gate: TenantGate | None = None,
 ) -> tuple[OfflineCollector | None, list[Part]]:
     """Collector and tracker for tiers with offline.enabled (none when no tier allows it).
 
@@ -349,7 +350,7 @@ def build_offline(
         client = make_http_client(config)
         clients.append(client)
         batch_providers[name] = build_batch_provider(name, config, client)
-    collector = OfflineCollector(settings, batch_providers, kafka.side_producer, outcomes)
+    collector = OfflineCollector(settings, batch_providers, kafka.side_producer, outcomes, gate=gate)
     exactly_once = settings.processing_guarantee == "exactly_once"
     tracker_producer = (
         kafka.make_producer(transactional_id=f"{settings.group_id}.batch-tracker")
@@ -367,6 +368,7 @@ def build_offline(
         transactional=exactly_once,
         stats=outcomes.stats,
         pricing_by_tier={n: t.pricing.pricing() for n, t in offline_tiers.items() if t.pricing is not None},
+        ledger=outcomes.ledger,
     )
     # exactly_once: the tracker's own transactional producer starts first and stops last
     return collector, [tracker_producer, collector, tracker] if exactly_once else [collector, tracker]

@@ -29,9 +29,15 @@ def job_producer(settings: Settings) -> AIOKafkaProducer:
 
 
 async def submit_jobs(
-    settings: Settings, jobs: Iterable[bytes], *, progress: Any = None, key_of: Any = None
+    settings: Settings,
+    jobs: Iterable[bytes],
+    *,
+    progress: Any = None,
+    key_of: Any = None,
+    headers: Sequence[tuple[str, bytes]] = (),
 ) -> int:
-    """Produce job records (key: the job id) and wait until all are acknowledged; return the count."""
+    """Produce job records (key: the job id; `headers` on each) and wait until all are
+    acknowledged; return the count."""
     producer = job_producer(settings)
     await producer.start()
     sent = 0
@@ -39,7 +45,7 @@ async def submit_jobs(
         pending: list[asyncio.Future[Any]] = []
         for value in jobs:
             key = key_of(value) if key_of else None
-            pending.append(await producer.send(settings.jobs_topic, value, key=key))
+            pending.append(await producer.send(settings.jobs_topic, value, key=key, headers=list(headers)))
             sent += 1
             if len(pending) >= 1000:
                 await asyncio.gather(*pending)

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from consumer.core.errors import ConfigError
 from consumer.runtime.latency import HISTOGRAMS
-from consumer.runtime.stats import ServiceStats
+from consumer.runtime.stats import ServiceStats, budget_left
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,93 @@ LANE_METRICS: tuple[_Metric, ...] = (
 )
 
 
+def _per_tenant(field: str) -> Samples:
+    return lambda s: [((tenant,), getattr(ts, field)) for tenant, ts in sorted(s.tenants.items())]
+
+
+def _tenant_budget(budget: str, spent: str | None = None) -> Samples:
+    """The day's budget (`spent` None) or what it has left, of the accounts a budget limits."""
+
+    def samples(s: ServiceStats) -> list[tuple[tuple[str, ...], float]]:
+        out: list[tuple[tuple[str, ...], float]] = []
+        for tenant, ts in sorted(s.tenants.items()):
+            total = getattr(ts, budget)
+            if total:
+                out.append(((tenant,), total if spent is None else budget_left(total, getattr(ts, spent))))
+        return out
+
+    return samples
+
+
+#: per tenant account (`consumer.core.tenants`): a named tenant, `default` or `other`
+TENANT_METRICS: tuple[_Metric, ...] = (
+    _Metric(
+        ("tenant", "jobs"),
+        "Jobs of the tenant with an outcome (tenants the tier file does not name: other)",
+        True,
+        ("tenant", "outcome"),
+        lambda s: [
+            ((tenant, outcome), n)
+            for tenant, ts in sorted(s.tenants.items())
+            for outcome, n in (("result", ts.results), ("dead_letter", ts.dead_letters))
+        ],
+    ),
+    _Metric(
+        ("tenant", "tokens"),
+        "Tokens of the tenant's answered requests, by kind (input, output)",
+        True,
+        ("tenant", "kind"),
+        lambda s: [
+            ((tenant, kind), n)
+            for tenant, ts in sorted(s.tenants.items())
+            for kind, n in (("input", ts.input_tokens), ("output", ts.output_tokens))
+        ],
+    ),
+    _Metric(
+        ("tenant", "cost_usd"),
+        "Cost of the tenant's answered requests at the tiers' pricing",
+        True,
+        ("tenant",),
+        _per_tenant("cost_usd"),
+    ),
+    _Metric(
+        ("tenant", "budget_usd"),
+        "The tenant's USD budget for the UTC day (tenants with one)",
+        False,
+        ("tenant",),
+        _tenant_budget("budget_usd"),
+    ),
+    _Metric(
+        ("tenant", "budget_remaining_usd"),
+        "What the tenant's USD budget has left today, every instance's spend and leases counted",
+        False,
+        ("tenant",),
+        _tenant_budget("budget_usd", "spent_usd"),
+    ),
+    _Metric(
+        ("tenant", "budget_tokens"),
+        "The tenant's token budget for the UTC day (tenants with one)",
+        False,
+        ("tenant",),
+        _tenant_budget("budget_tokens"),
+    ),
+    _Metric(
+        ("tenant", "budget_remaining_tokens"),
+        "What the tenant's token budget has left today, every instance's spend and leases counted",
+        False,
+        ("tenant",),
+        _tenant_budget("budget_tokens", "spent_tokens"),
+    ),
+    _Metric(
+        ("tenant", "held"),
+        "Jobs of the tenant held until its budget allows them (on_exhausted: hold)",
+        False,
+        ("tenant",),
+        _per_tenant("held"),
+    ),
+)
+
+
 def _agreement(field: str) -> Samples:
     return lambda s: [
         ((tier, str(size)), getattr(count, field))
@@ -182,6 +269,7 @@ METRICS: tuple[_Metric, ...] = (
         for name, text in _TIER_GAUGES.items()
     ),
     *LANE_METRICS,
+    *TENANT_METRICS,
     _Metric(
         ("consumer_lag_records",),
         "Log end offset minus the group's committed offset, per partition this instance owns",

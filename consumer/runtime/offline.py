@@ -31,6 +31,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
+from consumer.core.budgets import Reservation
 from consumer.core.completion import CompletionRequest
 from consumer.core.cost import Pricing, cost_usd
 from consumer.core.embed import EmbeddingRequest
@@ -49,11 +50,14 @@ from consumer.core.tenants import DEFAULT_TENANT, tenant_problem
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchProvider
+from consumer.runtime.accounts import TenantLedger
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.latency import DEAD_LETTER, DEFAULT_LANE, OFFLINE_JOB_LATENCY, RESULT
 from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
+from consumer.runtime.spending import TierSpending, count_tenant_usage, reserve_offline, tier_spending
 from consumer.runtime.stats import ServiceStats, TierStats
+from consumer.runtime.tenancy import TenantGate
 from consumer.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -78,12 +82,20 @@ class OfflineCollector:
         producer: AIOKafkaProducer,
         outcomes: OutcomeWriter,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        gate: TenantGate | None = None,
     ) -> None:
+        """gate: the tenants' budgets, when some account has one: each job's estimate (at the
+        batch price) is spent when its batch is recorded (its answer comes hours later, to
+        whichever instance tracks it); a job its tenant's budget does not hold is held or
+        dead-lettered before it is submitted."""
         self._settings = settings
         self._providers = batch_providers
         self._producer = producer
         self._outcomes = outcomes
         self._clock = clock
+        self._gate = gate
+        self._spending: dict[str, TierSpending] = {}
         self._pending: dict[str, _Pending] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
@@ -140,10 +152,40 @@ class OfflineCollector:
         # embed jobs after chat jobs: a provider batch has one endpoint, so each kind is one run
         ctxs = sorted(ctxs, key=lambda c: c.kind == "embed")
         requests = [BatchRequest(f"pb-{i}", offline_request(c, model)) for i, c in enumerate(ctxs)]
+        held: list[tuple[Reservation | None, JobContext]] = []
+        if self._gate is not None:
+            spending = self._spending.get(tier)
+            if spending is None:
+                config, ledger = ctxs[0].tier.config, self._outcomes.ledger
+                spending = self._spending[tier] = tier_spending(config, ledger, self._gate)
+            requests, ctxs, held = await reserve_offline(spending, self._gate, requests, ctxs)
+            if not ctxs:
+                return
+        taken: list[bool] = []  # the provider took the batch: its jobs cost what they will
+        try:
+            await self._submit_requests(tier, provider, requests, ctxs, taken)
+        finally:
+            spending = self._spending.get(tier)
+            for reservation, _ in held:
+                if spending is not None and reservation is not None:
+                    spending.spent_as_estimated(reservation, recorded=bool(taken))
+
+    async def _submit_requests(
+        self,
+        tier: str,
+        provider: BatchProvider,
+        requests: list[BatchRequest],
+        ctxs: list[JobContext],
+        taken: list[bool],
+    ) -> None:
+        """Submit the requests as provider batches (`taken` gets True once the provider took
+        them); record each batch, then let its jobs' input offsets commit (or dead-letter them
+        when the provider refuses the submission)."""
         delay_s = 1.0
         while True:
             try:
                 jobs = await provider.submit(requests)
+                taken.append(True)
                 break
             except ProviderError as exc:
                 if not exc.retryable:
@@ -253,10 +295,12 @@ class BatchTracker:
         transactional: bool,
         stats: ServiceStats | None = None,
         pricing_by_tier: dict[str, Pricing] | None = None,
+        ledger: TenantLedger | None = None,
     ) -> None:
         self._settings = settings
         self._limits = limits
         self._stats = stats
+        self._ledger = ledger
         self._pricing_by_tier = pricing_by_tier or {}
         self._providers = batch_providers
         self._producer = producer
@@ -338,6 +382,9 @@ class BatchTracker:
             tier = record["tier"]
             count_offline_usage(self._stats.tier(tier), items, self._pricing_by_tier.get(tier))
             observe_offline_latency(self._stats, self._settings.results_topic, record, records)
+        if self._ledger is not None:
+            tenants = {m["custom_id"]: _member_tenant(m) for m in record["members"]}
+            count_tenant_usage(self._ledger, tenants, items, self._pricing_by_tier.get(record["tier"]))
         self._open.pop(key, None)
         self._next_poll_s.pop(key, None)
         log.info("batch %s %s: %d outcomes published", record["batch_id"], job.status.value, len(records))
@@ -425,7 +472,7 @@ def outcome_records(
                 tier=record.get("tier"),
                 mode="offline",
                 embedding=outcome.embedding,
-                tenant=_member_tenant(member, job),
+                tenant=_member_tenant(member),
             )
             problem = too_large_result(result, limits.results)
             if problem is None:
@@ -443,15 +490,17 @@ def outcome_records(
                 status_code=outcome.status_code,
                 provider=record.get("provider"),
                 max_bytes=limits.dead_letters,
-                tenant=_member_tenant(member, job),
+                tenant=_member_tenant(member),
             )
         )
     return out
 
 
-def _member_tenant(member: dict[str, Any], job: Job) -> str:
-    """A batch member's tenant: as recorded with it (its header's, when the job named none)."""
-    recorded = member.get("tenant")
-    if isinstance(recorded, str) and tenant_problem(recorded) is None:
-        return recorded
-    return job.tenant or DEFAULT_TENANT
+def _member_tenant(member: dict[str, Any]) -> str:
+    """A batch member's tenant: as recorded with it (its header's, when the job named none),
+    else its job's own."""
+    job = member.get("job")
+    for value in (member.get("tenant"), job.get("tenant") if isinstance(job, dict) else None):
+        if isinstance(value, str) and tenant_problem(value) is None:
+            return value
+    return DEFAULT_TENANT

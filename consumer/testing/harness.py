@@ -11,7 +11,7 @@ import os
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +107,9 @@ def job(i: int, *, batch: bool, tier: str = "small", text: str | None = None, **
     }
 
 
-async def produce(settings: Settings, jobs: Iterable[dict[str, Any] | bytes]) -> int:
+async def produce(
+    settings: Settings, jobs: Iterable[dict[str, Any] | bytes], headers: Sequence[tuple[str, bytes]] = ()
+) -> int:
     def encode(j: dict[str, Any] | bytes) -> bytes:
         return j if isinstance(j, bytes) else orjson.dumps(j)
 
@@ -118,7 +120,7 @@ async def produce(settings: Settings, jobs: Iterable[dict[str, Any] | bytes]) ->
                 return jid.encode()
         return None
 
-    return await submit_jobs(settings, (encode(j) for j in jobs), key_of=key_of)
+    return await submit_jobs(settings, (encode(j) for j in jobs), key_of=key_of, headers=headers)
 
 
 @dataclass
@@ -258,10 +260,16 @@ class KafkaBus:
     def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
         return InProcessService(self.settings, tier_file, **kwargs)
 
-    async def produce(self, jobs: Iterable[dict[str, Any] | bytes], *, topic: str | None = None) -> int:
-        """Produce to the jobs topic, or to `topic` (a lane's)."""
+    async def produce(
+        self,
+        jobs: Iterable[dict[str, Any] | bytes],
+        *,
+        topic: str | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> int:
+        """Produce to the jobs topic, or to `topic` (a lane's), with `headers` on each record."""
         settings = self.settings if topic is None else self.settings.model_copy(update={"jobs_topic": topic})
-        return await produce(settings, jobs)
+        return await produce(settings, jobs, headers)
 
     async def outcomes(self) -> Outcomes:
         return await read_outcomes(self.settings)
@@ -311,8 +319,14 @@ class MemoryBus:
     def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
         return InProcessService(self.settings, tier_file, edges=self.edges, **kwargs)
 
-    async def produce(self, jobs: Iterable[dict[str, Any] | bytes], *, topic: str | None = None) -> int:
-        """Append to the jobs topic, or to `topic` (a lane's)."""
+    async def produce(
+        self,
+        jobs: Iterable[dict[str, Any] | bytes],
+        *,
+        topic: str | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> int:
+        """Append to the jobs topic, or to `topic` (a lane's), with `headers` on each record."""
         n = 0
         for j in jobs:
             value = j if isinstance(j, bytes) else orjson.dumps(j)
@@ -320,7 +334,7 @@ class MemoryBus:
             with contextlib.suppress(Exception):
                 jid = orjson.loads(value).get("id")
                 key = jid.encode() if isinstance(jid, str) else None
-            self.broker.append(topic or self.settings.jobs_topic, key, value)
+            self.broker.append(topic or self.settings.jobs_topic, key, value, headers)
             n += 1
         return n
 

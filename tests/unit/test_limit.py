@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from types import SimpleNamespace
 
@@ -114,7 +115,7 @@ def test_aimd_steps_down_once_per_rtt() -> None:
     # the tolerance), not one per answer
     for _ in range(8):
         seen.append(limit.update(1000.0, inflight=limit.limit, dropped=False, now_s=2.0))
-    steps = [b for a, b in zip(seen, seen[1:], strict=False) if b != a]
+    steps = [b for a, b in itertools.pairwise(seen) if b != a]
     assert len(steps) == 1 and 4 <= steps[0] < seen[0]
     # answers sent after that step, as slow: the next step
     assert limit.update(1000.0, inflight=limit.limit, dropped=False, now_s=4.0) < steps[0]
