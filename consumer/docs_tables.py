@@ -25,7 +25,16 @@ from pydantic import AliasChoices
 from consumer import schemas
 from consumer.settings import Settings
 
-__all__ = ["DEFAULT_PATH", "TABLES", "environment_table", "lane_table", "main", "render", "tier_file_table"]
+__all__ = [
+    "DEFAULT_PATH",
+    "TABLES",
+    "environment_table",
+    "lane_table",
+    "main",
+    "render",
+    "tenant_table",
+    "tier_file_table",
+]
 
 #: docs/configuration.md at the repository root.
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -112,6 +121,11 @@ def lane_table() -> str:
     return _tier_file_rows("LaneConfig")
 
 
+def tenant_table() -> str:
+    """Every key of a tenant (`tenants.NAME.KEY`), its type, default and description."""
+    return _tier_file_rows("TenantConfig")
+
+
 def _env_names(path: tuple[str, ...]) -> str:
     """The variable(s) behind a settings path; a field with alias choices has several."""
     field = Settings.model_fields.get(path[0])
@@ -147,6 +161,7 @@ def environment_table() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "tier-file": tier_file_table,
     "lanes": lane_table,
+    "tenants": tenant_table,
     "environment": environment_table,
 }
 

@@ -10,7 +10,10 @@ kept). A SIGKILLed instance must never leave its spend recorded too low, so spen
 2. When the leases do not hold the estimate, the instance claims a new lease (`LeaseWanted`):
    a slice of what the group has not claimed yet (the budget less every instance's claims
    today), at least the estimate. The lease counts only once its record is on the board
-   (`claimed`): a crash loses the unspent part of a lease, never records spend too low.
+   (`claimed`): a crash loses the unspent part of a lease, never records spend too low. The
+   board orders every instance's claims; a lease is granted only as far as the budget less
+   the claims written before it allows, so two instances claiming at once cannot both take
+   the same slice.
 3. The answer's usage *settles* the reservation (`settle`): the estimate is returned and the
    actual cost spent; a request never sent gives its estimate back (`release`).
 4. When the group has nothing left to claim for an estimate, the account is exhausted
@@ -200,20 +203,22 @@ class BudgetBook:
         if not need.fits(free, acct.policy):
             acct.refused = estimate
             return Exhausted(account, self.day, self._exhausted_message(acct, self.day))
-        budget = acct.budget()
-        want = Cost(
-            min(free.usd, max(need.usd, estimate.usd * LEASE_REQUESTS, budget.usd * LEASE_FRACTION)),
-            min(
-                free.tokens,
-                max(need.tokens, estimate.tokens * LEASE_REQUESTS, int(budget.tokens * LEASE_FRACTION)),
-            ),
-        )
-        return LeaseWanted(account, self.day, want)
+        return LeaseWanted(account, self.day, _lease(acct.policy, need, estimate, free))
 
-    def claimed(self, lease: LeaseWanted) -> None:
-        """`lease` is on the board (this instance's record with it is acknowledged)."""
-        if self.day == lease.day:
-            self._accounts[lease.account].claimed += lease.amount
+    def claimed(self, lease: LeaseWanted, *, arbitrated: bool = False) -> Cost:
+        """`lease` is on the board (this instance's record with it is acknowledged); what of it
+        is granted. `arbitrated`: every other instance's claims written before it have been
+        observed since, so it is granted only as far as the budget less all of theirs allows
+        (without a board, nobody else claims: all of it)."""
+        if self.day != lease.day:
+            return ZERO
+        acct = self._accounts[lease.account]
+        granted = lease.amount
+        if arbitrated:
+            free = acct.unclaimed()
+            granted = Cost(max(min(granted.usd, free.usd), 0.0), max(min(granted.tokens, free.tokens), 0))
+        acct.claimed += granted
+        return granted
 
     def settle(self, reservation: Reservation, actual: Cost) -> None:
         """The request was answered: its estimate is returned and `actual` spent (a request
@@ -304,6 +309,18 @@ class BudgetBook:
             f"tenant '{p.name}' has spent its daily budget ({' and '.join(parts)} on {day} UTC, "
             "leases of every instance included)"
         )
+
+
+def _lease(policy: TenantPolicy, need: Cost, estimate: Cost, free: Cost) -> Cost:
+    """The lease to claim for `need`: at least LEASE_FRACTION of the day's budget and
+    LEASE_REQUESTS estimates, at most what is free; nothing in a dimension without a cap."""
+    usd, tokens = 0.0, 0
+    if policy.usd_per_day is not None:
+        usd = max(need.usd, estimate.usd * LEASE_REQUESTS, policy.usd_per_day * LEASE_FRACTION)
+    if policy.tokens_per_day is not None:
+        least = int(policy.tokens_per_day * LEASE_FRACTION)
+        tokens = max(need.tokens, estimate.tokens * LEASE_REQUESTS, least)
+    return Cost(min(free.usd, usd), min(free.tokens, tokens))
 
 
 def _number(value: Any) -> float:

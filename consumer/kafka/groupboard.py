@@ -1,12 +1,17 @@
-"""The group's board on a compacted topic: every instance publishes its own keyed record and
-reads every instance's latest (the tenants' budgets, `consumer.runtime.budgets`). `GroupBoard`
-is the Protocol; `KafkaBoard` the real one, `consumer.testing.memory.MemoryBoard` the fake.
+"""The group's board on a compacted topic of one partition: every instance publishes its own
+keyed record and reads every instance's latest (the tenants' budgets,
+`consumer.runtime.budgets`). `GroupBoard` is the Protocol; `KafkaBoard` the real one,
+`consumer.testing.memory.MemoryBoard` the fake.
 
-`KafkaBoard.start` reads the topic from its beginning to the end offsets it finds (so the caller
-knows what every instance wrote before it admits anything), then follows it in a task. A record
-that is not a JSON object (another tool wrote it) is skipped with a warning; a tombstone removes
-its key. `publish` returns once the broker acknowledged the record (acks=all, the service's
-side producer), and the record counts as read at once.
+One partition puts every instance's records in one order, which is what lets writers share
+something without a lock: `publish` returns the offset its record got, and `read_past(offset)`
+returns once every record up to it has been read, so the writer knows every record written
+before its own (a claim decided after that cannot have missed an earlier one).
+
+`start` reads the topic from its beginning to the end offset it finds (so the caller knows
+what every instance wrote before it admits anything), then the board follows it. A record
+that is not a JSON object (another tool wrote it) is skipped with a warning; a tombstone
+removes its key.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import orjson
 from consumer.kafka.clients import committed_reader, topic_partitions
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
+from consumer.waits import wait_at_most
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +39,7 @@ _FETCH_WAIT_MS = 500
 
 class GroupBoard(Protocol):
     """The group's board: every instance publishes its own keyed record and reads every
-    instance's latest (a compacted topic)."""
+    instance's latest, in the one order of the topic's one partition."""
 
     async def start(self) -> None:
         """Read every instance's latest record (before the service admits anything)."""
@@ -41,8 +47,12 @@ class GroupBoard(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def publish(self, key: bytes, value: dict[str, Any]) -> None:
-        """Write this instance's record; returns once it is acknowledged."""
+    async def publish(self, key: bytes, value: dict[str, Any]) -> int:
+        """Write this instance's record; returns its offset once it is acknowledged."""
+        ...
+
+    async def read_past(self, offset: int) -> None:
+        """Return once every record up to `offset` has been read (`latest` holds them)."""
         ...
 
     def latest(self) -> Mapping[bytes, dict[str, Any]]:
@@ -55,23 +65,25 @@ class GroupBoard(Protocol):
 
 
 class BoardRecords:
-    """Every writer's latest record as read so far (the part of a board both edges share): a
-    record that is not a JSON object is skipped with a warning, a tombstone removes its key."""
+    """Every writer's latest record as read so far, in log order (the part of a board both
+    edges share)."""
 
     def __init__(self, topic: str) -> None:
         self._topic = topic
         self._latest: dict[bytes, dict[str, Any]] = {}
         self._changed = asyncio.Event()
+        #: the offset of the next record to read
+        self._next_offset = 0
+        self._advanced = asyncio.Event()
 
     def latest(self) -> Mapping[bytes, dict[str, Any]]:
         return self._latest
 
-    def written(self, key: bytes, value: dict[str, Any]) -> None:
-        """This instance's own record, acknowledged: it counts as read."""
-        self._latest[key] = value
-
-    def take(self, key: bytes | None, value: bytes | None) -> None:
-        """One record read from the topic."""
+    def take(self, offset: int, key: bytes | None, value: bytes | None) -> None:
+        """The record at `offset`, read in order: a record that is not a JSON object is skipped
+        with a warning, a tombstone removes its key."""
+        self._next_offset = max(self._next_offset, offset + 1)
+        self._advanced.set()
         if key is None:
             return
         if value is None:
@@ -88,18 +100,24 @@ class BoardRecords:
         self._latest[key] = record
         self._changed.set()
 
+    async def read_past(self, offset: int) -> None:
+        """Return once the record at `offset` (and every one before it) has been read."""
+        while self._next_offset <= offset:
+            self._advanced.clear()
+            await self._advanced.wait()
+
     async def changed(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for records read since the last call; True when some came."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout=timeout_s)
+        if timeout_s > 0 and not self._changed.is_set():
+            await wait_at_most(self._changed.wait(), timeout_s)
         came = self._changed.is_set()
         self._changed.clear()
         return came
 
 
 class KafkaBoard(BoardRecords):
-    """Every instance's latest record on `topic` (created beforehand, like every topic of the
-    service); this instance's written with `producer`."""
+    """Every instance's latest record on `topic` (created beforehand with one partition, like
+    every topic of the service); this instance's written with `producer` (acks=all)."""
 
     def __init__(self, settings: Settings, topic: str, producer: Any) -> None:
         super().__init__(topic)
@@ -109,8 +127,14 @@ class KafkaBoard(BoardRecords):
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Read every record up to the end offsets found now, then follow the topic."""
+        """Read every record up to the end offset found now, then follow the topic."""
         partitions = await topic_partitions(self._settings, self._topic)
+        if len(partitions) != 1:
+            log.warning(
+                "board %s has %d partitions: instances' claims on it are not in one order; give it one",
+                self._topic,
+                len(partitions),
+            )
         await self._consumer.start()
         tps = [TopicPartition(self._topic, p) for p in partitions]
         self._consumer.assign(tps)
@@ -128,10 +152,10 @@ class KafkaBoard(BoardRecords):
                 await self._task
         await self._consumer.stop()
 
-    async def publish(self, key: bytes, value: dict[str, Any]) -> None:
-        """Write this instance's record and wait for the broker's acknowledgement."""
-        await (await self._producer.send(self._topic, orjson.dumps(value), key=key))
-        self.written(key, value)
+    async def publish(self, key: bytes, value: dict[str, Any]) -> int:
+        """Write this instance's record; its offset once the broker acknowledged it."""
+        metadata = await (await self._producer.send(self._topic, orjson.dumps(value), key=key))
+        return int(metadata.offset)
 
     async def _follow(self) -> None:
         while True:
@@ -147,4 +171,4 @@ class KafkaBoard(BoardRecords):
         batch = await self._consumer.getmany(timeout_ms=_FETCH_WAIT_MS)
         for records in batch.values():
             for r in records:
-                self.take(r.key, r.value)
+                self.take(r.offset, r.key, r.value)

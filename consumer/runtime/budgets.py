@@ -106,15 +106,25 @@ class TenantBudgets:
         return verdict
 
     async def _claim(self, lease: LeaseWanted) -> None:
-        """Record the lease on the board, then count it (a lost write loses no spend). The
-        caller holds `_writing`."""
-        if self._board is not None:
-            record = self._book.record(self._clock())
-            entry = record["accounts"][lease.account]
-            entry["claimed_usd"] = round(entry["claimed_usd"] + lease.amount.usd, 9)
-            entry["claimed_tokens"] += lease.amount.tokens
-            await self._board.publish(self._key, record)
-        self._book.claimed(lease)
+        """Record the lease on the board, then count what of it the budget allows (a lost
+        write loses no spend). The caller holds `_writing`.
+
+        The board's one partition orders every instance's claims: once every record up to this
+        one has been read, the lease is granted as far as the budget less everyone else's
+        claims allows. A claim written after this one saw it first; one written before, this
+        one sees now. So the granted leases never add up past the budget, whoever writes
+        when."""
+        if self._board is None:
+            self._book.claimed(lease)
+            return
+        record = self._book.record(self._clock())
+        entry = record["accounts"][lease.account]
+        entry["claimed_usd"] = round(entry["claimed_usd"] + lease.amount.usd, 9)
+        entry["claimed_tokens"] += lease.amount.tokens
+        offset = await self._board.publish(self._key, record)
+        await self._board.read_past(offset)
+        self._observe_all()
+        self._book.claimed(lease, arbitrated=True)
 
     def settle(self, reservation: Reservation, actual: Cost) -> None:
         """The request was answered: `actual` spent, its estimate returned."""

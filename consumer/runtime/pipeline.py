@@ -133,8 +133,9 @@ class Pipeline:
         # each lane pauses its own partitions at its own bound (no lanes: one on the jobs topic)
         lanes = lanes or (Lane(DEFAULT_LANE_NAME, settings.jobs_topic, max_inflight=settings.max_inflight),)
         self._lanes = LaneGate(lanes, intake, sink, stats, max_poll_records=MAX_POLL_RECORDS)
-        # plans start per (tier, lane): a lane's queued plans never wait behind another lane's
-        self._gate: PlanGate[tuple[str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
+        # plans start per (tier, lane, tenant account): a lane's or an account's queued plans
+        # never wait behind another's running ones (within a key: fair between tenants)
+        self._gate: PlanGate[tuple[str, str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
             lambda key: running_plan_limit(tiers[key[0]].config.limiter.max),
             self._launch,
             weight_of,
@@ -364,10 +365,11 @@ class Pipeline:
         else:
             lane = min(members, key=lambda c: c.lane.rank if c.lane is not None else 0).lane_name
             deadline_s = min((d for c in members if (d := c.deadline_s) is not None), default=None)
-        self._gate.submit((first.tier.name, lane), (members, key), first.tenant, deadline_s)
+        account = self._outcomes.ledger.account(first.tenant)
+        self._gate.submit((first.tier.name, lane, account), (members, key), first.tenant, deadline_s)
 
     def _launch(
-        self, key: tuple[str, str], plan: tuple[list[JobContext], PackKey | None]
+        self, key: tuple[str, str, str], plan: tuple[list[JobContext], PackKey | None]
     ) -> asyncio.Task[None]:
         runner = self._runners[key[0]]
         members, pack_key = plan

@@ -3,12 +3,13 @@
 A plan is a task with its request plan, task group and limiter wait: several KB. Past the
 tier's concurrency limit a started plan only waits for a limiter slot, so with a slow
 provider and `max_inflight` jobs held, a task per held unbatched job would be most of the
-memory a held job costs. `PlanGate` starts at most `limit` plans per key (a tier and a lane:
-a lane's plans never queue behind another lane's, so the limiter's lane priority sees them)
-and keeps the rest as (members, key), starting the next one as a plan ends: the plan of the
-tenant with the least weighted service so far, and within a tenant the nearest deadline,
-then the first come (`consumer.core.fairshare`), so one tenant's flood never fills the queue
-ahead of another tenant's few. The limit is a multiple of the limiter's highest limit: plans
+memory a held job costs. `PlanGate` starts at most `limit` plans per key (a tier, a lane and
+a tenant account: a lane's or an account's plans never queue behind another's running ones, so
+the limiter's lane priority and fair share see them) and keeps the rest as (members, key),
+starting the next one as a plan ends: the plan of the tenant with the least weighted service
+so far (the tenants the tier file does not name share one account), and within a tenant the
+nearest deadline, then the first come (`consumer.core.fairshare`), so one tenant's flood never
+fills the queue ahead of another tenant's few. The limit is a multiple of the limiter's highest limit: plans
 sleeping out a retry backoff hold no slot, and the limiter must still find work whenever it
 opens one.
 """

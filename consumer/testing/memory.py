@@ -314,14 +314,12 @@ class MemoryProducer:
 
 
 class MemoryBoard(BoardRecords):
-    """A `GroupBoard` on the memory broker: reads the topic's records it has not read yet
-    whenever it is asked for news, and writes through `producer`."""
+    """A `GroupBoard` on the memory broker (its topic of one partition): reads the records it
+    has not read yet whenever it is asked for news or for a position."""
 
-    def __init__(self, broker: MemoryBroker, topic: str, producer: Any) -> None:
+    def __init__(self, broker: MemoryBroker, topic: str) -> None:
         super().__init__(topic)
         self._broker = broker
-        self._producer = producer
-        self._read = 0
 
     async def start(self) -> None:
         self._catch_up()
@@ -330,19 +328,22 @@ class MemoryBoard(BoardRecords):
     async def stop(self) -> None:
         return None
 
-    async def publish(self, key: bytes, value: dict[str, Any]) -> None:
-        await (await self._producer.send(self._topic, orjson.dumps(value), key=key))
-        self.written(key, value)
+    async def publish(self, key: bytes, value: dict[str, Any]) -> int:
+        return self._broker.append(self._topic, key, orjson.dumps(value), partition=0)
+
+    async def read_past(self, offset: int) -> None:
+        self._catch_up()
+        await super().read_past(offset)
 
     async def changed(self, timeout_s: float) -> bool:
         self._catch_up()
         return await super().changed(min(timeout_s, 0.05) if timeout_s > 0 else 0)
 
     def _catch_up(self) -> None:
-        records = self._broker.records(self._topic)
-        for record in records[self._read :]:
-            self.take(record.key, record.value)
-        self._read = len(records)
+        records = self._broker.topic(self._topic, 1)[0]
+        for offset in range(self._next_offset, len(records)):
+            record = records[offset]
+            self.take(offset, record.key, record.value)
 
 
 @dataclass(frozen=True)
@@ -375,7 +376,7 @@ class MemoryEdges:
         return MemoryTopicReader(self.broker, topic)
 
     def board(self, settings: Settings, topic: str, producer: Any) -> MemoryBoard:
-        return MemoryBoard(self.broker, topic, producer)
+        return MemoryBoard(self.broker, topic)
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         latest: dict[bytes, bytes] = {}
