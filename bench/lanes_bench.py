@@ -209,25 +209,46 @@ async def latency_run(
     await ensure_topics(settings, lane_topics=list(topics.values()))
     int_topic = topics.get("interactive", settings.jobs_topic)
     bulk_topic = topics.get("bulk", settings.jobs_topic)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    bulk_jobs = [make_job("bulk", i) for i in range(bulk)]
+    jobs = [make_job("int", i) for i in range(interactive)]
+    sent, outcomes = await backlog_then_paced(
+        settings, tiers, (bulk_topic, bulk_jobs), (int_topic, jobs), rate_per_s=rate
+    )
+    figures = latency_figures(sent, outcomes)
+    return {"lanes": lanes, "bulk_queued": bulk, "interactive": interactive, **figures}
+
+
+async def backlog_then_paced(
+    settings: Settings,
+    tiers: dict[str, Any],
+    backlog: tuple[str, list[dict[str, Any]]],
+    paced: tuple[str, list[dict[str, Any]]],
+    *,
+    rate_per_s: float,
+) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """The `backlog` jobs queued on their topic, the service started, LOAD_DELAY_S later the
+    `paced` jobs at `rate_per_s` on theirs: each paced job's ack time and outcome."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=5)
     await producer.start()
     try:
-        if bulk:
-            await produce_all(producer, bulk_topic, [make_job("bulk", i) for i in range(bulk)])
+        (backlog_topic, backlog_jobs), (paced_topic, paced_jobs) = backlog, paced
+        if backlog_jobs:
+            await produce_all(producer, backlog_topic, backlog_jobs)
         async with Running(settings, tiers):
-            if bulk:
+            if backlog_jobs:
                 await asyncio.sleep(LOAD_DELAY_S)
-            jobs = [make_job("int", i) for i in range(interactive)]
-            sent = await produce_paced(producer, int_topic, jobs, rate)
-            backlog_s = bulk * LATENCY_MS / 1000.0 / CAPACITY
+            sent = await produce_paced(producer, paced_topic, paced_jobs, rate_per_s)
+            backlog_s = len(backlog_jobs) * LATENCY_MS / 1000.0 / CAPACITY
             outcomes = await read_outcomes(settings, set(sent), timeout_s=120 + 3 * backlog_s)
     finally:
         await producer.stop()
+    return sent, outcomes
+
+
+def latency_figures(sent: dict[str, float], outcomes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The paced jobs' outcomes counted and their latencies (result timestamp minus ack)."""
     latencies = [(outcomes[i]["ts_ms"] - sent[i]) / 1000.0 for i in sent if i in outcomes]
     return {
-        "lanes": lanes,
-        "bulk_queued": bulk,
-        "interactive": interactive,
         "answered": sum(1 for o in outcomes.values() if not o["dead"]),
         "dead_lettered": sum(1 for o in outcomes.values() if o["dead"]),
         "lost": len(set(sent) - set(outcomes)),

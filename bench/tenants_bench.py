@@ -40,13 +40,12 @@ from aiokafka import AIOKafkaProducer
 from lanes_bench import (
     CAPACITY,
     LATENCY_MS,
-    LOAD_DELAY_S,
     Running,
-    _pct,
     _progress,
+    backlog_then_paced,
     fresh_settings,
+    latency_figures,
     produce_all,
-    produce_paced,
     read_outcomes,
 )
 
@@ -104,34 +103,14 @@ async def fair_run(
     """Beta's latency, after `bulk` alpha jobs were queued (0: on an empty service)."""
     settings = fresh_settings(bootstrap)
     await ensure_topics(settings)
-    named = {"alpha": {}, "beta": {}} if tenants else None
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        if bulk:
-            alpha = [make_job("alpha", i, "alpha" if tenants else None) for i in range(bulk)]
-            await produce_all(producer, settings.jobs_topic, alpha)
-        async with Running(settings, tier_file(base_url, named)):
-            if bulk:
-                await asyncio.sleep(LOAD_DELAY_S)
-            jobs = [make_job("beta", i, "beta" if tenants else None) for i in range(beta)]
-            sent = await produce_paced(producer, settings.jobs_topic, jobs, rate)
-            backlog_s = bulk * LATENCY_MS / 1000.0 / CAPACITY
-            outcomes = await read_outcomes(settings, set(sent), timeout_s=120 + 3 * backlog_s)
-    finally:
-        await producer.stop()
-    latencies = [(outcomes[i]["ts_ms"] - sent[i]) / 1000.0 for i in sent if i in outcomes]
-    return {
-        "tenants": tenants,
-        "alpha_queued": bulk,
-        "beta": beta,
-        "answered": sum(1 for o in outcomes.values() if not o["dead"]),
-        "dead_lettered": sum(1 for o in outcomes.values() if o["dead"]),
-        "lost": len(set(sent) - set(outcomes)),
-        "p50_s": round(_pct(latencies, 0.5), 3) if latencies else None,
-        "p99_s": round(_pct(latencies, 0.99), 3) if latencies else None,
-        "max_s": round(max(latencies), 3) if latencies else None,
-    }
+    named: dict[str, Any] | None = {"alpha": {}, "beta": {}} if tenants else None
+    alpha = [make_job("alpha", i, "alpha" if tenants else None) for i in range(bulk)]
+    jobs = [make_job("beta", i, "beta" if tenants else None) for i in range(beta)]
+    topic = settings.jobs_topic
+    sent, outcomes = await backlog_then_paced(
+        settings, tier_file(base_url, named), (topic, alpha), (topic, jobs), rate_per_s=rate
+    )
+    return {"tenants": tenants, "alpha_queued": bulk, "beta": beta, **latency_figures(sent, outcomes)}
 
 
 # ---------------------------------------------------------------------------- weights

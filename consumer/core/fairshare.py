@@ -42,6 +42,7 @@ class _Entry(Generic[T]):
     deadline_s: float
     seq: int
     item: T = field(compare=False)
+    flow: _Flow[T] = field(compare=False)
     alive: bool = field(default=True, compare=False)
 
 
@@ -74,7 +75,7 @@ class FairQueue(Generic[T]):
         self._flows: dict[str, _Flow[T]] = {}
         #: the flows with work waiting (few: one per tenant with work), scanned for the lowest tag
         self._active: list[_Flow[T]] = []
-        self._entries: dict[int, tuple[_Flow[T], _Entry[T]]] = {}
+        self._entries: dict[int, _Entry[T]] = {}
         self._vtime = 0.0
         self._seq = 0
 
@@ -104,30 +105,24 @@ class FairQueue(Generic[T]):
             found.tag = max(found.tag, self._vtime)  # an idle flow banks no credit
             found.since = self._seq
             self._active.append(found)
-        entry = _Entry(math.inf if deadline_s is None else deadline_s, self._seq, item)
+        entry = _Entry(math.inf if deadline_s is None else deadline_s, self._seq, item, found)
         heapq.heappush(found.heap, entry)
         found.live += 1
-        self._entries[id(item)] = (found, entry)
+        self._entries[id(item)] = entry
 
     def discard(self, item: T) -> bool:
         """Forget a waiting item; False when it is not waiting."""
-        found = self._entries.pop(id(item), None)
-        if found is None:
+        entry = self._entries.pop(id(item), None)
+        if entry is None:
             return False
-        flow, entry = found
         entry.alive = False
-        flow.live -= 1
+        entry.flow.live -= 1
         return True
 
     def peek(self) -> T | None:
         """The item `pop` would hand out, left waiting (None: nothing waits)."""
         flow = self._next_flow()
         return flow.head().item if flow is not None else None
-
-    def peek_flow(self) -> str | None:
-        """The flow `pop` would hand out from (None: nothing waits)."""
-        flow = self._next_flow()
-        return flow.name if flow is not None else None
 
     def pop(self) -> T | None:
         """Hand out the next item and count it to its flow (None: nothing waits)."""
@@ -146,7 +141,7 @@ class FairQueue(Generic[T]):
 
     def remove_where(self, matches: Callable[[T], bool]) -> list[T]:
         """Remove and return the waiting items `matches` selects, in no particular order."""
-        removed = [entry.item for _, entry in self._entries.values() if matches(entry.item)]
+        removed = [entry.item for entry in self._entries.values() if matches(entry.item)]
         for item in removed:
             self.discard(item)
         return removed
@@ -167,16 +162,17 @@ class FairQueue(Generic[T]):
         return best
 
     def _retire_dry(self) -> None:
-        keep: list[_Flow[T]] = []
+        kept = 0  # compacted in place: this runs whenever a flow runs dry
         for flow in self._active:
             if flow.live > 0:
-                keep.append(flow)
+                self._active[kept] = flow
+                kept += 1
                 continue
             flow.active = False
             flow.heap.clear()
             if flow.tag <= self._vtime:  # nothing to remember: it would start at the virtual time
                 del self._flows[flow.name]
-        self._active = keep
+        del self._active[kept:]
 
     def _forget_idle(self) -> None:
         """Forget the idle flows the virtual time has passed: they would start at it anyway."""

@@ -119,8 +119,3 @@ class TenantPolicies:
     def budgeted(self) -> tuple[TenantPolicy, ...]:
         """The accounts some daily budget limits."""
         return tuple(p for a in self.accounts if (p := self._by_account[a]).budgeted)
-
-    @property
-    def weighted(self) -> bool:
-        """True when some tenant's weight is not 1 (fair share is by count otherwise)."""
-        return any(p.weight != 1.0 for p in self._by_account.values())

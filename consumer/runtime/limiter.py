@@ -249,10 +249,8 @@ class AsyncLimiter:
         self._tokens.admit(self._seq, estimated_tokens * self._cost_ratio, now_s)
         return Token(self, now_s, self._seq, estimated_tokens)
 
-    def waiting_in(self, lane: str, tenant: str | None = None) -> int:
-        """Requests of `lane` (of `tenant` in it, when named) waiting for a slot."""
-        if tenant is not None:
-            return self._waiters.waiting_of(lane, tenant)
+    def waiting_in(self, lane: str) -> int:
+        """Requests of `lane` waiting for a slot."""
         return self._waiters.waiting(lane)
 
     def slot(

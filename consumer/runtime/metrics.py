@@ -87,47 +87,55 @@ def _per_tier(field: str) -> Samples:
     return lambda s: [((tier,), getattr(ts, field)) for tier, ts in sorted(s.tiers.items())]
 
 
-def _per_lane(field: str) -> Samples:
-    return lambda s: [((lane,), getattr(ls, field)) for lane, ls in sorted(s.lanes.items())]
+def _per(group: str, field: str) -> Samples:
+    """One sample per member of `group` (the stats' `lanes`, `tenants`): its `field`."""
+    return lambda s: [((name,), getattr(st, field)) for name, st in sorted(getattr(s, group).items())]
 
 
-def _lane_outcomes(s: ServiceStats) -> list[tuple[tuple[str, ...], float]]:
-    return [
-        ((lane, outcome), n)
-        for lane, ls in sorted(s.lanes.items())
-        for outcome, n in (("result", ls.results), ("dead_letter", ls.dead_letters))
+def _each(group: str, parts: tuple[tuple[str, str], ...]) -> Samples:
+    """Per member of `group` and per (label value, field) of `parts`: one sample."""
+    return lambda s: [
+        ((name, label), getattr(st, field))
+        for name, st in sorted(getattr(s, group).items())
+        for label, field in parts
     ]
+
+
+#: a lane's or a tenant's jobs by outcome
+_OUTCOMES = (("result", "results"), ("dead_letter", "dead_letters"))
 
 
 #: per lane (`consumer.core.lanes`), beside the per-tier figures
 LANE_METRICS: tuple[_Metric, ...] = (
-    _Metric(("lane", "jobs"), "Jobs of the lane with an outcome", True, ("lane", "outcome"), _lane_outcomes),
+    _Metric(
+        ("lane", "jobs"),
+        "Jobs of the lane with an outcome",
+        True,
+        ("lane", "outcome"),
+        _each("lanes", _OUTCOMES),
+    ),
     _Metric(
         ("lane", "latency_seconds"),
         "Seconds from read to outcome, summed over the lane's jobs (over lane_jobs_total: the mean)",
         True,
         ("lane",),
-        _per_lane("latency_s_total"),
+        _per("lanes", "latency_s_total"),
     ),
     _Metric(
         ("lane", "inflight"),
         "Input records of the lane not yet committable",
         False,
         ("lane",),
-        _per_lane("inflight"),
+        _per("lanes", "inflight"),
     ),
     _Metric(
         ("lane", "paused"),
         "1 while the lane's partitions are paused by its max_inflight",
         False,
         ("lane",),
-        _per_lane("paused"),
+        _per("lanes", "paused"),
     ),
 )
-
-
-def _per_tenant(field: str) -> Samples:
-    return lambda s: [((tenant,), getattr(ts, field)) for tenant, ts in sorted(s.tenants.items())]
 
 
 def _tenant_budget(budget: str, spent: str | None = None) -> Samples:
@@ -151,29 +159,21 @@ TENANT_METRICS: tuple[_Metric, ...] = (
         "Jobs of the tenant with an outcome (tenants the tier file does not name: other)",
         True,
         ("tenant", "outcome"),
-        lambda s: [
-            ((tenant, outcome), n)
-            for tenant, ts in sorted(s.tenants.items())
-            for outcome, n in (("result", ts.results), ("dead_letter", ts.dead_letters))
-        ],
+        _each("tenants", _OUTCOMES),
     ),
     _Metric(
         ("tenant", "tokens"),
         "Tokens of the tenant's answered requests, by kind (input, output)",
         True,
         ("tenant", "kind"),
-        lambda s: [
-            ((tenant, kind), n)
-            for tenant, ts in sorted(s.tenants.items())
-            for kind, n in (("input", ts.input_tokens), ("output", ts.output_tokens))
-        ],
+        _each("tenants", (("input", "input_tokens"), ("output", "output_tokens"))),
     ),
     _Metric(
         ("tenant", "cost_usd"),
         "Cost of the tenant's answered requests at the tiers' pricing",
         True,
         ("tenant",),
-        _per_tenant("cost_usd"),
+        _per("tenants", "cost_usd"),
     ),
     _Metric(
         ("tenant", "budget_usd"),
@@ -208,7 +208,7 @@ TENANT_METRICS: tuple[_Metric, ...] = (
         "Jobs of the tenant held until its budget allows them (on_exhausted: hold)",
         False,
         ("tenant",),
-        _per_tenant("held"),
+        _per("tenants", "held"),
     ),
 )
 

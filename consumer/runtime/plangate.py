@@ -86,10 +86,6 @@ class PlanGate(Generic[K, T]):
         """Plans waiting to start, over all keys."""
         return sum(len(q) for q in self._queued.values())
 
-    def queued_of(self, tenant: str) -> int:
-        """Plans of `tenant` waiting to start, over all keys."""
-        return sum(q.waiting(tenant) for q in self._queued.values())
-
     def drop(self, matches: Callable[[T], bool]) -> list[T]:
         """Remove the queued plans `matches` selects (revoked partitions, shutdown); return them."""
         return [plan for queue in self._queued.values() for plan in queue.remove_where(matches)]

@@ -11,7 +11,7 @@ import os
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +89,16 @@ def tier_file_dict(
             }
         }
     }
+
+
+async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Wait (bounded, polling) until `condition()` holds; whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return condition()
 
 
 async def create_topics(settings: Settings) -> None:

@@ -13,10 +13,18 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from consumer.testing.harness import create_topics, produce, read_outcomes, service_env, settings_from_env
+from consumer.testing.harness import (
+    create_topics,
+    produce,
+    read_outcomes,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+)
 from consumer.testing.simulator import SimulatorConfig, run_simulator
 from tests.service.harness import ServiceProcess, job
 
@@ -28,21 +36,11 @@ BUDGET_USD = 0.2
 FIRST, AFTER = 30, 10
 
 
-def _tiers(base_url: str) -> dict[str, object]:
-    return {
-        "tiers": {
-            "small": {
-                "provider": "openai_compat",
-                "base_url": base_url + "/v1",
-                "model": "sim-model",
-                "timeout_s": 10,
-                "options": {"max_tokens": 8},
-                "pricing": PRICING,
-                "limiter": {"algorithm": "fixed", "initial": 2, "min": 1, "max": 2},
-            }
-        },
-        "tenants": {"capped": {"budget": {"usd_per_day": BUDGET_USD}, "on_exhausted": "dead_letter"}},
-    }
+def _tiers(base_url: str) -> dict[str, Any]:
+    tiers = tier_file_dict(base_url + "/v1", batching=False, options={"max_tokens": 8}, pricing=PRICING)
+    tiers["tiers"]["small"]["limiter"] = {"algorithm": "fixed", "initial": 2, "min": 1, "max": 2}
+    tiers["tenants"] = {"capped": {"budget": {"usd_per_day": BUDGET_USD}, "on_exhausted": "dead_letter"}}
+    return tiers
 
 
 Outcome = tuple[str, dict[str, object]]

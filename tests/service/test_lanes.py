@@ -3,12 +3,10 @@ own lane, interactive jobs overtake it, results carry their lane, stats count pe
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
-from consumer.testing.harness import tier_file_dict
+from consumer.testing.harness import tier_file_dict, until
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 from tests.service.harness import job
 
@@ -26,15 +24,6 @@ def lane_tiers(base_url: str, jobs_topic: str) -> dict[str, Any]:
         "bulk": {"topic": jobs_topic, "min_share": 0.1, "max_inflight": BULK_MAX_INFLIGHT},
     }
     return tiers
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        await asyncio.sleep(0.02)
-    return condition()
 
 
 async def test_a_bulk_backlog_pauses_only_its_lane_and_interactive_jobs_overtake_it(
@@ -55,7 +44,7 @@ async def test_a_bulk_backlog_pauses_only_its_lane_and_interactive_jobs_overtake
                 peak_bulk = max(peak_bulk, lanes["bulk"].inflight)
                 return lanes["bulk"].paused == 1
 
-            assert await _until(bulk_paused, 30), svc.stats_snapshot()["lanes"]
+            assert await until(bulk_paused, 30), svc.stats_snapshot()["lanes"]
             await bus.produce(interactive, topic=jobs_topic + ".interactive")
             int_ids = {j["id"] for j in interactive}
             outcomes = await bus.wait_for_outcomes(int_ids, timeout_s=30)
@@ -63,11 +52,11 @@ async def test_a_bulk_backlog_pauses_only_its_lane_and_interactive_jobs_overtake
             bulk_done = sum(1 for j in bulk if j["id"] in outcomes.results)
             assert bulk_done < BULK_JOBS, "the bulk backlog drained before the interactive jobs were answered"
             assert lanes["interactive"].paused == 0
-            assert await _until(bulk_paused, 0)  # still paused: only its own lane
+            assert await until(bulk_paused, 0)  # still paused: only its own lane
             all_ids = {j["id"] for j in bulk} | int_ids
             outcomes = await bus.wait_for_outcomes(all_ids, timeout_s=90)
             # the gauges follow the acks (an outcome is readable before its ack is counted)
-            settled = await _until(lambda: lanes["bulk"].paused == 0 and lanes["bulk"].inflight == 0, 10)
+            settled = await until(lambda: lanes["bulk"].paused == 0 and lanes["bulk"].inflight == 0, 10)
             snapshot = svc.stats_snapshot()
             assert settled, snapshot["lanes"]
     assert set(outcomes.results) == all_ids and not outcomes.dead

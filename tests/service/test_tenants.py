@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -17,7 +16,7 @@ import orjson
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.tenants import TENANT_HEADER
 from consumer.providers.fake import FakeProvider, text_completion
-from consumer.testing.harness import tier_file_dict
+from consumer.testing.harness import tier_file_dict, until
 from consumer.testing.simulator import batched_answer, parse_batch_items
 from tests.service.harness import job
 
@@ -26,15 +25,6 @@ PRICING = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # $0.001 a toke
 
 def tiers(**tier: Any) -> dict[str, Any]:
     return tier_file_dict("http://127.0.0.1:9", **tier)
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        await asyncio.sleep(0.02)
-    return condition()
 
 
 def _tenant_of_request(request: CompletionRequest) -> set[str]:
@@ -60,7 +50,7 @@ async def test_a_jobs_tenant_is_its_field_else_its_header_else_default_and_a_bad
         await bus.produce([bad_header], headers=[(TENANT_HEADER, b"x" * 65)])
         ids = {f"job-{i}" for i in range(1, 7)}
         outcomes = await bus.wait_for_outcomes(ids, timeout_s=30)
-        assert await _until(lambda: svc.stats.tenants["other"].results == 3, 10)
+        assert await until(lambda: svc.stats.tenants["other"].results == 3, 10)
         tenants = svc.stats_snapshot()["tenants"]
     tenant = {jid: rs[0]["tenant"] for jid, rs in outcomes.results.items()}
     assert tenant == {"job-1": "alpha", "job-2": "beta.team-1", "job-3": "alpha", "job-4": "default"}
@@ -87,7 +77,7 @@ async def test_one_tenants_flood_does_not_hold_up_another_tenants_few(make_bus: 
     beta = [{**job(1000 + i, batch=False, text=f"beta says {i}"), "tenant": "beta"} for i in range(5)]
     async with bus.service(tier_file, providers={"small": provider}):
         await bus.produce(alpha)
-        assert await _until(lambda: len(provider.requests) >= 20, 30), "alpha's backlog did not start"
+        assert await until(lambda: len(provider.requests) >= 20, 30), "alpha's backlog did not start"
         sent_before = len(provider.requests)
         await bus.produce(beta)
         outcomes = await bus.wait_for_outcomes({j["id"] for j in alpha + beta}, timeout_s=90)
@@ -188,7 +178,7 @@ async def test_a_held_tenant_waits_without_holding_up_others_then_goes_on_with_a
     async with bus.service(tier_file, providers={"small": provider}) as svc:
         await bus.produce(held + others)
         outcomes = await bus.wait_for_outcomes({j["id"] for j in others}, timeout_s=60)
-        assert await _until(lambda: svc.stats.tenants["held"].held > 0, 10)
+        assert await until(lambda: svc.stats.tenants["held"].held > 0, 10)
         first = await bus.outcomes()
         waiting = svc.stats.tenants["held"].held
     answered_first = {j["id"] for j in held} & set(first.results)

@@ -5,7 +5,6 @@ day (a fake wall clock)."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -18,6 +17,7 @@ from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tenancy import TenantGate
+from consumer.testing.harness import until
 from consumer.testing.memory import MemoryBoard, MemoryBroker
 
 TOPIC = "budgets"
@@ -32,14 +32,6 @@ def budgets(broker: MemoryBroker, instance: str, clock: list[float] | None = Non
     board = MemoryBoard(broker, TOPIC)
     now = clock if clock is not None else [NOON_S]
     return TenantBudgets(policies(), instance, board, publish_interval_s=0.05, clock=lambda: now[0])
-
-
-async def _until(condition: Any, timeout_s: float = 5.0) -> bool:
-    for _ in range(int(timeout_s / 0.02)):
-        if condition():
-            return True
-        await asyncio.sleep(0.02)
-    return bool(condition())
 
 
 async def test_a_lease_is_on_the_board_before_it_is_spent_and_other_instances_count_it() -> None:
@@ -74,9 +66,9 @@ async def test_a_stopping_instance_gives_back_what_it_did_not_spend_and_a_killed
         held = await instance.reserve("t", Cost(0.05, 0))
         assert isinstance(held, Reservation)
         instance.settle(held, Cost(0.05, 0))  # spent 0.05 of a lease of 0.2 (four estimates)
-    assert await _until(lambda: watcher.spent("t").usd >= 0.4 - 1e-9)
+    assert await until(lambda: watcher.spent("t").usd >= 0.4 - 1e-9, 5)
     await graceful.stop()  # its record shrinks to what it spent
-    assert await _until(lambda: abs(watcher.spent("t").usd - 0.25) < 1e-9), watcher.spent("t")
+    assert await until(lambda: abs(watcher.spent("t").usd - 0.25) < 1e-9, 5), watcher.spent("t")
     # `killed` is never stopped: a restart (a new instance id) still counts its whole lease
     restarted = budgets(broker, "restarted")
     await restarted.start()
