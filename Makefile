@@ -9,7 +9,8 @@
 #   make broker-stop   stop it
 #   make broker-status show it
 #
-# PYTEST_ARGS passes extra pytest arguments, e.g. make test PYTEST_ARGS='-k broker -x'.
+# PYTEST_ARGS passes extra pytest arguments, e.g. make test PYTEST_ARGS='-k broker -x';
+# PYTEST_WORKERS the number of pytest-xdist workers (0: none, in this process).
 
 PYTHON ?= python3
 VENV := .venv
@@ -17,6 +18,10 @@ VENV_STAMP := $(VENV)/.promptbus-installed
 PY := $(VENV)/bin/python
 KAFKA := deploy/kafka-local/kafka
 PYTEST_ARGS ?=
+# the suite mostly waits, so more workers than cores pay off; the slowest tests show in every
+# log (--durations), and the tests of a server of their own share one worker (--dist loadgroup)
+PYTEST_WORKERS ?= 4
+PYTEST_RUN := -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: venv lint test broker-start broker-stop broker-status
 
@@ -47,22 +52,16 @@ lint: venv
 
 # One shell for the whole recipe so that the EXIT trap stops the broker this run started,
 # whether lint or the tests fail or the run is interrupted; the exit code is kept. The
-# 3-node clusters (the cluster tests' and the soak's) are their fixtures' to stop, but a
-# killed pytest cannot, so they are stopped here too when they were not running before.
+# 3-node cluster (the cluster tests' and the one-minute soak's) is its fixture's to stop,
+# but a killed pytest cannot, so it is stopped here too when it was not running before.
 CLUSTER_HOME := .local/kafka-cluster
-# the soak's own 3-node cluster (consumer/testing/soak.py), on its own ports
-SOAK_CLUSTER := KAFKA_LOCAL_HOME=$${PROMPTBUS_SOAK_KAFKA_HOME:-/tmp/promptbus-soak-kafka} \
-	KAFKA_LOCAL_BROKER_PORT=29092 KAFKA_LOCAL_CONTROLLER_PORT=29192
 test: venv
-	@started=0; cluster_was_up=0; soak_was_up=0; \
+	@started=0; cluster_was_up=0; \
 	KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) status >/dev/null 2>&1 && cluster_was_up=1; \
-	$(SOAK_CLUSTER) $(KAFKA) status >/dev/null 2>&1 && soak_was_up=1; \
 	stop_started() { \
 		if [ "$$started" = 1 ]; then $(KAFKA) stop; fi; \
 		if [ "$$cluster_was_up" = 0 ] && KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) status >/dev/null 2>&1; then \
 			KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) stop; fi; \
-		if [ "$$soak_was_up" = 0 ] && $(SOAK_CLUSTER) $(KAFKA) status >/dev/null 2>&1; then \
-			$(SOAK_CLUSTER) $(KAFKA) stop; fi; \
 	}; \
 	trap stop_started EXIT; trap 'exit 130' INT TERM; \
 	if [ -z "$${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then \
@@ -73,7 +72,7 @@ test: venv
 	fi; \
 	echo "make test: Kafka at $$KAFKA_BOOTSTRAP_SERVERS"; \
 	lint_rc=0; $(MAKE) --no-print-directory lint || lint_rc=$$?; \
-	test_rc=0; $(PY) -m pytest -ra $(PYTEST_ARGS) || test_rc=$$?; \
+	test_rc=0; $(PY) -m pytest $(PYTEST_RUN) $(PYTEST_ARGS) || test_rc=$$?; \
 	if [ "$$test_rc" != 0 ]; then exit $$test_rc; fi; \
 	exit $$lint_rc
 

@@ -57,7 +57,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import sys
 import time
 from collections import Counter
@@ -76,11 +75,12 @@ from consumer.core.retry import RetryPolicy
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.settings import TierConfig
+from consumer.testing.paths import REPO_ROOT
+from consumer.testing.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "examples" / "sentiment_labelled.jsonl"
-OUT_DIR = ROOT / "bench" / "out"
-RESULTS_DIR = ROOT / "bench" / "results"
+DATA = REPO_ROOT / "examples" / "sentiment_labelled.jsonl"
+OUT_DIR = REPO_ROOT / "bench" / "out"
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 LABELS = ("positive", "negative")
 # SmolLM2-135M is sensitive to wording; this prompt scored best in bench/local_model_probe.py.
@@ -111,12 +111,6 @@ def label_of(answer: str) -> str | None:
         if word in LABELS:
             return word
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

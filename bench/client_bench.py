@@ -32,16 +32,15 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from consumer.client import AsyncClient
 from consumer.kafka.clients import read_topic
 from consumer.settings import Settings
 from consumer.testing.harness import InProcessService, service_env, settings_from_env, tier_file_dict
+from consumer.testing.paths import PROMPTBUS, REPO_ROOT
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
 
-ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "Classify the sentiment of the text.\nTEXT:\n${text}"
 
 
@@ -89,12 +88,12 @@ async def time_results(settings: Settings, n: int) -> float:
 def time_cli(args: list[str], env: dict[str, str]) -> float:
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "consumer.cli", *args],
+        [*PROMPTBUS, *args],
         env={**os.environ, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         timeout=600,
         check=False,
     )

@@ -43,9 +43,8 @@ from typing import Any
 
 from consumer.core.cost import BatchSaving
 from consumer.testing.harness import MemoryBus
+from consumer.testing.paths import REPO_ROOT
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "claude-sonnet-4-5"
 PRICING = {
@@ -277,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--only", default="", help="run only the scenarios whose name starts with this")
-    parser.add_argument("--plot", type=Path, default=ROOT / "bench" / "results" / "cost_bench.png")
+    parser.add_argument("--plot", type=Path, default=REPO_ROOT / "bench" / "results" / "cost_bench.png")
     args = parser.parse_args(argv)
     report = asyncio.run(main_async(args))
     text = json.dumps(report, indent=2)

@@ -40,7 +40,6 @@ import orjson
 
 # run as a script, this file's directory is importable: the raw loop is pipeline_bench's own
 from pipeline_bench import (
-    ROOT,
     TIER,
     WORDS,
     SimProcess,
@@ -58,6 +57,7 @@ from consumer.providers.factory import build_provider, make_http_client
 from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings, TierConfig
 from consumer.testing.harness import service_env, settings_from_env
+from consumer.testing.paths import REPO_ROOT
 
 WINDOW = 32
 
@@ -141,7 +141,7 @@ async def service(args: argparse.Namespace, base: Settings) -> dict[str, Any]:
     )
     _progress("service: produced %d embed jobs in %.1fs", sent, time.monotonic() - t0)
     runs: dict[str, list[dict[str, Any]]] = {"raw": [], "sim": []}
-    async with SimProcess({"seed": 1}, ROOT / "bench/out/sim-embed.log") as sim:
+    async with SimProcess({"seed": 1}, REPO_ROOT / "bench/out/sim-embed.log") as sim:
         for rep in range(args.repeats):
             runs["raw"].append(await raw_loop(base, n, args.variant_timeout_s))
             _progress("service raw #%d: %s", rep + 1, runs["raw"][-1])

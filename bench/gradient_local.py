@@ -22,7 +22,6 @@ import asyncio
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from consumer import localmodel
@@ -31,15 +30,14 @@ from consumer.core.limit import ConcurrencyLimit, FixedLimit, GradientLimit
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.runtime.limiter import AsyncLimiter
 from consumer.settings import TierConfig
+from consumer.testing.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Classify the sentiment of the text as positive or negative. Answer with one word.\nTEXT:\n"
 
 
 def texts(n: int) -> list[str]:
-    rows = [
-        json.loads(line) for line in (ROOT / "examples" / "sentiment_labelled.jsonl").read_text().splitlines()
-    ]
+    lines = (REPO_ROOT / "examples" / "sentiment_labelled.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
     return [rows[i % len(rows)]["text"] for i in range(n)]
 
 

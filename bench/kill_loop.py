@@ -7,8 +7,10 @@ Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092). The run
 4-partition topic; one tier on the simulator (20-50 ms answers, 429s, 500s, malformed batched
 answers, requests that hang past the 1.5 s timeout; batching max_items 16, window 50 ms,
 max_wait 500 ms; AIMD initial 4 max 32; up to 8 attempts); the service SIGKILLed at the given
-seconds from its first start and restarted a second later each time. Prints one JSON object:
-jobs, outcomes, duplicates, lost, wrong, and the duplicates per cause (see faultrun's docstring).
+seconds from its first start (or, with --kill-after-outcomes N, each time it has written N
+outcomes of its own) and restarted a second later each time. Prints one JSON object: jobs,
+outcomes, duplicates, lost, wrong, the duplicates per cause (see faultrun's docstring) and per
+kill the outcomes the killed process had written and the ids still open.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         "--kill-after-outcomes",
         type=int,
         default=0,
-        help="kill a restarted process only after it wrote this many outcomes (default 0: by time only)",
+        help="kill each process once it wrote this many outcomes of its own, as many kills as"
+        " --kill-at names (default 0: at the --kill-at times)",
     )
     args = parser.parse_args(argv)
     try:
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--kill-at must be comma-separated seconds, got {args.kill_at!r}")
     shape = KillLoopShape(
         jobs=args.jobs,
+        kills=len(kill_at),
         kill_at_s=kill_at,
         kill_after_outcomes=args.kill_after_outcomes,
         simulator=dataclasses.replace(KILL_LOOP_FAULTS, seed=args.seed),

@@ -66,7 +66,6 @@ import os
 import platform
 import pstats
 import random
-import socket
 import statistics
 import string
 import subprocess
@@ -95,11 +94,12 @@ from consumer.runtime import eventloop
 from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings, TierConfig
 from consumer.testing.harness import InProcessService, service_env, settings_from_env
+from consumer.testing.paths import PROMPTBUS, REPO_ROOT
+from consumer.testing.ports import free_port
 from consumer.testing.simulator import answer_for, batched_answer, extract_input, parse_batch_items
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Classify the sentiment of the text.\nTEXT:\n${text}"
 WORDS = "good bad slow fast cold warm fine rude kind late early cheap dear clean loud calm".split()
 #: the tier name every variant uses
@@ -179,16 +179,9 @@ def request_for(job: dict[str, Any], model: str) -> CompletionRequest:
 # simulator process
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("ab") as out:
-        return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
 class SimProcess:
@@ -204,7 +197,7 @@ class SimProcess:
 
     async def __aenter__(self) -> SimProcess:
         text = ",".join(f"{k}={v}" for k, v in self.faults.items())
-        argv = [sys.executable, "-m", "consumer.cli", "simulate", "--port", str(self.port)]
+        argv = [*PROMPTBUS, "simulate", "--port", str(self.port)]
         if text:
             argv += ["--faults", text]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -437,7 +430,7 @@ async def throughput_workload(
         sim = None
         if "sim" in runs or "sdk" in runs:
             sim = await stack.enter_async_context(
-                SimProcess({"seed": 1}, ROOT / f"bench/out/sim-throughput-{workload}.log")
+                SimProcess({"seed": 1}, REPO_ROOT / f"bench/out/sim-throughput-{workload}.log")
             )
         for rep in range(args.repeats):
             for variant in runs:
@@ -600,7 +593,7 @@ async def profile_fake(base: Settings, n: int, timeout_s: float) -> dict[str, An
 
 
 def _short(filename: str) -> str:
-    for marker in ("site-packages/", str(ROOT) + "/"):
+    for marker in ("site-packages/", str(REPO_ROOT) + "/"):
         if marker in filename:
             return filename.split(marker, 1)[1]
     return os.path.basename(filename)
@@ -782,7 +775,7 @@ async def limiter_scenario(
         "rate_window_s": window_s,
     }
     timeout_s = max(30.0, 4 * args.limiter_run_s)
-    log_path = ROOT / f"bench/out/sim-limiter-{scenario['name']}.log"
+    log_path = REPO_ROOT / f"bench/out/sim-limiter-{scenario['name']}.log"
     async with SimProcess(faults, log_path) as sim:
         tiers = tier_dict(f"{sim.base}/v1", batching=False)
         tier = TierConfig.model_validate(tiers["tiers"][TIER])
@@ -955,7 +948,7 @@ def plot(result: dict[str, Any], path: Path) -> str:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
-    return str(path.relative_to(ROOT))
+    return str(path.relative_to(REPO_ROOT))
 
 
 def _smooth(values: list[float], k: int) -> list[float]:
@@ -1000,7 +993,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     result["bench_s"] = round(time.monotonic() - t0, 1)
     result["summary"] = summary(result)
     if args.plot:
-        result["plot"] = plot(result, ROOT / "bench/out/pipeline_bench.png")
+        result["plot"] = plot(result, REPO_ROOT / "bench/out/pipeline_bench.png")
     if not args.traces:
         for sc in result.get("limiter", []):
             for key in [k for k in sc if k.endswith("_trace")]:

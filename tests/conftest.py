@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Kafka broker, unique topic names, topic creation, the 3-node cluster.
+"""Shared fixtures: a real Kafka broker, unique topic names, topic creation, the 3-node cluster,
+the short consumer-group session of SIGKILL tests; hypothesis profiles; xdist grouping.
 
 Tests find a broker in this order (DESIGN.md, "Local development"):
 
@@ -8,167 +9,120 @@ Tests find a broker in this order (DESIGN.md, "Local development"):
 
 The fixtures are lazy: a broker starts only when a test asks for ``kafka_bootstrap`` (or
 ``kafka_cluster``), so unit and provider tests never wait for one. A fixture stops only what
-it started itself.
+its own test run started, and only once no other worker of the run still uses it.
+
+The test tools themselves (the cluster, the outcome follower, processes, ports) live in
+``consumer/testing/``; nothing imports this module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import re
-import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+from consumer.testing.cluster import LocalKafka, create_topic_on, quick_session_s
+from consumer.testing.paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-KAFKA_SCRIPT = REPO_DIR / "deploy" / "kafka-local" / "kafka"
 # the 1-node broker shares its state dir with `make broker-start`; the 3-node cluster has its own
-SINGLE_NODE_HOME = Path(os.environ.get("KAFKA_LOCAL_HOME", REPO_DIR / ".local" / "kafka"))
-CLUSTER_HOME = REPO_DIR / ".local" / "kafka-cluster"
+SINGLE_NODE_HOME = Path(os.environ.get("KAFKA_LOCAL_HOME", REPO_ROOT / ".local" / "kafka"))
+CLUSTER_HOME = REPO_ROOT / ".local" / "kafka-cluster"
 # explicit, so that port overrides meant for the 1-node broker never move the cluster onto it
 CLUSTER_PORTS = (
     int(os.environ.get("KAFKA_CLUSTER_BROKER_PORT", "19092")),
     int(os.environ.get("KAFKA_CLUSTER_CONTROLLER_PORT", "19192")),
 )
-# first start on a fresh machine fetches the jars, then formats and boots the nodes
-SCRIPT_TIMEOUT_S = 600.0
 DOCKER_PING_TIMEOUT_S = 3.0
 
+# Hypothesis: "ci" has no per-example deadline (a shared 2-core machine makes any example slow
+# now and then; a deadline there fails a test for the machine's load, not for the code).
+# HYPOTHESIS_PROFILE picks one; else "ci" when CI is set, else "dev" (the library's defaults).
+settings.register_profile("dev")
+settings.register_profile("ci", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
-@dataclass
-class LocalKafka:
-    """One cluster run by ``deploy/kafka-local/kafka`` in its own state dir.
+#: session fixtures that own a server: the tests using one run on one xdist worker, so it
+#: starts once and is never used by two workers at a time
+ONE_WORKER_FIXTURES = frozenset({"kafka_cluster", "local_server", "embed_server"})
+#: folders whose tests run one after another on one worker: each local-model test starts a
+#: llama.cpp server that takes the machine's cores while it loads and answers
+ONE_WORKER_FOLDERS = {"tests/local_model/": "local_model"}
 
-    Node ``n`` is Kafka broker id ``n``. ``started_here`` tells whether :meth:`start` had to
-    start it (and so whether the fixture that owns it should stop it).
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The xdist group a test belongs to (see `pytest_collection_modifyitems`); None: any worker."""
+    for folder, group in ONE_WORKER_FOLDERS.items():
+        if item.nodeid.startswith(folder):
+            return group
+    info = getattr(item, "_fixtureinfo", None)
+    for name, fixture_defs in sorted((info.name2fixturedefs if info is not None else {}).items()):
+        if name in ONE_WORKER_FIXTURES:
+            return name
+        if fixture_defs and fixture_defs[-1].scope == "module":
+            return item.nodeid.split("::")[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`): the tests of a fixture that owns a server
+    (ONE_WORKER_FIXTURES, or any module-scoped fixture) or of a ONE_WORKER_FOLDERS folder
+    share one worker; the rest are spread over the workers."""
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _run_id(config: pytest.Config) -> str:
+    """One id for the whole test run: every xdist worker gets the controller's."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return str(workerinput["testrunuid"])
+    if not hasattr(config, "_promptbus_run_id"):
+        config._promptbus_run_id = uuid.uuid4().hex  # type: ignore[attr-defined]
+    return str(config._promptbus_run_id)  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def shared_start(kafka: LocalKafka, run_id: str) -> Iterator[LocalKafka]:
+    """Start `kafka` for this session (the script's own lock makes concurrent starts one);
+    at the end, stop it when this test run started it and no other session still uses it.
+
+    Each session holds a shared lock on `<home>/.pytest-users` while it uses the cluster; the
+    one that ends last gets it exclusively and stops the cluster if the marker says this run
+    started it (a cluster started by hand, or by another run, is left running).
     """
-
-    home: Path
-    nodes: int
-    ports: tuple[int, int] | None = None  # (first broker port, first controller port)
-    bootstrap: str = ""
-    started_here: bool = False
-    _env: dict[str, str] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        self._env = {**os.environ, "KAFKA_LOCAL_HOME": str(self.home)}
-        if self.ports is not None:
-            self._env["KAFKA_LOCAL_BROKER_PORT"] = str(self.ports[0])
-            self._env["KAFKA_LOCAL_CONTROLLER_PORT"] = str(self.ports[1])
-
-    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [str(KAFKA_SCRIPT), *args],
-            env=self._env,
-            capture_output=True,
-            text=True,
-            timeout=SCRIPT_TIMEOUT_S,
-            check=False,
-        )
-        if check and proc.returncode != 0:
-            raise RuntimeError(
-                f"{KAFKA_SCRIPT.name} {' '.join(args)} failed with exit code {proc.returncode}:\n"
-                f"{proc.stderr[-4000:]}"
-            )
-        return proc
-
-    def is_running(self) -> bool:
-        """True when every node of the cluster in ``home`` runs."""
-        return self._run("status", check=False).returncode == 0
-
-    def start(self) -> str:
-        """Start the cluster (a no-op when it runs) and return its bootstrap servers."""
-        already_running = self.is_running()
-        proc = self._run("start", "--nodes", str(self.nodes))
-        self.bootstrap = proc.stdout.strip().splitlines()[-1]
-        self.started_here = not already_running
-        log.info(
-            "local Kafka (%d node(s)) at %s, started here: %s", self.nodes, self.bootstrap, self.started_here
-        )
-        return self.bootstrap
-
-    def stop(self) -> None:
-        """Stop every node (SIGTERM, SIGKILL after a bound)."""
-        self._run("stop")
-
-    def kill(self, node: int) -> None:
-        """SIGKILL node ``node`` (broker id ``node``) and wait until it is gone."""
-        self._run("kill", str(node))
-
-    def restart(self, node: int) -> None:
-        """Start node ``node`` again on its data dir; returns when all brokers answer."""
-        self._run("restart", str(node))
-
-    async def leader_of(self, topic: str, partition: int) -> int:
-        """Broker id (= node number) leading ``topic``/``partition``; -1 while there is none."""
-        leader, _isr = await partition_state(self.bootstrap, topic, partition)
-        return leader
-
-    async def isr_of(self, topic: str, partition: int) -> list[int]:
-        """Broker ids in the in-sync replica set of ``topic``/``partition``."""
-        _leader, isr = await partition_state(self.bootstrap, topic, partition)
-        return isr
-
-    async def create_topic(
-        self, name: str, partitions: int = 1, rf: int = 3, configs: dict[str, str] | None = None
-    ) -> str:
-        """Create ``name`` on this cluster (replication factor 3 by default)."""
-        return await create_topic_on(self.bootstrap, name, partitions, rf, configs)
-
-
-async def create_topic_on(
-    bootstrap: str,
-    name: str,
-    partitions: int = 1,
-    rf: int = 1,
-    configs: dict[str, str] | None = None,
-) -> str:
-    """Create topic ``name`` with ``partitions`` partitions and replication factor ``rf``."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        response = await admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=rf, topic_configs=configs or {})]
-        )
-        for topic, error_code, *rest in response.topic_errors:
-            if error_code != 0:
-                raise RuntimeError(f"creating topic {topic!r} failed: error {error_code} {rest}")
-    finally:
-        await admin.close()
-    return name
-
-
-async def partition_state(bootstrap: str, topic: str, partition: int) -> tuple[int, list[int]]:
-    """(leader id, ISR ids) of one partition, from a fresh metadata request.
-
-    ``(-1, [])`` while the broker asked does not know the partition yet: right after
-    ``create_topics`` the new topic reaches each broker's metadata cache a moment later, so
-    callers poll (bounded) instead of failing on the first answer.
-    """
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        topics = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    for meta in topics:
-        if meta["topic"] != topic:
-            continue
-        for part in meta["partitions"]:
-            if part["partition"] == partition:
-                return int(part["leader"]), sorted(int(b) for b in part["isr"])
-    return -1, []
+    kafka.home.mkdir(parents=True, exist_ok=True)
+    marker = kafka.home / ".pytest-started-by"
+    with (kafka.home / ".pytest-users").open("a") as users:
+        fcntl.flock(users, fcntl.LOCK_SH)
+        kafka.start()
+        if kafka.started_here:
+            marker.write_text(run_id)
+        try:
+            yield kafka
+        finally:
+            fcntl.flock(users, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("local Kafka in %s: still in use by another session", kafka.home)
+            else:
+                if marker.exists() and marker.read_text() == run_id:
+                    kafka.stop()
+                    marker.unlink()
 
 
 def _docker_answers() -> bool:
@@ -186,7 +140,7 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
+def kafka_bootstrap(pytestconfig: pytest.Config) -> Iterator[str]:
     """Bootstrap servers of a real Kafka broker for this test session (see module doc)."""
     from_env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if from_env:
@@ -201,25 +155,23 @@ def kafka_bootstrap() -> Iterator[str]:
         with KafkaContainer() as container:
             yield container.get_bootstrap_server()
         return
-    broker = LocalKafka(SINGLE_NODE_HOME, nodes=1)
-    bootstrap = broker.start()
-    try:
-        yield bootstrap
-    finally:
-        if broker.started_here:
-            broker.stop()
+    with shared_start(LocalKafka(SINGLE_NODE_HOME, nodes=1), _run_id(pytestconfig)) as broker:
+        yield broker.bootstrap
 
 
 @pytest.fixture(scope="session")
-def kafka_cluster() -> Iterator[LocalKafka]:
+def kafka_cluster(pytestconfig: pytest.Config) -> Iterator[LocalKafka]:
     """The 3-node local cluster (RF 3, min ISR 2), in its own state dir and on its own ports."""
     cluster = LocalKafka(CLUSTER_HOME, nodes=3, ports=CLUSTER_PORTS)
-    cluster.start()
-    try:
+    with shared_start(cluster, _run_id(pytestconfig)):
         yield cluster
-    finally:
-        if cluster.started_here:
-            cluster.stop()
+
+
+@pytest.fixture
+async def short_session_s(kafka_bootstrap: str) -> float:
+    """`PROMPTBUS_SESSION_TIMEOUT_S` for tests that SIGKILL or freeze a service: the group moves
+    its partitions on within seconds (`consumer.testing.cluster.quick_session_s`)."""
+    return await quick_session_s(kafka_bootstrap)
 
 
 @pytest.fixture

@@ -51,6 +51,13 @@ def client_kwargs(settings: Settings) -> dict[str, Any]:
     return kwargs
 
 
+def group_kwargs(settings: Settings) -> dict[str, Any]:
+    """The consumer-group membership keywords of an `AIOKafkaConsumer` in a group: the
+    session (`session_timeout_s`) and a heartbeat every third of it."""
+    session_ms = int(settings.session_timeout_s * 1000)
+    return {"session_timeout_ms": session_ms, "heartbeat_interval_ms": max(1, session_ms // 3)}
+
+
 def sasl_refused(security: KafkaSecurity) -> ConfigError:
     """The error for a broker that refused the SASL login: names the user and the variables
     that set it, never the password (nor the broker's words, which could echo it)."""

@@ -32,7 +32,7 @@ from consumer.core.offsets import (
     encode_done,
 )
 from consumer.kafka.assignment import Assignment
-from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
+from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs, group_kwargs
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.settings import Settings
 
@@ -143,8 +143,7 @@ class KafkaIntake:
             fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
             # the pipeline polls continuously even when paused, so a short poll interval is safe
             max_poll_interval_ms=300_000,
-            session_timeout_ms=10_000,
-            heartbeat_interval_ms=3_000,
+            **group_kwargs(settings),
             **client_kwargs(settings),
         )
         #: per owned partition: its fetch position and what an earlier owner finished (shared

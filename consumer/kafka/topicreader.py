@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 
-from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
+from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs, group_kwargs
 from consumer.kafka.intake import InRecord
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.settings import Settings
@@ -60,6 +60,7 @@ class KafkaTopicReader:
             auto_offset_reset="earliest",
             isolation_level="read_committed",
             max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            **group_kwargs(settings),
             **client_kwargs(settings),
         )
         #: assignment changes seen by the rebalance listener, and by the last `read`

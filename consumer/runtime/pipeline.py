@@ -376,6 +376,11 @@ class Pipeline:
         embed = members[0].kind == "embed"  # a window holds jobs of one kind
         return self._task(runner.run_embed(members) if embed else runner.run(members, pack_key))
 
+    @property
+    def running(self) -> int:
+        """Request plans and verifications running now (the drain waits for these)."""
+        return len(self._plans)
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._task(coro)
 

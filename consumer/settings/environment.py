@@ -84,6 +84,18 @@ class Settings(BaseSettings):
     revoke_timeout_s: float = Field(
         10.0, ge=0, description="on a partition revoke, how long in-flight work may finish"
     )
+    # The broker accepts only sessions within its group.min/max.session.timeout.ms (6 s to
+    # 30 min by default). Heartbeats go every third of it, so one lost heartbeat is survived.
+    session_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description=(
+            "consumer-group session: an instance that stops heartbeating (crashed, frozen) keeps its"
+            " partitions this long before the group gives them to the others; within the broker's"
+            " group.min.session.timeout.ms and group.max.session.timeout.ms"
+        ),
+    )
     transaction_timeout_s: float = Field(
         60.0,
         gt=0,

@@ -19,7 +19,7 @@ import orjson
 
 from consumer.app import run_service
 from consumer.kafka.admin import ensure_topics
-from consumer.kafka.clients import read_topic, submit_jobs
+from consumer.kafka.clients import job_producer, read_topic, submit_jobs
 from consumer.providers.base import CompletionProvider
 from consumer.settings import Settings, parse_tier_file
 
@@ -64,10 +64,19 @@ def tier_file_dict(
     *,
     batching: bool = True,
     max_items: int = 10,
-    limiter: str = "aimd",
+    limiter: str | Mapping[str, Any] = "aimd",
     provider: str = "openai_compat",
     **tier: Any,
 ) -> dict[str, Any]:
+    """A tier file of one tier `small` on `base_url` (batching window 50 ms, at most 500 ms).
+
+    limiter: an algorithm (initial 8, 1..64) or the whole `limiter` section; other keywords
+    are the tier's own keys (`timeout_s` 5 and a quick `retry` unless given).
+    """
+    if isinstance(limiter, str):
+        limits = {"algorithm": limiter, "initial": 8, "min": 1, "max": 64}
+    else:
+        limits = dict(limiter)
     return {
         "tiers": {
             "small": {
@@ -81,7 +90,7 @@ def tier_file_dict(
                     "window_ms": 50,
                     "max_wait_ms": 500,
                 },
-                "limiter": {"algorithm": limiter, "initial": 8, "min": 1, "max": 64},
+                "limiter": limits,
                 "retry": tier.pop(
                     "retry", {"max_attempts": 6, "backoff_initial_s": 0.05, "backoff_max_s": 1}
                 ),
@@ -99,6 +108,16 @@ async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
             return True
         await asyncio.sleep(0.02)
     return condition()
+
+
+#: two requests in flight at most: a backlog of a few hundred jobs lasts seconds
+SLOW_LIMITER = {"algorithm": "fixed", "initial": 2, "min": 1, "max": 2}
+
+
+def slow_tier(sim_url: str, **tier: Any) -> dict[str, Any]:
+    """The tier on the simulator at `sim_url`, held to 2 concurrent requests of up to 5 items,
+    so a backlog lasts across a kill or a broker failover."""
+    return tier_file_dict(sim_url + "/v1", max_items=5, limiter=SLOW_LIMITER, **tier)
 
 
 async def create_topics(settings: Settings) -> None:
@@ -133,6 +152,45 @@ async def produce(
     return await submit_jobs(settings, (encode(j) for j in jobs), key_of=key_of, headers=headers)
 
 
+def mixed_jobs(count: int, *, batch_every: int = 2) -> list[dict[str, Any]]:
+    """`count` jobs, every `batch_every`-th one unbatched, the rest batch-eligible."""
+    return [job(i, batch=(i % batch_every != 0)) for i in range(count)]
+
+
+@dataclass
+class JobStream:
+    """Produce `jobs` as a steady stream: `chunk` jobs every `interval_s`, until the jobs run
+    out or `stop` is set. `sent` holds the jobs acknowledged so far, `chunks` their count."""
+
+    settings: Settings
+    jobs: list[dict[str, Any]]
+    chunk: int
+    interval_s: float
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    chunks: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        producer = job_producer(self.settings)
+        await producer.start()
+        try:
+            for start in range(0, len(self.jobs), self.chunk):
+                if self.stop.is_set():
+                    break
+                batch = self.jobs[start : start + self.chunk]
+                futures = [
+                    await producer.send(self.settings.jobs_topic, orjson.dumps(j), key=j["id"].encode())
+                    for j in batch
+                ]
+                await asyncio.gather(*futures)
+                self.sent += batch
+                self.chunks += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), self.interval_s)
+        finally:
+            await producer.stop()
+
+
 @dataclass
 class Outcomes:
     """Every result and dead letter read, per job id (duplicates kept to count them)."""
@@ -144,12 +202,17 @@ class Outcomes:
         return set(self.results) | set(self.dead)
 
     def duplicates(self) -> dict[Any, int]:
+        """Outcome records per id, of the ids with more than one (results and dead letters)."""
         counts: dict[Any, int] = defaultdict(int)
         for jid, rs in self.results.items():
             counts[jid] += len(rs)
         for jid, ds in self.dead.items():
             counts[jid] += len(ds)
         return {k: v for k, v in counts.items() if v > 1}
+
+    def duplicate_count(self) -> int:
+        """Outcome records beyond the first per id."""
+        return sum(n - 1 for n in self.duplicates().values())
 
 
 async def read_outcomes(settings: Settings) -> Outcomes:
@@ -207,6 +270,16 @@ class InProcessService:
     def stats_snapshot(self) -> dict[str, Any]:
         assert self.stats is not None, "the service did not start"
         return dict(self.stats.snapshot())
+
+    async def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """True once no request plan or verification runs (bounded): what the service does
+        after a result, such as a verification request, is done by then."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.pipeline.running == 0:
+                return True
+            await asyncio.sleep(0.02)
+        return self.pipeline.running == 0
 
     def _started(self, service: Any) -> None:
         self.stats = service.stats

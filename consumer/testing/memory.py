@@ -123,10 +123,9 @@ class MemoryIntake:
         await handler.on_assigned(partitions)
 
     async def stop(self) -> None:
-        partitions = set(self.owned)
-        if self._handler is not None and partitions:
-            await self._handler.on_revoked(partitions)
-        self.owned.revoke(partitions)
+        """Leave the group as aiokafka's consumer does on close: the partitions go without a
+        revoke callback (the service's drain has made its final commit already)."""
+        self.owned.revoke(set(self.owned))
         self._handler = None
 
     def rejoin(self) -> None:

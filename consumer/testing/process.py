@@ -1,27 +1,44 @@
-"""A real `promptbus run` process, for tests and benchmarks that SIGKILL, restart or run
-several instances."""
+"""promptbus as real processes, for tests and benchmarks that SIGKILL, restart or run several
+instances: `promptbus run` (`ServiceProcess`), one CLI command (`run_cli`), the simulator
+(`start_simulator`), and what /proc says about a process. Every wait is bounded.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
-import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
-__all__ = ["ServiceProcess"]
+from consumer.testing.paths import PROMPTBUS, REPO_ROOT
+
+__all__ = [
+    "ServiceProcess",
+    "logs_of",
+    "open_fds",
+    "rss_bytes",
+    "run_cli",
+    "start_simulator",
+    "stop_gracefully",
+]
+
+#: how long a started simulator process may take to answer
+SIMULATOR_START_S = 20.0
+_PARTITION = re.compile(r"partition=(\d+)")
+_ASSIGNED = "consumer.runtime.pipeline: assigned ["
 
 
 class ServiceProcess:
-    """A real `promptbus run` process (python -m consumer.cli) with its own env and tier file."""
-
-    #: the directory the process runs in (None: the caller's)
-    cwd: Path | None = None
+    """A real `promptbus run` process with its own env and tier file, run from the checkout."""
 
     def __init__(
         self, env: Mapping[str, str], tier_file: Mapping[str, Any], workdir: Path, name: str = "svc"
@@ -36,11 +53,11 @@ class ServiceProcess:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "consumer.cli", "run", "--config", str(self.config_path)],
+                [*PROMPTBUS, "run", "--config", str(self.config_path)],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=self.cwd,
+                cwd=REPO_ROOT,
             )
         self.starts += 1
 
@@ -74,7 +91,89 @@ class ServiceProcess:
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
+    def assignments(self) -> list[set[int]]:
+        """Partitions of every `assigned [...]` line of the process's log, oldest first."""
+        if not self.log_path.exists():
+            return []
+        return [
+            {int(p) for p in _PARTITION.findall(line)}
+            for line in self.log_path.read_text(errors="replace").splitlines()
+            if _ASSIGNED in line
+        ]
+
+    def assignment(self) -> set[int] | None:
+        """Partitions of the latest `assigned [...]` line (None before any)."""
+        every = self.assignments()
+        return every[-1] if every else None
+
     def ensure_stopped(self) -> None:
         """SIGKILL it if it still runs (a test's clean-up)."""
         with contextlib.suppress(Exception):
             self.kill()
+
+
+async def stop_gracefully(service: ServiceProcess, timeout_s: float) -> int:
+    """SIGTERM and wait (in a thread, so the caller's loop keeps running): the exit code."""
+    return await asyncio.to_thread(service.terminate, timeout_s)
+
+
+def logs_of(services: Iterable[ServiceProcess], n: int = 60) -> str:
+    """The last `n` log lines of each service process, for assertion messages."""
+    return "\n".join(f"----- {s.log_path.name}\n{s.log_tail(n)}" for s in services)
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str] | None = None, timeout_s: float = 120, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One `promptbus` command as a process, with `env` over this one's (bounded)."""
+    return subprocess.run(
+        [*PROMPTBUS, *args],
+        env={**os.environ, **(env or {})},
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+
+
+def start_simulator(port: int, faults: str) -> subprocess.Popen[bytes]:
+    """A `promptbus simulate` process on 127.0.0.1:`port` with `faults`, once it answers."""
+    proc = subprocess.Popen(
+        [*PROMPTBUS, "simulate", "--port", str(port), "--faults", faults],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO_ROOT,
+    )
+    deadline = time.monotonic() + SIMULATOR_START_S
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/_sim/stats", timeout=1)
+            return proc
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the simulator exited with code {proc.returncode}") from None
+            time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=30)
+    raise TimeoutError(f"the simulator did not listen on port {port} within {SIMULATOR_START_S} s")
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux /proc; 0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def open_fds(pid: int) -> int:
+    """Open file descriptors of a process (Linux /proc; 0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0

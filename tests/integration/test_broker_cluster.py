@@ -15,7 +15,7 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from tests.conftest import LocalKafka
+from consumer.testing.cluster import LocalKafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 

@@ -15,22 +15,24 @@ import pytest
 
 from consumer.testing.harness import (
     create_topics,
+    job,
     produce,
     service_env,
     settings_from_env,
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.process import ServiceProcess
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 from tests.integration.private_broker import private_broker
-from tests.service.harness import ServiceProcess, job
 
 pytestmark = pytest.mark.integration
 
 UNREACHABLE = re.compile(r" WARNING consumer\.kafka\.client_logs: Kafka broker\(s\) unreachable: ")
 REACHABLE = re.compile(r" INFO consumer\.kafka\.client_logs: Kafka broker\(s\) reachable again after \d+ s")
 AIOKAFKA_ERROR = re.compile(r" ERROR aiokafka")
-OUTAGE_S = 10
+#: the broker stays down this long (past the outage tracker's settle time) before its restart
+OUTAGE_S = 3
 
 
 def wait_for_line(service: ServiceProcess, pattern: re.Pattern[str], timeout_s: float) -> bool:

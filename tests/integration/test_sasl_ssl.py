@@ -7,9 +7,6 @@ in its own state dir on free ports); the client settings are the env lines `star
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,37 +16,25 @@ import orjson
 import pytest
 import yaml
 
+from consumer.testing.cluster import LocalKafka
 from consumer.testing.harness import service_env, tier_file_dict
+from consumer.testing.process import ServiceProcess, run_cli
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.integration.private_broker import PrivateKafka, private_broker
-from tests.service.harness import ROOT, ServiceProcess
+from tests.integration.private_broker import private_broker
 
 pytestmark = pytest.mark.integration
 
-PROMPTBUS = [sys.executable, "-m", "consumer.cli"]
 JOBS = 50
 
 
 @pytest.fixture(scope="module")
-def sasl_kafka() -> Iterator[PrivateKafka]:
+def sasl_kafka() -> Iterator[LocalKafka]:
     """A 1-node SASL_SSL broker for this module, stopped and deleted at its end."""
     with private_broker("sasl", security="sasl_ssl") as kafka:
         yield kafka
 
 
-def cli(*args: str, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """One `promptbus` command as a process with `env` added (bounded)."""
-    return subprocess.run(
-        [*PROMPTBUS, *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
-
-
-def sasl_env(kafka: PrivateKafka, **extra: str) -> dict[str, str]:
+def sasl_env(kafka: LocalKafka, **extra: str) -> dict[str, str]:
     """Unique topics and group, plus the client settings the broker's `start` printed."""
     env = service_env(kafka.bootstrap, partitions=2)
     env.update(kafka.client_env)
@@ -57,7 +42,7 @@ def sasl_env(kafka: PrivateKafka, **extra: str) -> dict[str, str]:
     return env
 
 
-def test_start_prints_the_client_settings(sasl_kafka: PrivateKafka) -> None:
+def test_start_prints_the_client_settings(sasl_kafka: LocalKafka) -> None:
     settings = sasl_kafka.client_env
     assert settings["KAFKA_BOOTSTRAP_SERVERS"] == sasl_kafka.bootstrap
     assert settings["PROMPTBUS_KAFKA__SECURITY_PROTOCOL"] == "SASL_SSL"
@@ -67,7 +52,7 @@ def test_start_prints_the_client_settings(sasl_kafka: PrivateKafka) -> None:
     assert Path(settings["PROMPTBUS_KAFKA__SSL_CAFILE"]).is_file()
 
 
-def test_the_service_end_to_end_over_sasl_ssl(sasl_kafka: PrivateKafka, tmp_path: Path) -> None:
+def test_the_service_end_to_end_over_sasl_ssl(sasl_kafka: LocalKafka, tmp_path: Path) -> None:
     env = sasl_env(sasl_kafka)
     password = env["PROMPTBUS_KAFKA__SASL_PASSWORD"]
     texts = {f"sasl-{i}": f"sasl text {i}" for i in range(JOBS)}
@@ -91,13 +76,13 @@ def test_the_service_end_to_end_over_sasl_ssl(sasl_kafka: PrivateKafka, tmp_path
         service.start()
         code = None
         try:
-            sub = cli("submit", "--file", str(jobs_file), env=env)
+            sub = run_cli("submit", "--file", str(jobs_file), env=env)
             assert sub.returncode == 0, sub.stderr
             assert f"submitted {JOBS} jobs" in sub.stderr
             results: dict[str, dict] = {}
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and len(results) < JOBS:
-                out = cli("results", env=env)
+                out = run_cli("results", env=env)
                 assert out.returncode == 0, out.stderr
                 results = {r["id"]: r for r in map(orjson.loads, out.stdout.splitlines())}
                 if len(results) < JOBS:
@@ -108,7 +93,7 @@ def test_the_service_end_to_end_over_sasl_ssl(sasl_kafka: PrivateKafka, tmp_path
             merged: dict = {}
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and merged.get("results") != JOBS:
-                stats = cli("stats", "--json", env=env)
+                stats = run_cli("stats", "--json", env=env)
                 assert stats.returncode == 0, stats.stderr
                 merged = orjson.loads(stats.stdout)
                 if merged.get("results") != JOBS:
@@ -133,14 +118,14 @@ def test_the_service_end_to_end_over_sasl_ssl(sasl_kafka: PrivateKafka, tmp_path
     ids=["run", "submit"],
 )
 def test_a_wrong_password_is_one_line_naming_the_user(
-    sasl_kafka: PrivateKafka, tmp_path: Path, command: list[str]
+    sasl_kafka: LocalKafka, tmp_path: Path, command: list[str]
 ) -> None:
     config = tmp_path / "tiers.yaml"
     config.write_text(yaml.safe_dump(tier_file_dict("http://127.0.0.1:1/v1")))
     wrong = f"wrong-{uuid.uuid4().hex}"
     env = sasl_env(sasl_kafka, PROMPTBUS_KAFKA__SASL_PASSWORD=wrong)
     right = sasl_kafka.client_env["PROMPTBUS_KAFKA__SASL_PASSWORD"]
-    proc = cli(*(arg.format(config=config) for arg in command), env=env)
+    proc = run_cli(*(arg.format(config=config) for arg in command), env=env)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

@@ -13,19 +13,7 @@ import httpx
 import pytest
 
 from consumer import localmodel
-
-free_port = localmodel.free_port
-
-
-def require_server_installed() -> None:
-    """Fail (never skip) when the `promptbus[local]` extra is missing."""
-    if not localmodel.server_installed():
-        pytest.fail(
-            "llama-cpp-python[server] is not installed, so the local model tests cannot run. "
-            "Install it with deploy/local-model/build-llama-cpp.sh (fast build flags, cached wheel) "
-            "or pip install -e '.[local]'; make test does this",
-            pytrace=False,
-        )
+from tests.local_model.installed import require_server_installed
 
 
 @pytest.fixture(scope="session")

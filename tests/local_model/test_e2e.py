@@ -11,13 +11,13 @@ import pytest
 from consumer import localmodel
 from consumer.testing.harness import (
     InProcessService,
+    job,
     produce,
     service_env,
     settings_from_env,
     tier_file_dict,
     wait_for_outcomes,
 )
-from tests.service.harness import job
 
 pytestmark = pytest.mark.integration
 

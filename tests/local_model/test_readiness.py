@@ -14,8 +14,8 @@ import pytest
 
 from consumer import localmodel
 from consumer.localmodel import server
-
-from .conftest import free_port, require_server_installed
+from consumer.testing.ports import free_port
+from tests.local_model.installed import require_server_installed
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from consumer import localmodel
-
-from .conftest import free_port, require_server_installed
+from consumer.testing.ports import free_port
+from tests.local_model.installed import require_server_installed
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from consumer.providers.anthropic import AnthropicProvider
 from consumer.providers.base import CompletionProvider
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
-from tests.providers.conftest import (
+from tests.providers.recording import (
     SECRET,
     Behaviour,
     Recorder,

@@ -9,9 +9,7 @@ import asyncio
 import collections
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -40,8 +38,10 @@ from consumer.providers.batch_anthropic import AnthropicBatchProvider
 from consumer.providers.batch_openai import OpenAIBatchProvider
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
+from consumer.testing.paths import PROMPTBUS
+from consumer.testing.ports import free_port
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for, parse_faults
-from tests.providers.conftest import client_session
+from tests.providers.recording import client_session
 
 KEY = "sim-adapter-key-42"
 ALIAS_SCHEMA = {
@@ -467,16 +467,10 @@ async def test_batch_routes_refuse_a_wrong_key(kind: str) -> None:
 # ---------------------------------------------------------------- the CLI serves the same thing
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_promptbus_simulate_command() -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "consumer.cli", "simulate", "--port", str(port), "--faults", "5xx=1,seed=3"],
+        [*PROMPTBUS, "simulate", "--port", str(port), "--faults", "5xx=1,seed=3"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

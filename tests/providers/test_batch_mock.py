@@ -26,7 +26,7 @@ from consumer.core.offline import BatchRequest, BatchStatus
 from consumer.providers.base import BatchProvider
 from consumer.providers.batch_anthropic import AnthropicBatchProvider
 from consumer.providers.batch_openai import OpenAIBatchProvider
-from tests.providers.conftest import (
+from tests.providers.recording import (
     SECRET,
     Behaviour,
     Recorder,

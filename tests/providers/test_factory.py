@@ -15,7 +15,7 @@ from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
 from consumer.providers.transport import HttpResponse, HttpTarget, KeepAliveTransport, parse_target
 from consumer.settings import TierConfig
-from tests.providers.conftest import SECRET, recorder
+from tests.providers.recording import SECRET, recorder
 
 
 def tier(**kw: object) -> TierConfig:

@@ -11,7 +11,7 @@ from consumer.core.errors import RateLimited
 from consumer.core.offline import BatchItemResult, BatchRequest, BatchStatus
 from consumer.providers.base import BatchProvider, CompletionProvider
 from consumer.providers.fake import FakeBatchProvider, FakeProvider, text_completion
-from tests.providers.conftest import make_request
+from tests.providers.recording import make_request
 
 
 def echo(request: CompletionRequest) -> Completion:

@@ -24,7 +24,7 @@ from consumer.providers.batch_openai import OpenAIBatchProvider
 from consumer.providers.openai import OpenAIProvider, build_chat_body
 from consumer.providers.openai_compat import OpenAICompatProvider
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
-from tests.providers.conftest import SECRET, client_session, recorder
+from tests.providers.recording import SECRET, client_session, recorder
 
 #: a 1,500-token instruction (4 characters a token), the same bytes in every request
 INSTRUCTION = "Label the sentiment of the text as positive or negative. " * 105 + "\nTEXT:\n"

@@ -21,14 +21,15 @@ import pytest
 from consumer.testing.harness import (
     InProcessService,
     create_topics,
+    mixed_jobs,
     produce,
     read_outcomes,
     service_env,
     settings_from_env,
     tier_file_dict,
 )
+from consumer.testing.outcomes import OutcomeFollower
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.reliability.support import OutcomeFollower, mixed_jobs
 
 pytestmark = pytest.mark.integration
 

@@ -11,31 +11,25 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from consumer.kafka.connection import client_kwargs
 from consumer.settings import Settings
+from consumer.testing.cluster import LocalKafka
 from consumer.testing.harness import (
     create_topics,
+    mixed_jobs,
     produce,
     read_outcomes,
     service_env,
     settings_from_env,
-    tier_file_dict,
+    slow_tier,
 )
+from consumer.testing.outcomes import OutcomeFollower
+from consumer.testing.process import ServiceProcess, logs_of, stop_gracefully
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.conftest import LocalKafka
-from tests.reliability.support import (
-    OutcomeFollower,
-    duplicate_count,
-    logs_of,
-    mixed_jobs,
-    stop_gracefully,
-)
-from tests.service.harness import ServiceProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -45,13 +39,6 @@ KILL_AFTER_OUTCOMES = 100
 WHILE_DOWN_OUTCOMES = 100
 WAIT_S = 120.0
 SHUTDOWN_WAIT_S = 40.0
-
-
-def slow_tier(base_url: str) -> dict[str, Any]:
-    """2 concurrent requests at most, 5 items per batched request: the backlog lasts seconds."""
-    tiers = tier_file_dict(base_url + "/v1", max_items=5)
-    tiers["tiers"]["small"]["limiter"] = {"algorithm": "fixed", "initial": 2, "min": 1, "max": 2}
-    return tiers
 
 
 async def group_coordinator(settings: Settings) -> int:
@@ -99,10 +86,10 @@ async def test_service_survives_a_broker_sigkill(
                 await asyncio.to_thread(kafka_cluster.restart, killed)
                 killed = None
 
-                assert await follower.wait(lambda: ids <= follower.ids(), timeout_s=WAIT_S), (
+                assert await follower.wait_for_ids(ids, timeout_s=WAIT_S), (
                     f"{len(ids - follower.ids())} ids without outcome\n{logs_of([service])}"
                 )
-                code, _ = await stop_gracefully(service, SHUTDOWN_WAIT_S)
+                code = await stop_gracefully(service, SHUTDOWN_WAIT_S)
                 assert code == 0, f"exit code {code} on SIGTERM\n{logs_of([service])}"
         finally:
             service.ensure_stopped()
@@ -115,7 +102,7 @@ async def test_service_survives_a_broker_sigkill(
     for j in jobs:
         expected = answer_for(j["variables"]["text"])
         assert all(r["output"] == expected for r in outcomes.results[j["id"]]), j["id"]
-    dups = duplicate_count(outcomes.results)
+    dups = outcomes.duplicate_count()
     if guarantee == "exactly_once":
         assert dups == 0, f"duplicates visible to read_committed: {outcomes.duplicates()}"
     print(f"{guarantee}, broker SIGKILL + restart: {JOBS} jobs, {dups} duplicates")

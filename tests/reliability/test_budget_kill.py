@@ -19,14 +19,15 @@ import pytest
 
 from consumer.testing.harness import (
     create_topics,
+    job,
     produce,
     read_outcomes,
     service_env,
     settings_from_env,
     tier_file_dict,
 )
+from consumer.testing.process import ServiceProcess
 from consumer.testing.simulator import SimulatorConfig, run_simulator
-from tests.service.harness import ServiceProcess, job
 
 pytestmark = pytest.mark.integration
 

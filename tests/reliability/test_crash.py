@@ -1,17 +1,20 @@
-"""SIGKILL the service process mid-run three times.
+"""SIGKILL the service process mid-run three times: with two lanes (one consumer group on both
+topics), and with embed jobs.
 
 A real `promptbus run` subprocess, a real broker, the simulator over real HTTP in a background
-thread (so it outlives every service process). Batched and unbatched jobs mixed, on 4
-partitions; the tier is held to 2 concurrent requests so the backlog lasts across the kills.
-After each restart the test waits until the new process has published outcomes of its own
-before the next kill, and checks that the kill lands mid-run (some ids still open).
+thread (so it outlives every service process). The tier is held to 2 concurrent requests so
+the backlog lasts across the kills; each kill comes once the running process has written
+outcomes of its own and lands mid-run (some ids still open), and the last process exits 0 on
+SIGTERM. The session is short (`quick_session_s`), so a restart gets the partitions within
+seconds.
 
-- at_least_once: ~1,500 jobs with provider faults (5xx, hangs past the timeout, dropped
-  connections: retried jobs finish late and hold their partition's watermark back). Every id
-  gets >= 1 result, each the simulator's answer to that job's own input; duplicates are at
-  most 5% of the jobs, because each commit carries the offsets completed above the watermark
-  and a new owner skips them.
-- exactly_once: a read_committed reader sees exactly one outcome per id.
+- Two lanes, bulk jobs (batched and unbatched mixed, 4 partitions) on the jobs topic and
+  interactive ones on a lane of their own. exactly_once (one run, checked by two tests): a
+  read_committed reader sees exactly one outcome per id, each the simulator's answer to its
+  own input, in its own lane. at_least_once: nothing is lost in either lane, every copy right.
+- Embed jobs windowed into array requests under provider faults (5xx, hangs past the timeout,
+  dropped connections): nothing lost, every vector its own input's.
+- 1,500 chat jobs under provider faults with the duplicate bound: `test_kill_loop.py`.
 
 And the mechanism on its own, on a bare `KafkaIntake`: what a commit's metadata names is
 skipped by the next owner and carried on by its commits.
@@ -19,6 +22,8 @@ skipped by the next owner and carried on by its commits.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,176 +34,215 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata
 
 from consumer.core.offsets import CommitPoint, DoneOffsets, decode_done, encode_done
+from consumer.kafka.admin import ensure_topics
 from consumer.kafka.connection import client_kwargs
 from consumer.kafka.intake import KafkaIntake
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
+from consumer.testing.cluster import quick_session_s
+from consumer.testing.faultrun import KillLog, kill_and_restart
 from consumer.testing.harness import (
+    Outcomes,
     create_topics,
+    job,
+    mixed_jobs,
     produce,
     read_outcomes,
     service_env,
     settings_from_env,
-    tier_file_dict,
+    slow_tier,
 )
+from consumer.testing.outcomes import OutcomeFollower
+from consumer.testing.process import ServiceProcess, logs_of, stop_gracefully
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.reliability.support import (
-    OutcomeFollower,
-    duplicate_count,
-    logs_of,
-    mixed_jobs,
-    stop_gracefully,
-)
-from tests.service.harness import ServiceProcess, job
+from consumer.testing.simulator.embeddings import embedding_vector
 
 pytestmark = pytest.mark.integration
 
 KILLS = 3
-#: a restart waits out the killed member's session (10 s) before the group rebalances
-RESTART_WAIT_S = 60.0
 FINISH_WAIT_S = 180.0
 SHUTDOWN_WAIT_S = 40.0
-#: at_least_once after the kills: duplicate outcomes at most this share of the jobs
-MAX_DUPLICATE_SHARE = 0.05
-
-
-@dataclass(frozen=True)
-class CrashShape:
-    """How many jobs, and how many outcomes before the first kill and between later kills."""
-
-    jobs: int
-    first_kill_after: int
-    new_before_kill: int
-
-
-#: the exactly_once case: no faults, its duplicates are hidden by transactions anyway
-SMALL = CrashShape(jobs=600, first_kill_after=60, new_before_kill=25)
-#: the at_least_once case, as measured: ~1,500 jobs, provider faults, 3 kills
-FAULTY = CrashShape(jobs=1500, first_kill_after=200, new_before_kill=100)
+BULK_JOBS = 600
+INTERACTIVE_JOBS = 100
+EMBED_JOBS = 1500
+#: outcomes each process writes before it is killed
+LANES_KILL_AFTER = 40
+EMBED_KILL_AFTER = 150
 
 #: 5xx, hangs past the tier's 1 s timeout and dropped connections: the jobs they hit are
 #: retried and finish late, so completions pile up above their partition's watermark
 FAULTS = SimulatorConfig(
     latency_ms=40, jitter_ms=10, seed=5, error_rate=0.05, hang_rate=0.02, hang_s=30, drop_rate=0.02
 )
-
 #: enough attempts that no job runs out of them under FAULTS (every id must end as a result)
 FAULT_RETRY = {"max_attempts": 10, "backoff_initial_s": 0.05, "backoff_max_s": 0.5}
 
 
-def slow_tier(base_url: str, **tier: Any) -> dict[str, Any]:
-    """2 concurrent requests at most, 5 items per batched request: the backlog lasts seconds."""
-    tiers = tier_file_dict(base_url + "/v1", max_items=5, **tier)
-    tiers["tiers"]["small"]["limiter"] = {"algorithm": "fixed", "initial": 2, "min": 1, "max": 2}
-    return tiers
-
-
 async def run_with_kills(
-    settings: Settings,
     env: dict[str, str],
     tiers: dict[str, Any],
     workdir: Path,
     follower: OutcomeFollower,
-    shape: CrashShape,
-    jobs: list[dict[str, Any]] | None = None,
-) -> tuple[list[dict[str, Any]], list[int]]:
-    """Produce the jobs (default: `shape.jobs` mixed batched and unbatched ones), run the
-    service, SIGKILL + restart it KILLS times, wait for every id.
-
-    Returns the jobs and the outcome count at each kill (the service is stopped).
-    """
-    jobs = jobs if jobs is not None else mixed_jobs(shape.jobs)
-    ids = {j["id"] for j in jobs}
+    ids: set[str],
+    kill_after: int,
+) -> KillLog:
+    """Run the service on what was produced, SIGKILL + restart it KILLS times (each once it
+    wrote `kill_after` outcomes of its own), wait for every id, stop it with SIGTERM."""
+    settings = settings_from_env(env)
     service = ServiceProcess(env, tiers, workdir)
-    at_kill: list[int] = []
     try:
-        await produce(settings, jobs)
         service.start()
-        target = shape.first_kill_after
-        for n in range(KILLS):
-
-            def progressed(t: int = target) -> bool:
-                return follower.records >= t or not service.alive()
-
-            await follower.wait(progressed, timeout_s=RESTART_WAIT_S)
-            assert service.alive(), f"service exited on its own\n{logs_of([service])}"
-            assert follower.records >= target, (
-                f"kill {n + 1}: only {follower.records} outcomes (< {target})\n{logs_of([service])}"
-            )
-            service.kill()
-            at_kill.append(follower.records)
-            open_ids = len(ids - follower.ids())
-            assert open_ids > 0, f"kill {n + 1} came after the run ended: tune the pacing"
-            print(f"kill {n + 1}: {follower.records} outcomes seen, {open_ids} ids still open")
-            service.start()
-            target = follower.records + shape.new_before_kill
-        ok = await follower.wait(lambda: ids <= follower.ids(), timeout_s=FINISH_WAIT_S)
+        kills = await kill_and_restart(
+            service, follower, settings, ids, kills=KILLS, after_outcomes=kill_after
+        )
+        print(f"kills: {kills.written} outcomes written by each killed process, {kills.open_ids} ids open")
+        assert all(kills.alive), f"the service exited on its own\n{logs_of([service])}"
+        assert all(n >= kill_after for n in kills.written), (kills.written, logs_of([service]))
+        assert all(n > 0 for n in kills.open_ids), f"a kill came after the run ended: {kills.open_ids}"
+        ok = await follower.wait_for_ids(ids, timeout_s=FINISH_WAIT_S)
         missing = sorted(ids - follower.ids())
         assert ok, f"{len(missing)} ids without outcome, e.g. {missing[:5]}\n{logs_of([service])}"
-        code, took_s = await stop_gracefully(service, SHUTDOWN_WAIT_S)
+        code = await stop_gracefully(service, SHUTDOWN_WAIT_S)
         assert code == 0, f"exit code {code} on SIGTERM\n{logs_of([service])}"
-        print(f"final SIGTERM: exit {code} after {took_s:.1f} s")
     finally:
         service.ensure_stopped()
-    return jobs, at_kill
+    await follower.settle()
+    return kills
 
 
-async def test_at_least_once_survives_three_kills_with_few_duplicates(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    env = service_env(kafka_bootstrap, partitions=4, guarantee="at_least_once")
+async def crash_env(bootstrap: str, guarantee: str) -> dict[str, str]:
+    session_s = await quick_session_s(bootstrap)
+    return service_env(bootstrap, partitions=4, guarantee=guarantee, PROMPTBUS_SESSION_TIMEOUT_S=session_s)
+
+
+# ================================================================== two lanes
+@dataclass(frozen=True)
+class LanesRun:
+    """What one two-lane run through three kills left."""
+
+    bulk: list[dict[str, Any]]
+    interactive: list[dict[str, Any]]
+    interactive_topic: str
+    jobs_topic: str
+    outcomes: Outcomes
+    #: records the live read_committed reader saw, and a read_uncommitted one
+    committed_records: int
+    uncommitted_records: int
+    kills: KillLog
+
+
+async def two_lanes_through_kills(bootstrap: str, workdir: Path, guarantee: str) -> LanesRun:
+    """Bulk jobs on the jobs topic, interactive ones on a lane of their own, three kills."""
+    env = await crash_env(bootstrap, guarantee)
+    settings = settings_from_env(env)
+    interactive_topic = settings.jobs_topic + ".interactive"
+    await ensure_topics(settings, lane_topics=[interactive_topic])
+    bulk = mixed_jobs(BULK_JOBS)
+    interactive = [{**job(i, batch=i % 2 == 0), "id": f"int-{i}"} for i in range(INTERACTIVE_JOBS)]
+    await produce(settings.model_copy(update={"jobs_topic": interactive_topic}), interactive)
+    await produce(settings, bulk)
+    with run_simulator(SimulatorConfig(latency_ms=20, jitter_ms=5, seed=7)) as base_url:
+        tiers = slow_tier(base_url)
+        tiers["lanes"] = {
+            "interactive": {"topic": interactive_topic, "max_wait_ms": 50},
+            "bulk": {"topic": settings.jobs_topic, "min_share": 0.1},
+        }
+        ids = {j["id"] for j in bulk + interactive}
+        async with (
+            OutcomeFollower(settings, isolation_level="read_uncommitted") as uncommitted,
+            OutcomeFollower(settings) as follower,
+        ):
+            kills = await run_with_kills(env, tiers, workdir, follower, ids, LANES_KILL_AFTER)
+            await uncommitted.settle()
+    outcomes = await read_outcomes(settings)  # read_committed, after the last process stopped
+    return LanesRun(
+        bulk, interactive, interactive_topic, settings.jobs_topic, outcomes,
+        follower.records, uncommitted.records, kills,
+    )
+
+
+def assert_every_answer_its_own(run: LanesRun) -> None:
+    """No dead letter, every id answered, each copy the simulator's answer to its own input
+    in its own lane."""
+    assert not run.outcomes.dead, list(run.outcomes.dead.items())[:3]
+    assert set(run.outcomes.results) == {j["id"] for j in run.bulk + run.interactive}, "a job was lost"
+    for j in run.bulk + run.interactive:
+        lane = "interactive" if j["id"].startswith("int-") else "bulk"
+        topic = run.interactive_topic if lane == "interactive" else run.jobs_topic
+        for r in run.outcomes.results[j["id"]]:
+            assert r["output"] == answer_for(j["variables"]["text"]), j["id"]
+            assert (r["lane"], r["source"]["topic"]) == (lane, topic), r
+
+
+@pytest.fixture(scope="module")
+def exactly_once_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanesRun]:
+    """One exactly_once run through three kills, shared by the two tests that check it."""
+    workdir = tmp_path_factory.mktemp("exactly-once")
+    yield asyncio.run(two_lanes_through_kills(kafka_bootstrap, workdir, "exactly_once"))
+
+
+def test_exactly_once_survives_three_kills(exactly_once_run: LanesRun) -> None:
+    run = exactly_once_run
+    assert_every_answer_its_own(run)
+    duplicates = run.outcomes.duplicates()
+    assert duplicates == {}, f"duplicates visible to read_committed: {duplicates}"
+    jobs = len(run.bulk) + len(run.interactive)
+    assert run.committed_records == jobs, "the live read_committed reader saw a duplicate"
+    print(
+        f"exactly_once, {KILLS} SIGKILLs: {jobs} jobs, {jobs} committed outcomes, 0 duplicates; "
+        f"read_uncommitted saw {run.uncommitted_records} "
+        f"({run.uncommitted_records - run.committed_records} from aborted transactions)"
+    )
+
+
+def test_two_lanes_survive_three_kills_exactly_once(exactly_once_run: LanesRun) -> None:
+    """Both lanes' jobs answered once each, in their own lane, through the same three kills."""
+    run = exactly_once_run
+    assert_every_answer_its_own(run)
+    assert len(run.kills.snapshots) == KILLS
+    for j in run.interactive:
+        (r,) = run.outcomes.results[j["id"]]
+        assert r["lane"] == "interactive" and r["output"] == answer_for(j["variables"]["text"])
+
+
+async def test_two_lanes_survive_three_kills_at_least_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    run = await two_lanes_through_kills(kafka_bootstrap, tmp_path, "at_least_once")
+    assert_every_answer_its_own(run)
+    print(
+        f"at_least_once, two lanes, {KILLS} SIGKILLs: {len(run.bulk) + len(run.interactive)} jobs, "
+        f"{run.outcomes.duplicate_count()} duplicates"
+    )
+
+
+# ================================================================== embed jobs
+async def test_embed_jobs_survive_three_kills(kafka_bootstrap: str, tmp_path: Path) -> None:
+    env = await crash_env(kafka_bootstrap, "at_least_once")
     settings = settings_from_env(env)
     await create_topics(settings)
+    jobs = [
+        {"id": f"emb-{i}", "tier": "small", "kind": "embed", "input": f"embed text number {i}"}
+        for i in range(EMBED_JOBS)
+    ]
+    await produce(settings, jobs)
     with run_simulator(FAULTS) as base_url:
         tiers = slow_tier(base_url, timeout_s=1.0, retry=FAULT_RETRY)
         async with OutcomeFollower(settings) as follower:
-            jobs, at_kill = await run_with_kills(settings, env, tiers, tmp_path, follower, FAULTY)
+            await run_with_kills(env, tiers, tmp_path, follower, {j["id"] for j in jobs}, EMBED_KILL_AFTER)
     outcomes = await read_outcomes(settings)
 
     assert not outcomes.dead, list(outcomes.dead.items())[:3]
     assert set(outcomes.results) == {j["id"] for j in jobs}, "a job was lost"
     for j in jobs:
-        expected = answer_for(j["variables"]["text"])
+        want = embedding_vector(j["input"], "sim-model")
         for r in outcomes.results[j["id"]]:
-            assert r["output"] == expected, (j["id"], r)
-    dups = duplicate_count(outcomes.results)
-    total = sum(len(v) for v in outcomes.results.values())
-    share = dups / len(jobs)
-    print(
-        f"at_least_once, {KILLS} SIGKILLs: {len(jobs)} jobs, {total} results, {dups} duplicates "
-        f"({share:.1%} of the jobs; {len(outcomes.duplicates())} ids answered more than once); "
-        f"outcomes at kills {at_kill}"
-    )
-    assert share <= MAX_DUPLICATE_SHARE, f"{dups} duplicates: {share:.1%} of {len(jobs)} jobs"
+            assert r["embedding"] == want and r["output"] is None, j["id"]
+    # at_least_once redoes what a kill left uncommitted; each redo is the same vector (above).
+    # The duplicate bound is the offsets mechanism's, held by test_kill_loop.py
+    dups = outcomes.duplicate_count()
+    print(f"embed, at_least_once, {KILLS} SIGKILLs: {len(jobs)} jobs, {dups} duplicates")
 
 
-async def test_exactly_once_survives_three_kills(kafka_bootstrap: str, tmp_path: Path) -> None:
-    env = service_env(kafka_bootstrap, partitions=4, guarantee="exactly_once")
-    settings = settings_from_env(env)
-    await create_topics(settings)
-    with run_simulator(SimulatorConfig(latency_ms=20, jitter_ms=5, seed=6)) as base_url:
-        async with OutcomeFollower(settings, isolation_level="read_uncommitted") as uncommitted:
-            async with OutcomeFollower(settings) as follower:
-                jobs, at_kill = await run_with_kills(
-                    settings, env, slow_tier(base_url), tmp_path, follower, SMALL
-                )
-    outcomes = await read_outcomes(settings)  # read_committed, after the last process stopped
-
-    assert not outcomes.dead, list(outcomes.dead.items())[:3]
-    assert set(outcomes.results) == {j["id"] for j in jobs}, "a job was lost"
-    assert outcomes.duplicates() == {}, f"duplicates visible to read_committed: {outcomes.duplicates()}"
-    assert follower.records == len(jobs), "the live read_committed reader saw a duplicate"
-    for j in jobs:
-        (r,) = outcomes.results[j["id"]]
-        assert r["output"] == answer_for(j["variables"]["text"]), j["id"]
-    aborted = uncommitted.records - follower.records
-    print(
-        f"exactly_once, {KILLS} SIGKILLs: {len(jobs)} jobs, {len(jobs)} committed outcomes, 0 duplicates; "
-        f"read_uncommitted saw {uncommitted.records} ({aborted} from aborted transactions); "
-        f"outcomes at kills {at_kill}"
-    )
-
-
+# ================================================================== the mechanism
 class _Handler:
     """Rebalance callbacks for a bare intake: nothing to do."""
 

@@ -16,24 +16,17 @@ from pathlib import Path
 import pytest
 
 from consumer.testing.harness import (
+    JobStream,
     create_topics,
+    mixed_jobs,
     read_outcomes,
     service_env,
     settings_from_env,
     tier_file_dict,
 )
+from consumer.testing.outcomes import OutcomeFollower
+from consumer.testing.process import ServiceProcess, logs_of, stop_gracefully
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.reliability.support import (
-    JobStream,
-    OutcomeFollower,
-    assignment_of,
-    duplicate_count,
-    logs_of,
-    mixed_jobs,
-    outcome_ids_in,
-    stop_gracefully,
-)
-from tests.service.harness import ServiceProcess
 
 pytestmark = pytest.mark.integration
 
@@ -74,11 +67,11 @@ async def test_sigterm_one_of_two_the_other_takes_over(kafka_bootstrap: str, tmp
                 b.start()
 
                 def split_between_both() -> bool:
-                    pa, pb = assignment_of(a), assignment_of(b)
-                    return bool(pa) and bool(pb) and pa | pb == all_partitions and not pa & pb  # type: ignore[operator]
+                    pa, pb = a.assignment() or set(), b.assignment() or set()
+                    return bool(pa) and bool(pb) and pa | pb == all_partitions and not pa & pb
 
                 assert await follower.wait(split_between_both, timeout_s=JOIN_WAIT_S), logs_of(services)
-                a_parts = assignment_of(a)
+                a_parts = a.assignment()
                 assert a_parts is not None
                 feed = JobStream(settings, jobs, CHUNK, CHUNK_INTERVAL_S)
                 stream = asyncio.create_task(feed.run())
@@ -92,26 +85,25 @@ async def test_sigterm_one_of_two_the_other_takes_over(kafka_bootstrap: str, tmp
                     stream.result()  # re-raise what failed the stream
                     pytest.fail("the stream ended before the stop: not mid-run (tune the pacing)")
                 await asyncio.sleep(STOP_DELAY_S)
-                done_before_stop = outcome_ids_in(follower, a_parts)
-                code, took_s = await stop_gracefully(a, SHUTDOWN_TIMEOUT_S + CLOSE_MARGIN_S)
+                done_before_stop = follower.ids_from(a_parts)
+                code = await stop_gracefully(a, SHUTDOWN_TIMEOUT_S + CLOSE_MARGIN_S)
                 assert code == 0, f"SIGTERM exit code {code}\n{logs_of([a])}"
-                done_by_exit = outcome_ids_in(follower, a_parts)
+                done_by_exit = follower.ids_from(a_parts)
                 print(
                     f"SIGTERM of a (partitions {sorted(a_parts)}) after {follower.records} outcomes: "
-                    f"exit {code} in {took_s:.1f} s (shutdown timeout {SHUTDOWN_TIMEOUT_S} s); "
-                    f"{len(done_before_stop)} of its jobs done at SIGTERM, {len(done_by_exit)} at exit "
-                    f"(drained {len(done_by_exit - done_before_stop)})"
+                    f"exit {code}; {len(done_before_stop)} of its jobs done at SIGTERM, "
+                    f"{len(done_by_exit)} at exit (drained {len(done_by_exit - done_before_stop)})"
                 )
 
                 assert await follower.wait(
-                    lambda: assignment_of(b) == all_partitions, timeout_s=JOIN_WAIT_S
+                    lambda: b.assignment() == all_partitions, timeout_s=JOIN_WAIT_S
                 ), f"the survivor did not take over every partition\n{logs_of([b])}"
                 await asyncio.wait_for(stream, timeout=FINISH_WAIT_S)
-                assert await follower.wait(lambda: ids <= follower.ids(), timeout_s=FINISH_WAIT_S), (
+                assert await follower.wait_for_ids(ids, timeout_s=FINISH_WAIT_S), (
                     f"{len(ids - follower.ids())} ids without outcome\n{logs_of(services)}"
                 )
-                taken_over = outcome_ids_in(follower, a_parts) - done_by_exit
-                code_b, _ = await stop_gracefully(b, SHUTDOWN_TIMEOUT_S + CLOSE_MARGIN_S)
+                taken_over = follower.ids_from(a_parts) - done_by_exit
+                code_b = await stop_gracefully(b, SHUTDOWN_TIMEOUT_S + CLOSE_MARGIN_S)
                 assert code_b == 0, f"SIGTERM exit code {code_b}\n{logs_of([b])}"
         finally:
             if stream is not None and not stream.done():
@@ -129,7 +121,7 @@ async def test_sigterm_one_of_two_the_other_takes_over(kafka_bootstrap: str, tmp
     # the stopped process committed what it finished: the survivor redid none of it
     redone = sorted(jid for jid in done_before_stop if len(outcomes.results[jid]) > 1)
     assert not redone, f"{len(redone)} jobs finished before SIGTERM were redone, e.g. {redone[:5]}"
-    dups = duplicate_count(outcomes.results)
+    dups = outcomes.duplicate_count()
     print(
         f"two processes, SIGTERM one: {len(jobs)} jobs, {dups} duplicates; the survivor answered "
         f"{len(taken_over)} jobs of the stopped process's partitions"

@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 
 from consumer.kafka.sink import ExactlyOnceSink
+from consumer.testing.cluster import broker_config
 from consumer.testing.harness import (
     InProcessService,
+    job,
     produce,
     service_env,
     settings_from_env,
@@ -29,14 +31,12 @@ from consumer.testing.harness import (
     wait_for_outcomes,
 )
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import job
 
 pytestmark = pytest.mark.integration
 
 TXN_TIMEOUT_S = 1.0
-# past the timeout and the broker's next look for timed-out transactions (every 10 s by
-# default, transaction.abort.timed.out.transaction.cleanup.interval.ms): always aborted
-STALL_S = TXN_TIMEOUT_S + 10.0 + 1.0
+#: how often the broker looks for timed-out transactions
+CLEANUP_INTERVAL = "transaction.abort.timed.out.transaction.cleanup.interval.ms"
 JOBS = 120
 
 
@@ -53,6 +53,8 @@ async def test_a_timed_out_transaction_gets_its_partition_assigned_afresh(
     )
     first = [job(i, batch=True) for i in range(JOBS)]
     second = [job(i, batch=True) for i in range(JOBS, 2 * JOBS)]
+    # past the timeout and the broker's next look for timed-out transactions: always aborted
+    stall_s = TXN_TIMEOUT_S + int(await broker_config(kafka_bootstrap, CLEANUP_INTERVAL)) / 1000 + 1.0
     caplog.set_level(logging.INFO, logger="consumer")
     async with SimulatorServer(SimulatorConfig(seed=1)) as base_url:
         service = InProcessService(settings, tier_file_dict(base_url + "/v1", max_items=10))
@@ -69,7 +71,7 @@ async def test_a_timed_out_transaction_gets_its_partition_assigned_afresh(
 
             async def stall_then_add_offsets(*args: Any, **kwargs: Any) -> Any:
                 producer.send_offsets_to_transaction = add_offsets  # stall once
-                await asyncio.sleep(STALL_S)
+                await asyncio.sleep(stall_s)
                 try:
                     return await add_offsets(*args, **kwargs)
                 except BaseException as exc:

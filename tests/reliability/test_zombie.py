@@ -21,25 +21,17 @@ from pathlib import Path
 import pytest
 
 from consumer.testing.harness import (
+    JobStream,
     create_topics,
+    mixed_jobs,
     read_outcomes,
     service_env,
     settings_from_env,
     tier_file_dict,
 )
+from consumer.testing.outcomes import OutcomeFollower
+from consumer.testing.process import ServiceProcess, logs_of, stop_gracefully
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.reliability.support import (
-    JobStream,
-    OutcomeFollower,
-    assignment_of,
-    assignments_of,
-    duplicate_count,
-    logs_of,
-    mixed_jobs,
-    outcome_ids_in,
-    stop_gracefully,
-)
-from tests.service.harness import ServiceProcess
 
 pytestmark = pytest.mark.integration
 
@@ -49,9 +41,9 @@ MAX_JOBS = 1500
 CHUNK = 10
 CHUNK_INTERVAL_S = 0.4
 FREEZE_AFTER_OUTCOMES = 60
-#: after A has rejoined, the stream goes on this long so A processes work again
-AFTER_REJOIN_S = 3.0
-#: covers the 10 s session timeout plus the rebalance
+#: after A has rejoined, the stream goes on until this many jobs of A's partitions are answered
+AFTER_REJOIN_JOBS = 20
+#: covers the session timeout (`short_session_s`) plus the rebalance
 TAKEOVER_WAIT_S = 60.0
 FINISH_WAIT_S = 120.0
 SHUTDOWN_TIMEOUT_S = 10.0
@@ -60,13 +52,14 @@ CLOSE_MARGIN_S = 10.0
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_frozen_instance_returns_as_a_zombie(
-    kafka_bootstrap: str, tmp_path: Path, guarantee: str
+    kafka_bootstrap: str, tmp_path: Path, guarantee: str, short_session_s: float
 ) -> None:
     env = service_env(
         kafka_bootstrap,
         partitions=PARTITIONS,
         guarantee=guarantee,
         PROMPTBUS_SHUTDOWN_TIMEOUT_S=SHUTDOWN_TIMEOUT_S,
+        PROMPTBUS_SESSION_TIMEOUT_S=short_session_s,
     )
     settings = settings_from_env(env)
     await create_topics(settings)
@@ -96,11 +89,11 @@ async def test_frozen_instance_returns_as_a_zombie(
                 b.start()
 
                 def split_between_both() -> bool:
-                    pa, pb = assignment_of(a) or set(), assignment_of(b) or set()
+                    pa, pb = a.assignment() or set(), b.assignment() or set()
                     return bool(pa) and bool(pb) and pa | pb == all_partitions and not pa & pb
 
                 assert await follower.wait(split_between_both, timeout_s=TAKEOVER_WAIT_S), logs_of(services)
-                a_parts = assignment_of(a) or set()
+                a_parts = a.assignment() or set()
                 stream = asyncio.create_task(feed.run())
 
                 assert await follower.wait(
@@ -109,39 +102,46 @@ async def test_frozen_instance_returns_as_a_zombie(
                 assert a.proc is not None
                 a.proc.send_signal(signal.SIGSTOP)
                 frozen = True
-                a_assignments = len(assignments_of(a))
-                done_before_freeze = outcome_ids_in(follower, a_parts)
+                a_assignments = len(a.assignments())
+                done_before_freeze = follower.ids_from(a_parts)
                 print(f"froze a (partitions {sorted(a_parts)}) after {follower.records} outcomes")
 
                 assert await follower.wait(
-                    lambda: assignment_of(b) == all_partitions, timeout_s=TAKEOVER_WAIT_S
+                    lambda: b.assignment() == all_partitions, timeout_s=TAKEOVER_WAIT_S
                 ), f"b did not take over a's partitions\n{logs_of([b])}"
-                by_b = len(outcome_ids_in(follower, a_parts))
+                by_b = len(follower.ids_from(a_parts))
                 assert await follower.wait(
-                    lambda: len(outcome_ids_in(follower, a_parts)) > by_b, timeout_s=TAKEOVER_WAIT_S
+                    lambda: len(follower.ids_from(a_parts)) > by_b, timeout_s=TAKEOVER_WAIT_S
                 ), f"b answered nothing of a's partitions; {counts()}\n{logs_of([b])}"
 
                 a.proc.send_signal(signal.SIGCONT)
                 frozen = False
                 print("resumed a")
                 assert await follower.wait(
-                    lambda: len(assignments_of(a)) > a_assignments or not a.alive(), timeout_s=TAKEOVER_WAIT_S
+                    lambda: len(a.assignments()) > a_assignments or not a.alive(),
+                    timeout_s=TAKEOVER_WAIT_S,
                 ), f"a did not rejoin the group\n{logs_of(services)}"
                 assert a.alive(), f"a died after it was resumed\n{logs_of([a])}"
-                rejoined_with = assignment_of(a) or set()
-                outcomes_at_rejoin = outcome_ids_in(follower, rejoined_with)
-                await asyncio.sleep(AFTER_REJOIN_S)
+                rejoined_with = a.assignment() or set()
+                assert rejoined_with, f"a rejoined with no partition\n{logs_of(services)}"
+                outcomes_at_rejoin = follower.ids_from(rejoined_with)
+                # the stream goes on until a has answered jobs of its partitions again
+                await follower.wait(
+                    lambda: len(follower.ids_from(rejoined_with) - outcomes_at_rejoin) >= AFTER_REJOIN_JOBS
+                    or stream.done(),
+                    timeout_s=FINISH_WAIT_S,
+                )
                 feed.stop.set()
                 await asyncio.wait_for(stream, timeout=FINISH_WAIT_S)
 
                 ids = {j["id"] for j in feed.sent}
-                assert await follower.wait(lambda: ids <= follower.ids(), timeout_s=FINISH_WAIT_S), (
+                assert await follower.wait_for_ids(ids, timeout_s=FINISH_WAIT_S), (
                     f"{len(ids - follower.ids())} ids without outcome; {counts()}\n{logs_of(services)}"
                 )
-                processed_after_rejoin = outcome_ids_in(follower, rejoined_with) - outcomes_at_rejoin
+                processed_after_rejoin = follower.ids_from(rejoined_with) - outcomes_at_rejoin
                 for s in services:
                     assert s.alive(), f"{s.log_path.name} died\n{logs_of([s])}"
-                    code, _ = await stop_gracefully(s, SHUTDOWN_TIMEOUT_S + CLOSE_MARGIN_S)
+                    code = await stop_gracefully(s, SHUTDOWN_TIMEOUT_S + CLOSE_MARGIN_S)
                     assert code == 0, f"SIGTERM exit code {code}\n{logs_of([s])}"
         finally:
             if frozen and a.proc is not None:
@@ -157,9 +157,8 @@ async def test_frozen_instance_returns_as_a_zombie(
     for j in feed.sent:
         expected = answer_for(j["variables"]["text"])
         assert all(r["output"] == expected for r in outcomes.results[j["id"]]), j["id"]
-    assert rejoined_with, "a rejoined with no partition"
     assert processed_after_rejoin, "nothing was answered on a's partitions after it rejoined"
-    dups = duplicate_count(outcomes.results)
+    dups = outcomes.duplicate_count()
     a_log = a.log_path.read_text(errors="replace")
     fenced = a_log.count("was fenced (")
     unretrieved = a_log.count("exception was never retrieved")

@@ -8,12 +8,11 @@ and saves requests.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from consumer.testing.harness import (
     InProcessService,
+    job,
     produce,
     service_env,
     settings_from_env,
@@ -21,7 +20,6 @@ from consumer.testing.harness import (
     wait_for_outcomes,
 )
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import job
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +40,8 @@ async def test_a_faithful_model_proves_its_way_to_max_items(kafka_bootstrap: str
                 await produce(settings, jobs[wave * PER_WAVE : (wave + 1) * PER_WAVE])
                 ids = {j["id"] for j in jobs[: (wave + 1) * PER_WAVE]}
                 outcomes = await wait_for_outcomes(settings, ids, timeout_s=60)
-                await asyncio.sleep(0.3)  # verification requests end after the results
+                # verification requests end after the results
+                assert await service.wait_idle(), "the service kept running requests"
                 sizes_seen.append(service.stats_snapshot()["tiers"]["small"]["batch_size"])
             stats = service.stats_snapshot()
 
@@ -52,7 +51,7 @@ async def test_a_faithful_model_proves_its_way_to_max_items(kafka_bootstrap: str
             more = [job(i, batch=True) for i in range(len(jobs), len(jobs) + PER_WAVE)]
             await produce(settings, more)
             again = await wait_for_outcomes(settings, {j["id"] for j in jobs + more}, timeout_s=60)
-            await asyncio.sleep(0.3)
+            assert await restarted.wait_idle(), "the service kept running requests"
             after_restart = restarted.stats_snapshot()["tiers"]["small"]
 
     assert set(outcomes.results) == {j["id"] for j in jobs} and outcomes.duplicates() == {}

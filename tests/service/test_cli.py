@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,23 +12,12 @@ import pytest
 import yaml
 
 from consumer.testing.harness import produce_raw, service_env, tier_file_dict
+from consumer.testing.paths import REPO_ROOT
+from consumer.testing.process import ServiceProcess, run_cli
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
-from tests.service.harness import ROOT, ServiceProcess
 
-PROMPTBUS = [sys.executable, "-m", "consumer.cli"]
-
-
-def cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*PROMPTBUS, *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+#: `promptbus stats` calls while waiting for the instance's next snapshot
+STATS_POLLS = 60
 
 
 @pytest.mark.parametrize(
@@ -73,14 +59,14 @@ def cli(
 def test_check_config_names_the_bad_key(tmp_path: Path, tiers: dict, key: str, reason: str) -> None:
     path = tmp_path / "tiers.yaml"
     path.write_text(yaml.safe_dump(tiers))
-    proc = cli("check-config", "--config", str(path))
+    proc = run_cli("check-config", "--config", str(path))
     assert proc.returncode == 2
     assert f"config error: {key}" in proc.stderr
     assert reason in proc.stderr
 
 
 def test_check_config_accepts_the_example_and_run_refuses_a_missing_key(tmp_path: Path) -> None:
-    ok = cli("check-config", "--config", str(ROOT / "examples" / "tiers.yaml"))
+    ok = run_cli("check-config", "--config", str(REPO_ROOT / "examples" / "tiers.yaml"))
     assert ok.returncode == 0, ok.stderr
     assert "tier small: openai_compat" in ok.stdout
     path = tmp_path / "tiers.yaml"
@@ -89,7 +75,7 @@ def test_check_config_accepts_the_example_and_run_refuses_a_missing_key(tmp_path
             {"tiers": {"a": {"provider": "openai", "model": "m", "api_key_env": "PB_SURELY_UNSET_KEY"}}}
         )
     )
-    proc = cli("run", "--config", str(path), env={"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    proc = run_cli("run", "--config", str(path), env={"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     assert proc.returncode == 2
     assert "tiers.a.api_key_env" in proc.stderr and "PB_SURELY_UNSET_KEY" in proc.stderr
 
@@ -101,7 +87,7 @@ def test_check_config_notes_a_tier_without_embeddings_and_accepts_it(tmp_path: P
         "emb": {"provider": "openai_compat", "model": "e", "base_url": "http://127.0.0.1:8081/v1"},
     }
     path.write_text(yaml.safe_dump({"tiers": tiers}))
-    proc = cli("check-config", "--config", str(path), env={"ANTHROPIC_API_KEY": "k"})
+    proc = run_cli("check-config", "--config", str(path), env={"ANTHROPIC_API_KEY": "k"})
     assert proc.returncode == 0, proc.stderr
     notes = [line for line in proc.stdout.splitlines() if line.startswith("note:")]
     assert notes == [
@@ -148,8 +134,8 @@ def test_check_config_refuses_what_run_refuses_in_the_same_words(tmp_path: Path,
     path.write_text(yaml.safe_dump(tiers))
     # an unreachable broker: run must refuse the file before it contacts Kafka
     env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "PB_DEMO_KEY": "x"}
-    check = cli("check-config", "--config", str(path), env=env)
-    run = cli("run", "--config", str(path), env=env, timeout=90)
+    check = run_cli("check-config", "--config", str(path), env=env)
+    run = run_cli("run", "--config", str(path), env=env, timeout_s=90)
     assert check.returncode == run.returncode == 2, (check.stderr, run.stderr)
     assert check.stderr.startswith(f"promptbus: config error: {expected}"), check.stderr
     assert run.stderr.strip().splitlines()[-1] == check.stderr.strip(), run.stderr
@@ -162,15 +148,16 @@ def test_check_config_refuses_what_run_refuses_in_the_same_words(tmp_path: Path,
     [
         ("PROMPTBUS_PROCESSING_GUARANTEE", "maybe", "Input should be 'at_least_once' or 'exactly_once'"),
         ("PROMPTBUS_MAX_INFLIGHT", "0", "Input should be greater than or equal to 1"),
+        ("PROMPTBUS_SESSION_TIMEOUT_S", "0", "Input should be greater than 0"),
         ("PROMPTBUS_KAFKA__SASL_MECHANISM", "MD5", "Input should be 'PLAIN', 'SCRAM-SHA-256' or"),
     ],
 )
 def test_a_bad_environment_setting_is_named_by_check_config_and_run(
     variable: str, value: str, reason: str
 ) -> None:
-    example = str(ROOT / "examples" / "tiers.yaml")
+    example = str(REPO_ROOT / "examples" / "tiers.yaml")
     for command in ("check-config", "run"):
-        proc = cli(
+        proc = run_cli(
             command, "--config", example, env={variable: value, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
         )
         assert proc.returncode == 2, (command, proc.stderr)
@@ -188,7 +175,7 @@ def test_run_with_its_metrics_port_taken_exits_2_naming_it(kafka_bootstrap: str)
         port = taken.getsockname()[1]
         env = service_env(kafka_bootstrap, partitions=1, PROMPTBUS_METRICS_PORT=port)
         env["PROMPTBUS_METRICS_HOST"] = "127.0.0.1"
-        proc = cli("run", "--config", str(ROOT / "examples" / "tiers.yaml"), env=env, timeout=90)
+        proc = run_cli("run", "--config", str(REPO_ROOT / "examples" / "tiers.yaml"), env=env, timeout_s=90)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"config error: PROMPTBUS_METRICS_PORT: cannot listen on 127.0.0.1:{port}" in proc.stderr
 
@@ -200,14 +187,14 @@ def test_commands_that_cannot_reach_kafka_say_so_in_one_line(tmp_path: Path) -> 
     inputs = tmp_path / "inputs.txt"
     inputs.write_text("a\nb\n")
     for command in (
-        ["run", "--config", str(ROOT / "examples" / "tiers.yaml")],
+        ["run", "--config", str(REPO_ROOT / "examples" / "tiers.yaml")],
         ["stats"],
         ["results"],
         ["submit", "--tier", "small", "--prompt", "hi"],
         ["map", "--tier", "small", "--inputs", str(inputs), "--timeout-s", "5"],
         ["replay", "--dlq"],
     ):
-        proc = cli(*command, env=env, timeout=90)
+        proc = run_cli(*command, env=env, timeout_s=90)
         assert proc.returncode == 1, (command, proc.stderr[-2000:])
         assert proc.stderr.strip().splitlines()[-1].startswith("promptbus: cannot reach Kafka:"), proc.stderr
         assert "Traceback" not in proc.stderr
@@ -327,7 +314,7 @@ def test_every_command_turns_bad_input_into_one_line_and_exit_2(tmp_path: Path) 
     # an unreachable broker: bad input must be refused before Kafka is asked anything
     env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "PB_DEMO_KEY": "x"}
     for case, (args, says) in _bad_inputs(tmp_path).items():
-        proc = cli(*args, env=env, timeout=90)
+        proc = run_cli(*args, env=env, timeout_s=90)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, (case, proc.returncode, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr, (case, proc.stderr[-2000:])
@@ -345,7 +332,7 @@ def test_submit_refuses_a_file_with_a_line_no_record_can_carry(kafka_bootstrap: 
     ]
     path = tmp_path / "jobs.jsonl"
     path.write_bytes(b"\n".join(lines))
-    proc = cli("submit", "--file", str(path), env=env)
+    proc = run_cli("submit", "--file", str(path), env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"config error: {path}:2: job is {len(lines[1])} bytes, over the" in proc.stderr
     assert "nothing was submitted" in proc.stderr
@@ -367,8 +354,8 @@ def test_submit_refuses_a_file_with_a_line_no_record_can_carry(kafka_bootstrap: 
 def test_bad_yaml_and_missing_file_are_clear_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("tiers: [unclosed")
-    assert "not valid YAML" in cli("check-config", "--config", str(path)).stderr
-    assert "cannot read" in cli("check-config", "--config", str(tmp_path / "none.yaml")).stderr
+    assert "not valid YAML" in run_cli("check-config", "--config", str(path)).stderr
+    assert "cannot read" in run_cli("check-config", "--config", str(tmp_path / "none.yaml")).stderr
 
 
 @pytest.mark.integration
@@ -394,10 +381,10 @@ def test_submit_run_results_stats_through_the_cli(kafka_bootstrap: str, tmp_path
         service = ServiceProcess(env, tier_file_dict(base_url + "/v1"), tmp_path)
         service.start()
         try:
-            sub = cli("submit", "--file", str(jobs_file), env=env)
+            sub = run_cli("submit", "--file", str(jobs_file), env=env)
             assert sub.returncode == 0, sub.stderr
             assert "submitted 12 jobs" in sub.stderr
-            one = cli(
+            one = run_cli(
                 "submit",
                 "--tier",
                 "small",
@@ -417,7 +404,7 @@ def test_submit_run_results_stats_through_the_cli(kafka_bootstrap: str, tmp_path
             deadline = time.monotonic() + 60
             results: dict[str, dict] = {}
             while time.monotonic() < deadline and len(results) < 13:
-                out = cli("results", env=env)
+                out = run_cli("results", env=env)
                 assert "skipped record b'not-a-job': not UTF-8" in out.stderr
                 results = {r["id"]: r for r in map(orjson.loads, out.stdout.splitlines())}
                 time.sleep(0.5)
@@ -425,25 +412,29 @@ def test_submit_run_results_stats_through_the_cli(kafka_bootstrap: str, tmp_path
             for i, t in enumerate(texts):
                 assert results[f"cli-{i}"]["output"] == answer_for(t)
             assert results["cli-single"]["output"] == answer_for("single")
-            time.sleep(1.5)  # one more stats interval
             # a record another tool wrote to the stats topic is skipped, with a word on stderr
             foreign = [(b"not-an-instance", b"{oops")]
             asyncio.run(produce_raw(kafka_bootstrap, env["PROMPTBUS_STATS_TOPIC"], foreign))
-            stats = cli("stats", "--json", env=env)
-            assert stats.returncode == 0, stats.stderr
+            merged: dict = {}
+            for _ in range(STATS_POLLS):  # bounded: until a snapshot published after the results
+                stats = run_cli("stats", "--json", env=env)
+                assert stats.returncode == 0, stats.stderr
+                merged = orjson.loads(stats.stdout)
+                if merged["results"] == 13:
+                    break
+                time.sleep(0.5)
             assert "skipped record b'not-an-instance', not a stats snapshot" in stats.stderr
-            merged = orjson.loads(stats.stdout)
-            assert merged["items_in"] == 13 and merged["results"] == 13
+            assert merged["items_in"] == 13 and merged["results"] == 13, merged
             assert merged["tiers"]["small"]["requests_saved"] > 0
-            text = cli("stats", env=env).stdout
+            text = run_cli("stats", env=env).stdout
             assert "items in: 13" in text and "saved=" in text
             # the group asked about only: another group's stats are not this one's
             group = env["PROMPTBUS_GROUP_ID"]
             assert merged["group"] == group and text.startswith(f"group {group}:\n")
-            other = orjson.loads(cli("stats", "--json", "--group", f"{group}-other", env=env).stdout)
+            other = orjson.loads(run_cli("stats", "--json", "--group", f"{group}-other", env=env).stdout)
             assert (other["group"], other["instances_seen"], other["items_in"]) == (f"{group}-other", 0, 0)
             assert other["tiers"] == {}
-            every = orjson.loads(cli("stats", "--json", "--all-groups", env=env).stdout)["groups"]
+            every = orjson.loads(run_cli("stats", "--json", "--all-groups", env=env).stdout)["groups"]
             assert [g["items_in"] for g in every if g["group"] == group] == [13]
         finally:
             code = service.terminate(timeout_s=60) if service.alive() else None
@@ -462,13 +453,13 @@ def test_check_config_lists_the_tenants_and_notes_a_tier_without_pricing(tmp_pat
             }
         )
     )
-    ok = cli("check-config", "--config", str(path))
+    ok = run_cli("check-config", "--config", str(path))
     assert ok.returncode == 0, ok.stderr
     assert "tenant reports: weight 1 budget $20/day, then dead_letter" in ok.stdout
     assert "note: tier 'a' has no pricing: its requests count as $0" in ok.stdout
     tiers = {"tiers": {"a": {"provider": "openai", "model": "m"}}, "tenants": {"t": {"weight": 0}}}
     path.write_text(yaml.safe_dump(tiers))
-    bad = cli("check-config", "--config", str(path))
+    bad = run_cli("check-config", "--config", str(path))
     assert bad.returncode == 2
     assert "config error: tenants.t.weight: Input should be greater than 0" in bad.stderr
 
@@ -489,15 +480,16 @@ def test_submit_names_tenants_and_stats_prints_a_line_per_tenant(
         service = ServiceProcess(env, tiers, tmp_path)
         service.start()
         try:
-            one = cli(
+            one = run_cli(
                 "submit", "--tier", "small", "--prompt", "hello", "--id", "one", "--tenant", "alpha", env=env
             )
             assert one.returncode == 0, one.stderr
-            assert cli("submit", "--file", str(jobs_file), "--tenant", "beta", env=env).returncode == 0
+            assert run_cli("submit", "--file", str(jobs_file), "--tenant", "beta", env=env).returncode == 0
             deadline = time.monotonic() + 60
             results: dict[str, dict] = {}
             while time.monotonic() < deadline and len(results) < 4:
-                results = {r["id"]: r for r in map(orjson.loads, cli("results", env=env).stdout.splitlines())}
+                lines = run_cli("results", env=env).stdout.splitlines()
+                results = {r["id"]: r for r in map(orjson.loads, lines)}
                 time.sleep(0.5)
             assert {i: r["tenant"] for i, r in results.items()} == {
                 "one": "alpha", "file-0": "alpha", "file-1": "beta", "file-2": "beta",
@@ -505,13 +497,14 @@ def test_submit_names_tenants_and_stats_prints_a_line_per_tenant(
             stats_text = ""
             while time.monotonic() < deadline and "tenant beta: results=2" not in stats_text:
                 time.sleep(0.5)  # until a stats interval has counted them
-                stats_text = cli("stats", env=env).stdout
+                stats_text = run_cli("stats", env=env).stdout
             assert "tenant alpha: results=2" in stats_text and "budget: unlimited" in stats_text
-            only = cli("stats", "--tenant", "beta", env=env)
+            only = run_cli("stats", "--tenant", "beta", env=env)
             assert only.returncode == 0 and only.stdout.strip().startswith("tenant beta: results=2")
             assert len(only.stdout.strip().splitlines()) == 1
-            assert orjson.loads(cli("stats", "--json", "--tenant", "alpha", env=env).stdout)["results"] == 2
-            nobody = cli("stats", "--tenant", "nobody", env=env)
+            alpha = run_cli("stats", "--json", "--tenant", "alpha", env=env)
+            assert orjson.loads(alpha.stdout)["results"] == 2
+            nobody = run_cli("stats", "--tenant", "nobody", env=env)
             assert nobody.returncode == 1 and "counted as 'other'" in nobody.stderr
         finally:
             code = service.terminate(timeout_s=60) if service.alive() else None
@@ -523,15 +516,15 @@ def test_submit_names_tenants_and_stats_prints_a_line_per_tenant(
 def test_stats_and_results_before_any_topic_exists(kafka_bootstrap: str) -> None:
     """A cluster no instance has published to yet: nothing to show, said plainly, exit 0."""
     env = service_env(kafka_bootstrap, partitions=1)  # fresh topic names, none created
-    stats = cli("stats", env=env)
+    stats = run_cli("stats", env=env)
     assert stats.returncode == 0 and "Traceback" not in stats.stderr, stats.stderr[-2000:]
     assert stats.stdout.splitlines()[:2] == [
         f"group {env['PROMPTBUS_GROUP_ID']}:",
         "instances: 0 live, 0 seen",
     ]
-    every = cli("stats", "--all-groups", env=env)
+    every = run_cli("stats", "--all-groups", env=env)
     assert every.stdout.strip() == "no promptbus instance has published stats on this cluster", every.stderr
-    results = cli("results", env=env)
+    results = run_cli("results", env=env)
     assert (results.returncode, results.stdout, results.stderr) == (0, "", "")
 
 
@@ -551,7 +544,7 @@ def test_submit_and_the_client_publish_to_the_lanes_topic(kafka_bootstrap: str, 
         "tiers: {t: {provider: openai, model: m}}\n"
         f"lanes: {{interactive: {{topic: {fast}}}, standard: {{topic: {settings.jobs_topic}}}}}\n"
     )
-    proc = cli(
+    proc = run_cli(
         "submit", "--tier", "t", "--prompt", "hi", "--lane", "interactive", "--config", str(tiers), env=env
     )
     assert proc.returncode == 0, proc.stderr

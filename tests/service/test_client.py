@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,13 +38,13 @@ from consumer.testing.harness import (
     read_outcomes,
     service_env,
     settings_from_env,
+    slow_tier,
     tier_file_dict,
 )
+from consumer.testing.paths import REPO_ROOT
+from consumer.testing.process import ServiceProcess, logs_of, run_cli
 from consumer.testing.simulator import SimulatorConfig, answer_for, extract_input, run_simulator
-from tests.reliability.support import logs_of
-from tests.service.harness import ROOT, ServiceProcess
 
-PROMPTBUS = [sys.executable, "-m", "consumer.cli"]
 TEMPLATE = "Classify the sentiment of the text.\nTEXT:\n${text}"
 #: the simulator answers "sim:" + 12 hex digits; this format refuses the answers whose first
 #: digit is "f", so about one input in 16 is dead-lettered `output_invalid`, always the same ones
@@ -59,7 +56,6 @@ PICKY = {
 }
 #: bounds of the waits (none is a time the test asserts)
 MAP_TIMEOUT_S = 120.0
-CLI_TIMEOUT_S = 120.0
 
 
 def breaks_picky(text: str) -> bool:
@@ -85,18 +81,6 @@ def assert_answers(outcomes: list[Outcome], inputs: list[str], run_id: str, *, p
 
 def run_of(outcomes: list[Outcome]) -> str:
     return outcomes[0].id.rsplit("-", 1)[0]
-
-
-def cli(*args: str, env: dict[str, str], timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*PROMPTBUS, *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        check=False,
-    )
 
 
 def lines_of(stdout: str) -> list[dict[str, Any]]:
@@ -421,7 +405,7 @@ def test_cli_map_prints_outcomes_in_order_and_exits_by_outcome(
     plain = tmp_path / "inputs.txt"
     plain.write_text("\n".join(inputs) + "\n", encoding="utf-8")
     out = tmp_path / "out.jsonl"
-    ok = cli(
+    ok = run_cli(
         "map",
         "--tier",
         "small",
@@ -442,7 +426,7 @@ def test_cli_map_prints_outcomes_in_order_and_exits_by_outcome(
 
     jsonl = tmp_path / "inputs.jsonl"
     jsonl.write_text("\n".join(orjson.dumps({"text": t}).decode() for t in inputs) + "\n", encoding="utf-8")
-    some = cli(
+    some = run_cli(
         "map",
         "--tier",
         "small",
@@ -461,7 +445,7 @@ def test_cli_map_prints_outcomes_in_order_and_exits_by_outcome(
     assert [line["ok"] for line in lines] == [not breaks_picky(t) for t in inputs]
     assert all(line["error"]["kind"] == "output_invalid" for line in lines if not line["ok"])
 
-    bad = cli(
+    bad = run_cli(
         "map", "--tier", "small", "--prompt", "${a} ${b}", "--inputs", str(plain), "--batch", env=shared
     )
     assert bad.returncode == 2 and "not batchable" in bad.stderr and not bad.stdout
@@ -486,11 +470,11 @@ async def test_a_runs_tenant_is_every_jobs_that_names_none_in_the_client_and_the
     assert {o.result["tenant"] for o in chats if o.result} == {"default"}
     plain = tmp_path / "inputs.txt"
     plain.write_text("\n".join(inputs) + "\n", encoding="utf-8")
-    out = cli("map", "--tier", "small", "--prompt", TEMPLATE, "--inputs", str(plain), "--tenant", "cli-team",
-              env=shared)
+    args = ("--tier", "small", "--prompt", TEMPLATE, "--inputs", str(plain), "--tenant", "cli-team")
+    out = run_cli("map", *args, env=shared)
     assert out.returncode == 0, out.stderr
     assert {line["result"]["tenant"] for line in lines_of(out.stdout)} == {"cli-team"}
-    bad = cli("map", "--tier", "small", "--inputs", str(plain), "--tenant", "no/slash", env=shared)
+    bad = run_cli("map", "--tier", "small", "--inputs", str(plain), "--tenant", "no/slash", env=shared)
     assert bad.returncode == 2 and "tenant: must be 1-64 characters" in bad.stderr
 
 
@@ -498,9 +482,8 @@ async def test_a_runs_tenant_is_every_jobs_that_names_none_in_the_client_and_the
 async def test_map_jobs_waits_for_the_demos_mixed_jobs(shared: dict[str, str]) -> None:
     """The demo's file as it is: template and chat jobs, batched or not, a tier that does not
     exist; the file's own ids are replaced by RUN_ID-INDEX."""
-    jobs = [
-        orjson.loads(line) for line in (ROOT / "examples" / "jobs.jsonl").read_text().splitlines() if line
-    ]
+    lines = (REPO_ROOT / "examples" / "jobs.jsonl").read_text().splitlines()
+    jobs = [orjson.loads(line) for line in lines if line]
     async with AsyncClient(settings_from_env(shared)) as client:
         outcomes = await client.map_jobs(jobs, run_id="demo-run", timeout_s=MAP_TIMEOUT_S)
     assert [o.id for o in outcomes] == [f"demo-run-{i}" for i in range(len(jobs))]
@@ -544,7 +527,7 @@ async def test_timeout_then_collect_in_this_and_in_a_new_process(
             assert [o.id for o in timed_out.outcomes] == [f"{timed_out.run_id}-{i}" for i in range(50)]
             # the same from the shell: exit 3, the outcomes so far, the command that resumes
             shell = await asyncio.to_thread(
-                cli,
+                run_cli,
                 "map",
                 "--tier",
                 "small",
@@ -566,7 +549,7 @@ async def test_timeout_then_collect_in_this_and_in_a_new_process(
                 assert_answers(collected, inputs, timed_out.run_id)
                 # a new process, which knows only the run id and the count
                 again = await asyncio.to_thread(
-                    cli,
+                    run_cli,
                     "map",
                     "--collect",
                     resume[3],
@@ -587,17 +570,14 @@ async def test_timeout_then_collect_in_this_and_in_a_new_process(
 
 
 # ================================================================== SIGKILL during a map
-def slow_tier(base_url: str) -> dict[str, Any]:
-    """2 concurrent requests of up to 5 items: the backlog lasts across a kill."""
-    tiers = tier_file_dict(base_url + "/v1", max_items=5)
-    tiers["tiers"]["small"]["limiter"] = {"algorithm": "fixed", "initial": 2, "min": 1, "max": 2}
-    return tiers
-
-
 @pytest.mark.integration
 @pytest.mark.slow
-async def test_service_killed_and_restarted_during_a_map(kafka_bootstrap: str, tmp_path: Path) -> None:
-    env = service_env(kafka_bootstrap, partitions=4, guarantee="at_least_once")
+async def test_service_killed_and_restarted_during_a_map(
+    kafka_bootstrap: str, tmp_path: Path, short_session_s: float
+) -> None:
+    env = service_env(
+        kafka_bootstrap, partitions=4, guarantee="at_least_once", PROMPTBUS_SESSION_TIMEOUT_S=short_session_s
+    )
     settings: Settings = settings_from_env(env)
     inputs = texts("kill", 300)
     # whole jobs, every other one batched (map_jobs: each job says for itself)
@@ -655,11 +635,11 @@ def test_cli_map_embed_writes_vectors_in_input_order(shared: dict[str, str], tmp
 
     inputs = tmp_path / "texts.txt"
     inputs.write_text("first text\nsecond text\nthird text\n")
-    proc = cli("map", "--embed", "--tier", "small", "--inputs", str(inputs), env=shared)
+    proc = run_cli("map", "--embed", "--tier", "small", "--inputs", str(inputs), env=shared)
     assert proc.returncode == 0, proc.stderr
     lines = lines_of(proc.stdout)
     assert [line["result"]["embedding"] for line in lines] == [
         embedding_vector(t, "sim-model") for t in ("first text", "second text", "third text")
     ]
-    refused = cli("map", "--embed", "--batch", "--tier", "small", "--inputs", str(inputs), env=shared)
+    refused = run_cli("map", "--embed", "--batch", "--tier", "small", "--inputs", str(inputs), env=shared)
     assert refused.returncode != 0 and "--embed" in refused.stderr

@@ -16,9 +16,8 @@ import orjson
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.core.errors import Rejected, ServerError
 from consumer.providers.fake import FakeProvider, text_completion
-from consumer.testing.harness import tier_file_dict
+from consumer.testing.harness import job, tier_file_dict
 from consumer.testing.simulator import answer_for, batched_answer, extract_input, parse_batch_items
-from tests.service.harness import job
 
 
 def _answer(request: CompletionRequest) -> Completion:

@@ -7,14 +7,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from consumer.localmodel import free_port
+from consumer.testing.paths import REPO_ROOT
+from consumer.testing.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "demo.py"
+DEMO = REPO_ROOT / "examples" / "demo.py"
 
 pytestmark = pytest.mark.integration
 

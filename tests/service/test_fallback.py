@@ -1,9 +1,10 @@
 """Fallback tiers and mode auto on a real broker and simulator processes.
 
-The primary tier's simulator is SIGKILLed for a minute in the middle of a stream of jobs:
-its held jobs and the new ones go to the backup tier (its own simulator) once the circuit has
-been open `after_s`; when the primary is back, new jobs go to it again. Jobs that refuse a
-fallback are held through the outage and answered by the primary.
+The primary tier's simulator is SIGKILLed in the middle of a stream of jobs: its held jobs and
+the new ones go to the backup tier (its own simulator) once the circuit has been open
+`after_s`; when the primary is back, new jobs go to it again. Jobs that refuse a fallback are
+held through the outage and answered by the primary. The outage lasts until the backup has
+answered `BACKUP_ANSWERS` jobs for the primary: events and counts, not a clock.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,19 +19,29 @@ from typing import Any
 import pytest
 import yaml
 
-from consumer.localmodel import free_port
 from consumer.testing.harness import (
     InProcessService,
+    JobStream,
     KafkaBus,
+    job,
     service_env,
     settings_from_env,
     tier_file_dict,
 )
+from consumer.testing.outcomes import OutcomeFollower
+from consumer.testing.ports import free_port
+from consumer.testing.process import run_cli, start_simulator
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.reliability.support import JobStream
-from tests.service.harness import job, start_simulator
 
-ROOT = Path(__file__).resolve().parents[2]
+#: the stream: JOBS jobs, CHUNK every CHUNK_INTERVAL_S; every REFUSING_EVERY-th refuses a fallback
+JOBS = 1200
+CHUNK = 20
+CHUNK_INTERVAL_S = 0.45
+REFUSING_EVERY = 40
+#: results before the primary is killed, and the backup's answers for it before it is back
+KILL_AFTER_RESULTS = 200
+BACKUP_ANSWERS = 100
+WAIT_S = 120.0
 
 
 def _two_tiers(main_url: str, backup_url: str, **fallback: Any) -> dict[str, Any]:
@@ -54,9 +63,10 @@ def _at(result: dict[str, Any]) -> datetime:
 
 @pytest.mark.slow
 @pytest.mark.integration
-async def test_a_primary_down_for_60_s_falls_back_then_answers_again(kafka_bootstrap: str) -> None:
-    # every 40th job refuses a fallback: it is held through the outage, answered by the primary
-    jobs = [job(i, batch=False, **({"fallback": False} if i % 40 == 0 else {})) for i in range(4000)]
+async def test_a_primary_down_falls_back_then_answers_again(kafka_bootstrap: str) -> None:
+    jobs = [
+        job(i, batch=False, **({"fallback": False} if i % REFUSING_EVERY == 0 else {})) for i in range(JOBS)
+    ]
     refusing = {j["id"] for j in jobs if j.get("fallback") is False}
     bus = KafkaBus(kafka_bootstrap, partitions=4)
     main_port, backup_port = free_port(), free_port()
@@ -64,25 +74,40 @@ async def test_a_primary_down_for_60_s_falls_back_then_answers_again(kafka_boots
     try:
         tiers = _two_tiers(
             f"http://127.0.0.1:{main_port}/v1", f"http://127.0.0.1:{backup_port}/v1",
-            after_s=5, on=["outage"],
+            after_s=2, on=["outage"],
         )
-        async with bus.service(tiers) as service:
-            stream = JobStream(bus.settings, jobs, chunk=20, interval_s=0.45)
+        async with bus.service(tiers) as service, OutcomeFollower(bus.settings) as follower:
+            stream = JobStream(bus.settings, jobs, chunk=CHUNK, interval_s=CHUNK_INTERVAL_S)
             producing = asyncio.create_task(stream.run())
-            for _ in range(600):  # bounded: until a quarter is answered
-                if len((await bus.outcomes()).results) >= 1000:
-                    break
-                await asyncio.sleep(0.1)
+
+            def tiers_now() -> dict[str, Any]:
+                return dict(service.stats_snapshot()["tiers"])
+
+            def answered_for_small() -> int:
+                return int(tiers_now()["backup"].get("fallback_from.small", 0))
+
+            results_in = await follower.wait(
+                lambda: len(follower.results()) >= KILL_AFTER_RESULTS, timeout_s=WAIT_S
+            )
+            assert results_in, f"only {follower.records} outcomes"
             procs[0].send_signal(signal.SIGKILL)
             procs[0].wait(timeout=30)
-            killed_at = datetime.now(UTC)
-            await asyncio.sleep(60)
-            during = service.stats_snapshot()["tiers"]
+            sent_at_kill = len(stream.sent)
+            # the fallback takes over once the circuit has been open after_s ...
+            assert await follower.wait(lambda: answered_for_small() > 0, timeout_s=WAIT_S), tiers_now()
+            read_at_fallback = follower.records
+            # ... and the backup answers for the primary until it is back
+            more = answered_for_small() + BACKUP_ANSWERS
+            assert await follower.wait(lambda: answered_for_small() >= more, timeout_s=WAIT_S), tiers_now()
+            during = tiers_now()
+            sent_before_back = len(stream.sent)
+            read_before_back = follower.records
             procs[0] = start_simulator(main_port, "latency_ms=20")
-            back_at = datetime.now(UTC)
-            await asyncio.wait_for(producing, timeout=120)
-            outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=180)
-            stats = service.stats_snapshot()["tiers"]
+            await asyncio.wait_for(producing, timeout=WAIT_S)
+            assert await follower.wait_for_ids({j["id"] for j in jobs}, timeout_s=WAIT_S)
+            await follower.settle()
+            stats = tiers_now()
+        outcomes = await bus.outcomes()
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -95,21 +120,28 @@ async def test_a_primary_down_for_60_s_falls_back_then_answers_again(kafka_boots
           f"backup answered {stats['backup'].get('fallback_from.small', 0)} for small")
     assert dead == []
     assert set(results) == {j["id"] for j in jobs}
+    assert sent_at_kill < sent_before_back < len(jobs), "the outage was in the middle of the stream"
     assert by_tier["small"] > 0 and by_tier["backup"] > 0
     for r in results.values():
         assert r["fallback_from"] == ("small" if r["tier"] == "backup" else None), r
+        assert r["model"] == ("sim-backup" if r["tier"] == "backup" else "sim-model"), r
         assert r["mode"] == "online"
-    for j in jobs[:50]:
+    for j in jobs:
         assert results[j["id"]]["output"] == answer_for(j["variables"]["text"])
     assert stats["backup"]["fallback_from.small"] == by_tier["backup"]
     assert during["small"]["circuit_open"] == 1
-    # the primary answers again once it is back
-    assert any(r["tier"] == "small" and _at(r) > back_at for r in results.values())
-    # fallback: false jobs: never the backup; those read during the outage waited for the primary
+    # while the fallback was in effect and the primary down, every answer read was the backup's
+    read_while_down = follower.outcomes[read_at_fallback:read_before_back]
+    assert read_while_down and all(o.tier == "backup" for o in read_while_down), [
+        o for o in read_while_down if o.tier != "backup"
+    ]
+    # the primary answers again once it is back: jobs produced after that went to it
+    produced_after_back = [j["id"] for j in jobs[sent_before_back:]]
+    assert any(results[jid]["tier"] == "small" for jid in produced_after_back)
+    # fallback: false jobs: never the backup; those produced during the outage waited for the primary
     assert all(results[i]["tier"] == "small" for i in refusing)
-    assert any(_at(results[i]) > back_at for i in refusing)
-    assert all(r["tier"] == "backup" or not (killed_at + timedelta(seconds=8) < _at(r) < back_at)
-               for r in results.values())
+    held = refusing & {j["id"] for j in jobs[sent_at_kill:sent_before_back]}
+    assert held, "no refusing job was produced during the outage"
 
 
 @pytest.mark.integration
@@ -199,11 +231,7 @@ def test_check_config_refuses_bad_fallbacks_in_one_line(
 ) -> None:
     path = tmp_path / "tiers.yaml"
     path.write_text(yaml.safe_dump({"tiers": tiers}))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "consumer.cli", "check-config", "--config", str(path)],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
-    )
+    done = run_cli("check-config", "--config", str(path), timeout_s=60)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr

@@ -16,8 +16,7 @@ from consumer.core.completion import CompletionRequest
 from consumer.kafka.clients import group_lag
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.runtime.lag import LAG_REFRESH_S
-from consumer.testing.harness import tier_file_dict
-from tests.service.harness import job
+from consumer.testing.harness import job, tier_file_dict
 
 PARTITIONS = 2
 

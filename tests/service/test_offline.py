@@ -14,6 +14,7 @@ import pytest
 from consumer.kafka.clients import read_topic
 from consumer.testing.harness import (
     InProcessService,
+    job,
     produce,
     service_env,
     settings_from_env,
@@ -21,7 +22,6 @@ from consumer.testing.harness import (
     wait_for_outcomes,
 )
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import job
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +36,11 @@ from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.settings import Settings
 from consumer.telemetry import Telemetry, meter_provider_from_env
 from consumer.telemetry.genai import OPERATION_DURATION_BOUNDS_S, TOKEN_USAGE_BOUNDS
-from consumer.testing.harness import create_topics, service_env, settings_from_env, tier_file_dict
+from consumer.testing.harness import create_topics, job, service_env, settings_from_env, tier_file_dict
 from consumer.testing.otlp import OtlpReceiver, ReceivedSpan, serve_loopback, waterfall
-from tests.service.harness import ROOT, ServiceProcess, job, start_simulator
+from consumer.testing.paths import REPO_ROOT
+from consumer.testing.ports import free_port
+from consumer.testing.process import ServiceProcess, start_simulator
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +49,6 @@ WRONG_KEY = "sk-wrong-" + secrets.token_hex(8)
 PACKED = 4
 OUTCOME_WAIT_S = 90.0
 EXPORT_WAIT_S = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -193,7 +188,7 @@ async def _outcomes(settings: Settings, ids: set[str]) -> dict[str, Outcome]:
 
 @pytest.fixture
 def simulator() -> Iterator[int]:
-    port = _free_port()
+    port = free_port()
     proc = start_simulator(port, f"latency_ms=5,api_key={RIGHT_KEY}")
     try:
         yield port
@@ -253,7 +248,7 @@ async def test_a_real_run_exports_genai_and_messaging_telemetry(
 
 def _documented_env() -> dict[str, str]:
     """The variables docs/metrics.md's example exports before `promptbus run`."""
-    text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    text = (REPO_ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
     block = text.split("<!-- otlp-example", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     env: dict[str, str] = {}
     lines = [line.split("#", 1)[0].split() for line in block.splitlines()]
@@ -481,7 +476,7 @@ async def test_per_signal_endpoints_and_the_protocol_variable_are_the_sdks(
     """The per-signal endpoint wins over the general one (a port nothing listens on), and `otlp`
     with `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf` is the HTTP exporter; what the SDK reads
     from the environment reaches a collector without promptbus parsing any of it."""
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     async with OtlpReceiver() as receiver:
         for name, value in {
             "OTEL_TRACES_EXPORTER": "otlp",

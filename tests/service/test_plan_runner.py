@@ -13,9 +13,8 @@ from consumer.core.limit import limit_for
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.runtime.limiter import AsyncLimiter
 from consumer.settings import LimiterConfig
-from consumer.testing.harness import tier_file_dict
+from consumer.testing.harness import job, tier_file_dict
 from consumer.testing.simulator import answer_for, batched_answer, extract_input, parse_batch_items
-from tests.service.harness import job
 
 
 class BreaksVerifications:

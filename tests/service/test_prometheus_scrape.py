@@ -18,7 +18,6 @@ import contextlib
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -27,22 +26,17 @@ from typing import Any
 import httpx
 import yaml
 
-from consumer.testing.harness import produce, service_env, settings_from_env, tier_file_dict
+from consumer.testing.harness import job, produce, service_env, settings_from_env, tier_file_dict
+from consumer.testing.paths import REPO_ROOT
+from consumer.testing.ports import free_port
+from consumer.testing.process import ServiceProcess
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
-from tests.service.harness import ServiceProcess, job
 
-ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "deploy" / "prometheus" / "promptbus-rules.yml"
-DASHBOARD = ROOT / "deploy" / "grafana" / "promptbus.json"
+RULES = REPO_ROOT / "deploy" / "prometheus" / "promptbus-rules.yml"
+DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "promptbus.json"
 #: a metric selector: a metric name with its optional label matchers
 SELECTOR = re.compile(r"\b(promptbus_[a-z_]+|up)(\{[^}]*\})?")
 FUNCTIONS = {"histogram_quantile", "rate", "sum", "max", "deriv", "vector"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def dashboard_expressions() -> list[str]:
@@ -128,7 +122,7 @@ def _check_expressions(client: httpx.Client) -> None:
 async def test_prometheus_scrapes_promptbus_and_every_dashboard_and_alert_expression_works(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    metrics_port, prometheus_port = _free_port(), _free_port()
+    metrics_port, prometheus_port = free_port(), free_port()
     env = service_env(
         kafka_bootstrap,
         partitions=2,

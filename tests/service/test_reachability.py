@@ -9,12 +9,12 @@ import pytest
 from pydantic import SecretStr
 
 from consumer.core.errors import AuthFailed, ConnectionFailed
-from consumer.localmodel import free_port
 from consumer.providers.factory import make_http_client
 from consumer.providers.fake import FakeProvider, text_completion
 from consumer.providers.openai_compat import OpenAICompatProvider
 from consumer.runtime.reachability import check_tier_providers
 from consumer.settings import TierConfig
+from consumer.testing.ports import free_port
 
 TIER = TierConfig(provider="openai_compat", model="m", base_url="http://127.0.0.1:9/v1", timeout_s=5)
 
@@ -93,9 +93,8 @@ async def test_the_service_checks_each_tier_once_at_start_and_still_starts(
 ) -> None:
     """One tier on the simulator, one on a port nothing listens on: one WARNING, for that tier;
     the reachable tier's jobs are answered all the same."""
-    from consumer.testing.harness import tier_file_dict
+    from consumer.testing.harness import job, tier_file_dict
     from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-    from tests.service.harness import job
 
     bus = make_bus(partitions=1)
     dead_url = f"http://127.0.0.1:{free_port()}/v1"

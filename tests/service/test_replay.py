@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
-import os
-import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,6 +33,7 @@ from consumer.kafka.replay import REPLAY_HEADER, Replay, ReplayFilter, Skip, pla
 from consumer.settings import Settings
 from consumer.testing.harness import (
     InProcessService,
+    job,
     produce,
     read_outcomes,
     service_env,
@@ -42,8 +41,8 @@ from consumer.testing.harness import (
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.process import run_cli
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
-from tests.service.harness import ROOT, job
 
 DLQ_TP = TopicPartition("dlq", 0)
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
@@ -194,26 +193,6 @@ async def _records_between(
         await consumer.stop()
 
 
-async def _cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    """Run `promptbus ARGS` as a process (bounded): exit code, stdout, stderr."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "consumer.cli",
-        *args,
-        env={**os.environ, **env},
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-    except TimeoutError:
-        proc.kill()
-        raise
-    return proc.returncode or 0, out.decode(), err.decode()
-
-
 def _dead_letters_by_id(records: list[Any]) -> dict[Any, tuple[dict[str, Any], str]]:
     return {
         orjson.loads(r.value)["id"]: (orjson.loads(r.value), f"{r.topic}/{r.partition}/{r.offset}")
@@ -247,7 +226,8 @@ async def test_replay_republishes_one_kind_once_and_the_service_answers_it(kafka
 
         # Dry run, as the operator runs it: lists the five that can succeed, says why the four
         # whose own content admission refuses cannot, produces and commits nothing
-        code, out, err = await _cli(env, "replay", "--dlq", "--dry-run")
+        done = await asyncio.to_thread(run_cli, "replay", "--dlq", "--dry-run", env=env)
+        code, out, err = done.returncode, done.stdout, done.stderr
         assert code == 0, err
         assert "would replay 5 dead letters: unknown_tier=5" in out
         assert "skipped 4: still_invalid=4" in out

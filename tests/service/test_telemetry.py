@@ -3,8 +3,6 @@ endpoints and the same metrics through OpenTelemetry."""
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import orjson
 import pytest
@@ -19,27 +17,22 @@ from consumer.runtime.latency import JOB_LATENCY
 from consumer.telemetry import meter_provider_from_env
 from consumer.testing.harness import (
     InProcessService,
+    job,
     service_env,
     settings_from_env,
     tier_file_dict,
     wait_for_outcomes,
 )
+from consumer.testing.ports import free_port
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
-from tests.service.harness import job
 
 pytestmark = pytest.mark.integration
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_trace_continues_from_job_headers_and_metrics_are_served(kafka_bootstrap: str) -> None:
-    port = _free_port()
+    port = free_port()
     settings = settings_from_env(
         service_env(
             kafka_bootstrap, partitions=1, PROMPTBUS_METRICS_PORT=port, PROMPTBUS_METRICS_HOST="127.0.0.1"

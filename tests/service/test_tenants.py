@@ -16,9 +16,8 @@ import orjson
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.tenants import TENANT_HEADER
 from consumer.providers.fake import FakeProvider, text_completion
-from consumer.testing.harness import tier_file_dict, until
+from consumer.testing.harness import job, tier_file_dict, until
 from consumer.testing.simulator import batched_answer, parse_batch_items
-from tests.service.harness import job
 
 PRICING = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # $0.001 a token: easy sums
 

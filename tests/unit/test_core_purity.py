@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from consumer.testing.paths import REPO_ROOT
 from tests.import_scan import imported_names as _imported_names
 from tests.import_scan import module_name
 
-CORE = Path(__file__).resolve().parents[2] / "consumer" / "core"
+CORE = REPO_ROOT / "consumer" / "core"
 #: top-level packages the core may not import: I/O, event loops, servers, telemetry
 FORBIDDEN = {
     "aiohttp",
@@ -40,7 +41,7 @@ PYDANTIC_ALLOWED = {"jobs.py", "snapshots.py"}
 
 
 def _module_of(path: Path) -> str:
-    return module_name(path, CORE.parent.parent)
+    return module_name(path, REPO_ROOT)
 
 
 def _violations(names: set[str]) -> set[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,11 +14,11 @@ import yaml
 from kubernetes.client import ApiClient
 
 from consumer.settings import Settings
+from consumer.testing.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "deploy" / "k8s"
-RULES = ROOT / "deploy" / "prometheus" / "promptbus-rules.yml"
-RULE_TESTS = ROOT / "deploy" / "prometheus" / "promptbus-rules.test.yml"
+K8S = REPO_ROOT / "deploy" / "k8s"
+RULES = REPO_ROOT / "deploy" / "prometheus" / "promptbus-rules.yml"
+RULE_TESTS = REPO_ROOT / "deploy" / "prometheus" / "promptbus-rules.test.yml"
 
 #: kinds with typed models in the kubernetes package: (apiVersion, kind) -> model class name
 TYPED = {

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from consumer import docs_tables
+from consumer.testing.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 # [text](target) and ![alt](target); the target up to a space, ')' or '#'
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s#]+)(?:#[^)]*)?\)")
 
@@ -49,7 +49,7 @@ def test_every_tier_key_and_variable_is_documented() -> None:
     assert all(row.count(" | ") >= 3 and not row.endswith("|  |") for row in tier_table.splitlines())
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
 def test_relative_links_point_at_files(page: Path) -> None:
     broken = []
     for target in _LINK.findall(page.read_text(encoding="utf-8")):
@@ -57,4 +57,4 @@ def test_relative_links_point_at_files(page: Path) -> None:
             continue
         if not (page.parent / target).exists():
             broken.append(target)
-    assert not broken, f"{page.relative_to(ROOT)}: links to missing files: {broken}"
+    assert not broken, f"{page.relative_to(REPO_ROOT)}: links to missing files: {broken}"

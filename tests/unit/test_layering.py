@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from consumer.testing.paths import REPO_ROOT
 from tests.import_scan import Import, imports_of, module_name
 
-ROOT = Path(__file__).resolve().parents[2]
-CONSUMER = ROOT / "consumer"
+CONSUMER = REPO_ROOT / "consumer"
 
 CORE = "consumer.core"
 SETTINGS = "consumer.settings"
@@ -66,7 +66,7 @@ def top_level(module: str) -> str:
 def _scan() -> dict[str, tuple[Path, list[Import]]]:
     modules = {}
     for path in sorted(CONSUMER.rglob("*.py")):
-        name = module_name(path, ROOT)
+        name = module_name(path, REPO_ROOT)
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source, filename=str(path))
         modules[name] = (path, imports_of(tree, name, path.name == "__init__.py", source))

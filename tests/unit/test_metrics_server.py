@@ -12,19 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from consumer.core.errors import ConfigError
 from consumer.runtime.metrics import MetricsServer, build_app
 from consumer.runtime.stats import ServiceStats
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from consumer.testing.ports import free_port
 
 
 async def test_the_endpoints_answer_as_scrapers_and_probes_expect() -> None:
     stats = ServiceStats(instance="a")
     stats.tier("small").provider_requests = 3
     ready = False
-    port = _free_port()
+    port = free_port()
     server = MetricsServer(build_app(stats, lambda: ready), port, host="127.0.0.1")
     await server.start()
     try:

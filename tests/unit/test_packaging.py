@@ -10,12 +10,11 @@ import re
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 from typing import Any
 
+from consumer.testing.paths import REPO_ROOT
 from consumer.testing.simulator_entry import MISSING_EXTRA
 
-ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR_STACK = {"starlette", "uvicorn"}
 
 #: makes the simulator's web stack unimportable, as it is without the extra
@@ -30,7 +29,7 @@ def _name(requirement: str) -> str:
 
 
 def _project() -> dict[str, Any]:
-    with (ROOT / "pyproject.toml").open("rb") as f:
+    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
         project: dict[str, Any] = tomllib.load(f)["project"]
     return project
 
@@ -69,7 +68,9 @@ def test_the_service_starts_its_endpoints_without_the_simulator_stack() -> None:
 
 def _python(probe: str) -> subprocess.CompletedProcess[str]:
     """`probe` run by a fresh interpreter from the repository's root."""
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
+    )
 
 
 def _simulate(block: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from consumer import schemas
+from consumer.testing.paths import REPO_ROOT
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMAS = REPO_ROOT / "schemas"
 
 
 def test_schemas_match_models() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from consumer.testing.simulator.embeddings import embeddings_body, embeddings_refusal, embeddings_tokens
-from consumer.testing.simulator.model import compact, estimate_tokens, model_answer
+from consumer.testing.simulator.model import SimAnswer, compact, estimate_tokens, model_answer
 from consumer.testing.simulator.refusals import request_refusal
 from consumer.testing.simulator.state import Call, SimulatorState, endpoint
 from consumer.testing.simulator.wire import (
@@ -27,8 +28,42 @@ class ChatRoutes(SimulatorState):
     """POST /v1/chat/completions, POST /v1/embeddings, POST /v1/messages and GET /v1/models."""
 
     async def _chat(self, request: Request, call: Call) -> Response:
-        """The shared path of /v1/chat/completions and /v1/messages, after the preamble."""
+        """The shared path of /v1/chat/completions and /v1/messages, after the preamble: the
+        refusals and 429s drawn before the model, the model's answer, the rate limit, the
+        latency and transport faults, then the answer in the caller's wire format."""
         kind, body = call.kind, call.body
+        refused = self._refused_before_model(kind, body)
+        if refused is not None:
+            return refused
+        cfg, counters = self.config, self.stats_.counters
+        prompt, schema, tool, all_text = request_view(body, kind, ignore_structured=cfg.ignore_structured)
+        if schema is not None:
+            counters["structured_requests"] += 1
+        answer = model_answer(
+            prompt, schema, tool=tool, max_tokens=max_tokens_of(body), rng=self.rng, config=cfg
+        )
+        input_tokens = estimate_tokens(all_text)
+        output_tokens = estimate_tokens(answer.text if answer.value is None else compact(answer.value))
+        headers, wait_s = self._rate_headers(kind, time.monotonic(), input_tokens + output_tokens)
+        if wait_s is not None:
+            return self._error(
+                kind,
+                429,
+                "rate_limit_error" if kind == "anthropic" else "requests",
+                f"Rate limit reached for {self.limited_by} per {cfg.rate_window_s:g}s. Please try again "
+                f"in {wait_s:.3f}s.",
+                code="rate_limit_exceeded",
+                headers=headers,
+            )
+        faulted = await self._serve_with_faults(request, kind)
+        if faulted is not None:
+            return faulted
+        return self._answered(kind, body, answer, (input_tokens, output_tokens), all_text, headers)
+
+    def _refused_before_model(self, kind: str, body: dict[str, Any]) -> Response | None:
+        """A body the real API refuses, a stream request, a billing 429 or a shared 429 (the
+        rng draws in this order; a shared 429 only when enabled, so seeded runs without it
+        keep their sequence of faults). None: on to the model."""
         cfg, counters = self.config, self.stats_.counters
         refusal = request_refusal(body, kind)
         if refusal is not None:
@@ -52,8 +87,6 @@ class ChatRoutes(SimulatorState):
                 "You have reached your specified API usage limits. "
                 "You will regain access on 2099-01-01 at 00:00 UTC.",
             )
-
-        # drawn only when enabled: seeded runs without it keep their sequence of faults
         if cfg.shared_429_rate and self.rng.random() < cfg.shared_429_rate:
             counters["shared_429"] += 1
             retry = {"retry-after": "1"}
@@ -68,28 +101,12 @@ class ChatRoutes(SimulatorState):
                 code="rate_limit_exceeded",
                 headers=retry,
             )
-        prompt, schema, tool, all_text = request_view(body, kind, ignore_structured=cfg.ignore_structured)
-        if schema is not None:
-            counters["structured_requests"] += 1
-        answer = model_answer(
-            prompt, schema, tool=tool, max_tokens=max_tokens_of(body), rng=self.rng, config=cfg
-        )
-        input_tokens = estimate_tokens(all_text)
-        output_tokens = estimate_tokens(answer.text if answer.value is None else compact(answer.value))
-        now_s = time.monotonic()
-        headers, wait_s = self._rate_headers(kind, now_s, input_tokens + output_tokens)
-        if wait_s is not None:
-            what = self.limited_by
-            return self._error(
-                kind,
-                429,
-                "rate_limit_error" if kind == "anthropic" else "requests",
-                f"Rate limit reached for {what} per {cfg.rate_window_s:g}s. Please try again in "
-                f"{wait_s:.3f}s.",
-                code="rate_limit_exceeded",
-                headers=headers,
-            )
+        return None
 
+    async def _serve_with_faults(self, request: Request, kind: str) -> Response | None:
+        """A capacity slot and the latency, then the drawn fault: a dropped connection, a hang
+        (then on), a 500 or an overload; None: answered."""
+        cfg, counters = self.config, self.stats_.counters
         fault = self.rng.random()
         delay_s = (
             max(0.0, self.rng.uniform(cfg.latency_ms - cfg.jitter_ms, cfg.latency_ms + cfg.jitter_ms)) / 1000
@@ -121,7 +138,19 @@ class ChatRoutes(SimulatorState):
                     return self._error(kind, 529, "overloaded_error", "Overloaded")
             finally:
                 stats.inflight -= 1
+        return None
 
+    def _answered(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        answer: SimAnswer,
+        tokens: tuple[int, int],
+        all_text: str,
+        headers: dict[str, str],
+    ) -> Response:
+        """The answer counted and in the caller's wire format; tokens: (input, output)."""
+        counters = self.stats_.counters
         counters["items_answered"] += answer.items - (1 if answer.fault == "missing" else 0)
         if answer.batched:
             counters["batched_requests"] += 1
@@ -130,14 +159,10 @@ class ChatRoutes(SimulatorState):
         model = str(body.get("model") or "sim")
         read, written = self.cache_usage(kind, body, all_text)
         if kind == "openai":
-            payload = openai_completion_body(
-                answer, model, input_tokens, output_tokens, self.new_id("chatcmpl-"), read
-            )
+            payload = openai_completion_body(answer, model, *tokens, self.new_id("chatcmpl-"), read)
             headers["x-request-id"] = self.new_id("req_")
         else:
-            payload = anthropic_message_body(
-                answer, model, input_tokens, output_tokens, self.new_id("msg_"), read, written
-            )
+            payload = anthropic_message_body(answer, model, *tokens, self.new_id("msg_"), read, written)
             headers["request-id"] = self.new_id("req_")
         return JSONResponse(payload, headers=headers)
 
