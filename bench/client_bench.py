@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import os
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ from typing import Any
 from consumer.client import AsyncClient
 from consumer.kafka.clients import read_topic
 from consumer.settings import Settings
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.harness import InProcessService, service_env, settings_from_env, tier_file_dict
 from consumer.testing.paths import PROMPTBUS, REPO_ROOT
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
@@ -107,6 +107,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
+    add_save_option(parser)
     args = parser.parse_args()
     n = args.inputs
     env = service_env(os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"), partitions=4)
@@ -136,7 +137,7 @@ async def main() -> None:
         "ratio_cli_collect_vs_cli_results": round(rates["cli_collect"] / rates["cli_results"], 3),
         "seconds_all": {k: [round(x, 3) for x in v] for k, v in times.items()},
     }
-    print(json.dumps(out, indent=2))
+    emit_report(out, args.save, name="client_bench")
 
 
 if __name__ == "__main__":

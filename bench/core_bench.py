@@ -1,19 +1,19 @@
 """CPU cost per job of the pure core: window + pack + parse (target: at most 50 us per job).
 
-    .venv/bin/python bench/core_bench.py [--jobs 10000] [--max-items 20] [--repeat 5]
+    .venv/bin/python bench/core_bench.py [--jobs 10000] [--max-items 20] [--repeat 5] [--save [NAME]]
 
 10,000 batch-eligible jobs of ~200 input characters go through what the service does per
 job in the core: split the prompt (`split_batchable`), build the batch key, collect in
 `CollectionWindows` (max_items 20), plan and pack each flushed window (`RequestPlan.start`),
 then classify a complete answer (`RequestPlan.on_answer` -> `parse_answer`). Answers are
 built outside the timed part (that is the model's work). Also timed on its own:
-`decode_job` of the same jobs. Prints one JSON object; the best of `--repeat` runs counts.
+`decode_job` of the same jobs. Prints one JSON object (`--save`: also
+bench/results/core_bench.json); the best of `--repeat` runs counts.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import sys
@@ -27,6 +27,7 @@ from consumer.core.plan import Member, PlannedRequest, RequestPlan
 from consumer.core.retry import RetryPolicy
 from consumer.core.templates import split_batchable
 from consumer.core.window import CollectionWindows, Flush, WindowLimits, pack_key_for
+from consumer.testing.benchreport import add_save_option, emit_report
 
 PROMPT = (
     "Classify the sentiment of the review as positive, negative or neutral. Answer with one word.\n"
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--max-items", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=5)
+    add_save_option(parser)
     args = parser.parse_args(argv)
 
     raw = _raw_jobs(args.jobs, random.Random(0))
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_target": round(best["total_us_per_job"] / target_us, 3),
         "python": platform.python_version(),
     }
-    print(json.dumps(report))
+    emit_report(report, args.save, name="core_bench")
     return 0
 
 

@@ -1,6 +1,6 @@
 """What each job costs: tokens and dollars per job, by how the jobs are sent.
 
-    .venv/bin/python bench/cost_bench.py [--jobs 200] [--out FILE.json]
+    .venv/bin/python bench/cost_bench.py [--jobs 200] [--only PREFIX] [--save [NAME]]
 
 The service (`run_service`, in this process, on the in-memory Kafka edges: no broker needed,
 except for the deadline scenarios, whose offline jobs need one: `KAFKA_BOOTSTRAP_SERVERS`)
@@ -25,23 +25,25 @@ Per scenario: provider requests, input / cached / cache-written / output tokens 
 per job (`consumer.core.cost`, from the tier's stats: the providers' own usage counts) and,
 for batched ones, the saving of batching as the stats show it (an estimate from prompt lengths:
 no `verify_fraction` here, so no job is asked twice). Tokens are the simulator's counts, so
-they do not depend on the machine; nothing here is timed. Prints one JSON document and draws
-`bench/results/cost_bench.png`.
+they do not depend on the machine; nothing here is timed. Prints one JSON document (`--save`:
+also bench/results/cost_bench.json, or cost_bench_PREFIX.json with `--only PREFIX`) and draws
+`bench/results/cost_bench.png` (with `--only`: bench/out/cost_bench_PREFIX.png).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
+import re
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from consumer.core.cost import BatchSaving
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.harness import MemoryBus
 from consumer.testing.paths import REPO_ROOT
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
@@ -228,8 +230,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     cost_ax.set_title(f"Cost per 1,000 jobs ({MODEL} list prices)")
     uncached = [r["input_tokens_per_job"] - r["cached_input_tokens_per_job"] for r in rows]
     tok_ax.bar(names, uncached, color="#dd8452", label="input, not from the cache")
-    tok_ax.bar(names, [r["cached_input_tokens_per_job"] for r in rows], bottom=uncached, color="#f2c49b",
-               label="input read from the cache")
+    tok_ax.bar(
+        names,
+        [r["cached_input_tokens_per_job"] for r in rows],
+        bottom=uncached,
+        color="#f2c49b",
+        label="input read from the cache",
+    )
     tok_ax.set_ylabel("input tokens per job")
     tok_ax.set_title("Input tokens per job (1,500-token instruction, 50-token input)")
     tok_ax.legend()
@@ -274,16 +281,15 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--only", default="", help="run only the scenarios whose name starts with this")
-    parser.add_argument("--plot", type=Path, default=REPO_ROOT / "bench" / "results" / "cost_bench.png")
+    parser.add_argument("--plot", type=Path, default=None, help="where the plot goes (default above)")
+    add_save_option(parser)
     args = parser.parse_args(argv)
+    name = "cost_bench" + (f"_{re.sub(r'[^a-z0-9]+', '_', args.only.lower())}" if args.only else "")
     report = asyncio.run(main_async(args))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    plot(report["rows"], args.plot)
+    emit_report(report, args.save, name=name)
+    default_plot = REPO_ROOT / "bench" / ("out" if args.only else "results") / f"{name}.png"
+    plot(report["rows"], args.plot or default_plot)
     return 0
 
 

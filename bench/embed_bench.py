@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import platform
@@ -56,6 +55,7 @@ from consumer.providers.embeddings import EmbeddingProvider
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings, TierConfig
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.harness import service_env, settings_from_env
 from consumer.testing.paths import REPO_ROOT
 
@@ -195,10 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=50_000, help="embed jobs for the service part")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of raw and the service")
     parser.add_argument("--variant-timeout-s", type=float, default=300.0, help="bound of one service run")
+    add_save_option(parser)
     args = parser.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]
     with contextlib.suppress(KeyboardInterrupt):
-        print(json.dumps(asyncio.run(main_async(args)), indent=2))
+        report = asyncio.run(main_async(args))
+        emit_report(report, args.save, name="embed_bench_" + "_".join(args.parts))
         return 0
     return 130
 

@@ -12,7 +12,7 @@ over the same N classification requests sent all at once through `AsyncLimiter`:
 Prints JSON: wall time, requests/s, p50/p95 provider-call latency, and the gradient limit's
 trajectory (start, end, mean over the second half). No thresholds: compare the columns.
 
-    python bench/gradient_local.py [--requests 64] [--port 8090]
+    python bench/gradient_local.py [--requests 64] [--port 8090] [--save [NAME]]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from consumer.core.limit import ConcurrencyLimit, FixedLimit, GradientLimit
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.runtime.limiter import AsyncLimiter
 from consumer.settings import TierConfig
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.paths import REPO_ROOT
 
 PROMPT = "Classify the sentiment of the text as positive or negative. Answer with one word.\nTEXT:\n"
@@ -97,6 +98,7 @@ async def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--port", type=int, default=8090)
+    add_save_option(parser)
     args = parser.parse_args()
     handle = localmodel.serve(port=args.port, n_ctx=2048, wait_s=120)
     try:
@@ -110,7 +112,8 @@ async def main() -> None:
         ]
     finally:
         handle.stop()
-    print(json.dumps({"benchmark": "gradient limiter vs fixed on llama.cpp/SmolLM2", "rows": rows}, indent=1))
+    report = {"benchmark": "gradient limiter vs fixed on llama.cpp/SmolLM2", "rows": rows}
+    emit_report(report, args.save, name="gradient_local")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Lanes benchmark: interactive job latency behind a bulk backlog, with and without lanes.
 
     .venv/bin/python bench/lanes_bench.py [--bulk 5000] [--interactive 100] [--rate 2]
-                                          [--limiter fixed|aimd|gradient]
+                                          [--limiter fixed|aimd|aimd-loss-only|gradient]
+                                          [--lanes-only] [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092). Prints one JSON object
 on stdout; progress goes to stderr. The service (`run_service`, in this process) runs against
@@ -10,7 +11,8 @@ tier's limiter is fixed at the simulator's capacity (`--limiter fixed`, the defa
 requests wait for their slot in the service (where lanes order them), not in the provider's
 queue; `--limiter aimd` or `gradient` (initial 4, max 16) shows whether the limiter itself
 finds that capacity: every request it admits past it waits in the simulator's queue, where no
-lane can reorder it.
+lane can reorder it (`aimd-loss-only`: AIMD with `rtt_tolerance: null`, stopped by 429s and
+timeouts only).
 
 Runs, each with fresh topics and group:
   idle            the interactive jobs at `--rate`/s on an empty service;
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -41,6 +42,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from consumer.app import Service, run_service
 from consumer.kafka.admin import ensure_topics
 from consumer.settings import Settings, parse_tier_file
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.simulator import SimulatorConfig, run_simulator
 
 LATENCY_MS = 200
@@ -70,6 +72,10 @@ def fresh_settings(bootstrap: str) -> Settings:
 LIMITERS: dict[str, dict[str, Any]] = {
     "fixed": {"algorithm": "fixed", "initial": CAPACITY, "min": 1, "max": CAPACITY},
     "aimd": {"algorithm": "aimd", "initial": CAPACITY, "min": 1, "max": 4 * CAPACITY},
+    # AIMD that only 429s, overloads and timeouts stop (latency ignored)
+    "aimd-loss-only": {
+        "algorithm": "aimd", "initial": CAPACITY, "min": 1, "max": 4 * CAPACITY, "rtt_tolerance": None
+    },
     "gradient": {"algorithm": "gradient", "initial": CAPACITY, "min": 1, "max": 4 * CAPACITY},
 }
 
@@ -353,9 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the idle and loaded-with-lanes runs (no single-topic run, no throughput runs)",
     )
+    add_save_option(parser)
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))
-    print(json.dumps(result, indent=2))
+    emit_report(result, args.save, name="lanes_bench")
     return 0
 
 

@@ -18,7 +18,7 @@ choosing the local tier's limiter and batching settings):
 - generation: decode speed of one long free-form answer (tokens/s).
 
 Usage: python bench/local_model_probe.py [--base-url URL] [--texts 16] [--requests 16]
-       [--levels 1,2,4,8] [--batch-sizes 2,4,8] [--n-threads N] [--out FILE.json]
+       [--levels 1,2,4,8] [--batch-sizes 2,4,8] [--n-threads N] [--save [NAME]]
 Without --base-url a server is started on a free port and stopped at the end.
 """
 
@@ -40,6 +40,7 @@ import httpx
 
 from consumer import localmodel
 from consumer.core.packing import AnswerKind, answer_schema, batch_max_tokens, pack, parse_answer
+from consumer.testing.benchreport import add_save_option, emit_report
 
 LABELS = ("positive", "negative")
 # SmolLM2-135M is sensitive to wording: this prompt scored 44/48 on the labelled set as single
@@ -246,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n-threads", type=int, default=None)
     parser.add_argument("--n-threads-batch", type=int, default=None)
     parser.add_argument("--n-ctx", type=int, default=localmodel.DEFAULT_N_CTX)
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    add_save_option(parser)
     args = parser.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]
     args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
@@ -284,11 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if handle is not None:
             handle.stop()
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_report(report, args.save, name="local_model_probe")
     return 0
 
 

@@ -1,13 +1,14 @@
 """Memory per held job: resident memory of one `promptbus run` with its in-flight jobs full.
 
-    .venv/bin/python bench/memory_bench.py [--jobs 100000] [--max-inflight 10000]
+    .venv/bin/python bench/memory_bench.py [--jobs 100000] [--max-inflight 10000] [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092). One service process
 with the default `max_inflight`, a slow simulator (4 requests at a time, 200 ms each) so the
 backlog cannot drain, half the jobs batchable (~200-byte records). Measures the process's
 RSS idle (joined, no jobs), then produces the backlog and waits until the instance's stats say
 `max_inflight` jobs are held, and measures again. Prints one JSON object: idle RSS, RSS at the
-backlog, jobs held and bytes per held job. Not a timed test: the figures are memory.
+backlog, jobs held and bytes per held job (`--save`: also bench/results/memory_bench.json).
+Not a timed test: the figures are memory.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from consumer.kafka.admin import ensure_topics
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.faultrun import latest_stats, rss_bytes
 from consumer.testing.harness import job, produce, service_env, settings_from_env
 from consumer.testing.process import ServiceProcess
@@ -109,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--max-inflight", type=int, default=10_000)
+    add_save_option(parser)
     args = parser.parse_args(argv)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     workdir = Path(tempfile.mkdtemp(prefix="memory-bench-"))
     report = asyncio.run(bench(bootstrap, args.jobs, args.max_inflight, workdir))
-    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    emit_report(report, args.save, name="memory_bench")
     return 0
 
 

@@ -1,13 +1,15 @@
 """Service benchmarks: throughput vs raw aiokafka, and the limiter vs a provider ceiling.
 
     .venv/bin/python bench/pipeline_bench.py [--quick] [--jobs 50000] [--repeats 3] [--plot] [--profile]
+        [--variants raw,sim,fake,sdk,fake@max_inflight=2000,fake@gc=default] [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092; `deploy/kafka-local/kafka
 start`). Prints one JSON object on stdout; progress goes to stderr.
 
 1. Throughput. Per workload (`batched`: every job `batch: true`; `mixed`: every other one;
-   max_items 20, short classification inputs), N jobs are produced once to a fresh 4-partition
-   jobs topic. Then, each run with its own consumer group and output topic:
+   `unbatched`: none, `--unbatched-jobs` of them; max_items 20, short classification inputs),
+   N jobs are produced once to a fresh 4-partition jobs topic. Then, each run with its own
+   consumer group and output topic:
      raw        a plain aiokafka loop: getmany -> each message produced as it is (key and
                 value) to another topic (same producer settings as the service: acks=all,
                 idempotent, linger 5 ms) -> wait for the acks -> commit: the floor cost of
@@ -16,18 +18,28 @@ start`). Prints one JSON object on stdout; progress goes to stderr.
                 latency, run as a separate process (`python -m consumer.cli simulate`) so
                 it has the other core;
      fake       the service with the in-memory `FakeProvider` (no HTTP): the service's own
-                cost.
+                cost;
+     sdk        (unbatched only) the consumer a user writes by hand: aiokafka reads a batch,
+                the official openai SDK asks each job with 16 requests in flight against the
+                same simulator, each answer produced as a result, the batch committed.
    Each variant runs `--repeats` times, interleaved (raw, sim, fake, raw, ...), so drifts in
    the machine's load hit all of them alike; the medians are compared. Items/s is counted
    from the output records' own Kafka timestamps (first to last), so start-up and group join
    are left out of every variant alike; `wall_s` (join included) is printed next to it.
-   Each service run also prints `commits_per_1k_items`: input offset commits per 1,000
-   outcomes (at_least_once commits as acks arrive, gathered for a few ms), what committing
-   early costs per job.
+   Each run also prints this process's CPU time per outcome (the service's, or the loop's; not
+   the simulator's, which `simulator.cpu_us_per_job` gives): `cpu_us_per_item` between 10% and
+   90% of the run's outcomes (the steady state), `cpu_us_per_job` over the whole run (start-up
+   and group join included). Each service run also prints `commits_per_1k_items`: input offset commits per
+   1,000 outcomes (at_least_once commits as acks arrive, gathered for a few ms), what
+   committing early costs per job.
+   A variant may change one thing of the service, `VARIANT@KEY=VALUE`, and runs interleaved
+   with the others: `KEY` a setting (`fake@max_inflight=2000`: PROMPTBUS_MAX_INFLIGHT 2,000),
+   or `gc=default` (CPython's own GC settings: once the service has started, which applied
+   `tune_gc`, the heap is unfrozen and the young generation's threshold set back).
    `ratio_vs_raw` = median items/s / raw's median (target >= 0.6). The process runs with the
    service's GC settings (`consumer.runtime.heap.tune_gc`) for every variant. N must be well above the
    service's max_inflight (10,000) to measure a steady state: with N = 20,000 half the input
-   sat in memory while the output was timed, and the ratios read ~1.7x too high.
+   sat in memory while the output was timed, and the ratios read too high.
 2. Limiter vs ceiling. The simulator has `capacity` (requests served at once; more queue),
    `latency_ms` and a rate limit of `rpm` requests per minute as a token bucket, the way
    OpenAI and Anthropic enforce theirs: it holds rpm/60*window requests and refills
@@ -50,7 +62,9 @@ start`). Prints one JSON object on stdout; progress goes to stderr.
    share <= 3%.
 
 `--profile` also runs the `fake` variant under cProfile and prints the top functions by own
-time in microseconds per job. `--plot` draws bench/out/pipeline_bench.png.
+time in microseconds per job. `--plot` draws bench/out/pipeline_bench.png. `--save` also writes
+the JSON report to bench/results/ (default name: pipeline_bench_ and the parts run, e.g.
+pipeline_bench_throughput.json); with `--plot`, the plot is copied beside it (same name, .png).
 """
 
 from __future__ import annotations
@@ -59,13 +73,14 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import io
-import json
 import logging
 import os
 import platform
 import pstats
 import random
+import shutil
 import statistics
 import string
 import subprocess
@@ -81,6 +96,7 @@ import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
+from pydantic import ValidationError
 
 from consumer.core.completion import ChatMessage, Completion, CompletionRequest
 from consumer.core.errors import ProviderError
@@ -93,6 +109,7 @@ from consumer.providers.fake import FakeProvider, text_completion
 from consumer.runtime import eventloop
 from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings, TierConfig
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.harness import InProcessService, service_env, settings_from_env
 from consumer.testing.paths import PROMPTBUS, REPO_ROOT
 from consumer.testing.ports import free_port
@@ -106,6 +123,8 @@ WORDS = "good bad slow fast cold warm fine rude kind late early cheap dear clean
 TIER = "small"
 #: simulator counters are sampled this often during limiter runs
 SAMPLE_INTERVAL_S = 0.1
+#: CPython's own GC thresholds, read before anything here changes them (`fake@gc=default`)
+CPYTHON_GC_THRESHOLD = gc.get_threshold()
 
 
 def _progress(message: str, *args: Any) -> None:
@@ -242,14 +261,86 @@ class SimProcess:
 
 
 # ----------------------------------------------------------------------------------------------
+# variants
+
+#: the kinds of throughput variant (module docstring)
+KINDS = ("raw", "sim", "fake", "sdk")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A throughput variant: its kind and at most one change to the service (`KIND@KEY=VALUE`)."""
+
+    label: str
+    kind: str
+    #: Settings fields changed for this variant's service
+    settings: dict[str, Any] = field(default_factory=dict)
+    #: run the service under CPython's own GC settings instead of `tune_gc`'s
+    gc_default: bool = False
+
+
+def parse_variant(label: str) -> Variant:
+    """`fake`, `fake@max_inflight=2000`, `sim@gc=default`; ValueError naming what is wrong."""
+    kind, _, change = label.partition("@")
+    if kind not in KINDS:
+        raise ValueError(f"variant {label!r}: the kind must be one of {', '.join(KINDS)}")
+    if not change:
+        return Variant(label, kind)
+    if kind in ("raw", "sdk"):
+        raise ValueError(f"variant {label!r}: {kind} runs no service to change")
+    key, _, value = change.partition("=")
+    if key == "gc":
+        if value != "default":
+            raise ValueError(f"variant {label!r}: gc takes only 'default'")
+        return Variant(label, kind, gc_default=True)
+    if key not in Settings.model_fields:
+        raise ValueError(f"variant {label!r}: {key!r} is not a setting")
+    try:  # read as the environment variable would be
+        typed = getattr(settings_from_env({f"PROMPTBUS_{key.upper()}": value}), key)
+    except ValidationError as exc:
+        raise ValueError(f"variant {label!r}: {exc.errors()[0]['msg']}") from None
+    return Variant(label, kind, settings={key: typed})
+
+
+def use_cpython_gc() -> None:
+    """CPython's own GC settings, undoing `tune_gc` (which the service applied at start)."""
+    gc.unfreeze()
+    gc.set_threshold(*CPYTHON_GC_THRESHOLD)
+
+
+@dataclass
+class CpuMeter:
+    """This process's CPU time against outcomes counted, sampled as a run polls: CPU per
+    outcome between 10% and 90% of the run's outcomes (start-up and drain left out, as the
+    items/s from output timestamps leave them out)."""
+
+    total: int
+    samples: list[tuple[float, int]] = field(default_factory=list)
+
+    def mark(self, done: int) -> None:
+        self.samples.append((time.process_time(), done))
+
+    def us_per_item(self) -> float | None:
+        low = [s for s in self.samples if s[1] >= 0.1 * self.total]
+        high = [s for s in low if s[1] >= 0.9 * self.total]
+        if not low or not high or high[0][1] <= low[0][1]:
+            return None
+        (cpu0, done0), (cpu1, done1) = low[0], high[0]
+        return round((cpu1 - cpu0) / (done1 - done0) * 1e6, 1)
+
+
+# ----------------------------------------------------------------------------------------------
 # Kafka helpers
 
 
-def variant_settings(base: Settings, name: str) -> Settings:
-    """Same jobs topic, its own group and output topics (a variant reads every job afresh)."""
+def variant_settings(base: Settings, name: str, changes: dict[str, Any] | None = None) -> Settings:
+    """Same jobs topic, its own group and output topics (a variant reads every job afresh);
+    `changes`: the variant's own settings (`parse_variant` validated them)."""
     sfx = uuid.uuid4().hex[:6]
+    name = name.split("@")[0]
     return base.model_copy(
         update={
+            **(changes or {}),
             "group_id": f"bench-{name}-{sfx}",
             "results_topic": f"bench-{name}-results-{sfx}",
             "dlq_topic": f"bench-{name}-dlq-{sfx}",
@@ -312,6 +403,7 @@ async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
     await producer.start()
     await consumer.start()
     t0 = time.monotonic()
+    cpu = CpuMeter(n)
     done = 0
     try:
         while done < n and time.monotonic() - t0 < timeout_s:
@@ -324,6 +416,7 @@ async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
                 await asyncio.gather(*futures)
                 await consumer.commit()
                 done += len(futures)
+                cpu.mark(done)
         wall_s = time.monotonic() - t0
     finally:
         await consumer.stop()
@@ -335,6 +428,7 @@ async def raw_loop(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
         "span_s": round(span_s, 3),
         "items_per_s": round(rate, 1),
         "wall_s": round(wall_s, 3),
+        "cpu_us_per_item": cpu.us_per_item(),
     }
 
 
@@ -346,24 +440,35 @@ async def service_run(
     timeout_s: float,
     providers: dict[str, Any] | None = None,
     on_running: Callable[[InProcessService], Coroutine[Any, Any, None]] | None = None,
+    variant: Variant | None = None,
 ) -> tuple[dict[str, Any], Settings]:
-    """Run the service in this process until n outcomes are out (bounded); rate from result stamps."""
-    settings = variant_settings(base, name)
+    """Run the service in this process until n outcomes are out (bounded); rate from result
+    stamps. `variant`: its one change to the service (settings, or CPython's GC settings)."""
+    settings = variant_settings(base, name, variant.settings if variant else None)
     svc = InProcessService(settings, tiers, providers=providers)
     t0 = time.monotonic()
-    async with svc:
-        watcher = asyncio.create_task(on_running(svc)) if on_running else None
-        while time.monotonic() - t0 < timeout_s:
+    try:
+        async with svc:
+            if variant is not None and variant.gc_default:
+                use_cpython_gc()
+            watcher = asyncio.create_task(on_running(svc)) if on_running else None
+            cpu = CpuMeter(n)
+            while time.monotonic() - t0 < timeout_s:
+                snap = svc.stats_snapshot()
+                done = snap["results"] + sum(snap["dead_letters"].values())
+                cpu.mark(done)
+                if done >= n:
+                    break
+                await asyncio.sleep(0.05)
+            wall_s = time.monotonic() - t0
             snap = svc.stats_snapshot()
-            if snap["results"] + sum(snap["dead_letters"].values()) >= n:
-                break
-            await asyncio.sleep(0.05)
-        wall_s = time.monotonic() - t0
-        snap = svc.stats_snapshot()
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+    finally:
+        if variant is not None and variant.gc_default:
+            tune_gc()  # the next variant runs under the service's settings again
     stamps = await record_timestamps_ms(settings, settings.results_topic)
     span_s, rate = rate_from_stamps(stamps)
     tier = snap["tiers"].get(TIER, {})
@@ -372,6 +477,7 @@ async def service_run(
         "span_s": round(span_s, 3),
         "items_per_s": round(rate, 1),
         "wall_s": round(wall_s, 3),
+        "cpu_us_per_item": cpu.us_per_item(),
         "dead_letters": snap["dead_letters"],
         "provider_requests": tier.get("provider_requests"),
         "requests_saved": tier.get("requests_saved"),
@@ -424,26 +530,26 @@ async def throughput_workload(
     args: argparse.Namespace, base: Settings, workload: str, n: int
 ) -> dict[str, Any]:
     timeout_s = args.variant_timeout_s
-    variants = [v for v in args.variants if v != "sdk" or workload == "unbatched"]
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    variants = [v for v in args.variants if v.kind != "sdk" or workload == "unbatched"]
+    runs: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     async with contextlib.AsyncExitStack() as stack:
         sim = None
-        if "sim" in runs or "sdk" in runs:
+        if any(v.kind in ("sim", "sdk") for v in variants):
             sim = await stack.enter_async_context(
                 SimProcess({"seed": 1}, REPO_ROOT / f"bench/out/sim-throughput-{workload}.log")
             )
         for rep in range(args.repeats):
-            for variant in runs:
+            for variant in variants:
                 cpu0_s = time.process_time()
-                if variant == "raw":
+                if variant.kind == "raw":
                     res = await raw_loop(base, n, timeout_s)
-                elif variant in ("sim", "sdk"):
+                elif variant.kind in ("sim", "sdk"):
                     assert sim is not None
                     await sim.reset()
                     sim_cpu0_s = sim.cpu_s()
-                    if variant == "sim":
+                    if variant.kind == "sim":
                         tiers = tier_dict(f"{sim.base}/v1", batching=True)
-                        res, _ = await service_run(base, "sim", tiers, n, timeout_s)
+                        res, _ = await service_run(base, variant.label, tiers, n, timeout_s, variant=variant)
                     else:
                         res = await sdk_loop(base, n, timeout_s, f"{sim.base}/v1")
                     sim_stats = await sim.stats()
@@ -453,24 +559,28 @@ async def throughput_workload(
                         (sim.cpu_s() - sim_cpu0_s) * 1e6 / max(res["items"], 1), 1
                     )
                 else:
-                    res = await fake_run(base, "fake", n, timeout_s)
+                    res = await fake_run(base, variant.label, n, timeout_s, variant)
                 # this process's CPU (the simulator runs in its own): start-up and join included
                 res["cpu_us_per_job"] = round((time.process_time() - cpu0_s) * 1e6 / max(res["items"], 1), 1)
-                _progress("throughput %s %s #%d: %s", workload, variant, rep + 1, res)
-                runs[variant].append(res)
+                _progress("throughput %s %s #%d: %s", workload, variant.label, rep + 1, res)
+                runs[variant.label].append(res)
     out: dict[str, Any] = {"batched_share": WORKLOADS[workload], "jobs": n}
-    for variant, results in runs.items():
+    for label, results in runs.items():
         rates = [r["items_per_s"] for r in results]
-        out[variant] = {
+        cpu = [r.get("cpu_us_per_item") for r in results]
+        known = [c for c in cpu if c is not None]
+        out[label] = {
             "items_per_s_median": round(statistics.median(rates), 1),
             "items_per_s_runs": rates,
+            "cpu_us_per_item_median": round(statistics.median(known), 1) if known else None,
+            "cpu_us_per_item_runs": cpu,
             "cpu_us_per_job_median": statistics.median(r["cpu_us_per_job"] for r in results),
             "last_run": results[-1],
         }
     raw_rate = out.get("raw", {}).get("items_per_s_median")
-    for variant in ("sim", "fake", "sdk"):
-        if variant in out and raw_rate:
-            out[variant]["ratio_vs_raw"] = round(out[variant]["items_per_s_median"] / raw_rate, 3)
+    for label in runs:
+        if label != "raw" and raw_rate:
+            out[label]["ratio_vs_raw"] = round(out[label]["items_per_s_median"] / raw_rate, 3)
     sdk_rate = out.get("sdk", {}).get("items_per_s_median")
     if "sim" in out and sdk_rate:
         out["sim"]["ratio_vs_sdk"] = round(out["sim"]["items_per_s_median"] / sdk_rate, 2)
@@ -526,6 +636,7 @@ async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> d
     await producer.start()
     await consumer.start()
     t0 = time.monotonic()
+    cpu = CpuMeter(n)
     done = 0
     try:
         while done < n and time.monotonic() - t0 < timeout_s:
@@ -536,6 +647,7 @@ async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> d
                 await asyncio.gather(*acks)
                 await consumer.commit()
                 done += len(records)
+                cpu.mark(done)
         wall_s = time.monotonic() - t0
     finally:
         await consumer.stop()
@@ -548,14 +660,17 @@ async def sdk_loop(base: Settings, n: int, timeout_s: float, base_url: str) -> d
         "span_s": round(span_s, 3),
         "items_per_s": round(rate, 1),
         "wall_s": round(wall_s, 3),
+        "cpu_us_per_item": cpu.us_per_item(),
     }
 
 
-async def fake_run(base: Settings, name: str, n: int, timeout_s: float) -> dict[str, Any]:
+async def fake_run(
+    base: Settings, name: str, n: int, timeout_s: float, variant: Variant | None = None
+) -> dict[str, Any]:
     """The service with the in-memory provider (answers as the simulator would, no HTTP)."""
     fake = FakeProvider(fake_answer, name="openai_compat")
     tiers = tier_dict("http://127.0.0.1:9/v1", batching=True)
-    res, _ = await service_run(base, name, tiers, n, timeout_s, providers={TIER: fake})
+    res, _ = await service_run(base, name, tiers, n, timeout_s, providers={TIER: fake}, variant=variant)
     return res
 
 
@@ -880,6 +995,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                     "target": TARGET_RATIO,
                     "met": ratio >= TARGET_RATIO,
                     "cpu_us_per_job": entry.get("cpu_us_per_job_median"),
+                    "cpu_us_per_item": entry.get("cpu_us_per_item_median"),
                 }
     sdk_ratio = tp.get("unbatched", {}).get("sim", {}).get("ratio_vs_sdk")
     if sdk_ratio is not None:
@@ -911,9 +1027,10 @@ def plot(result: dict[str, Any], path: Path) -> str:
     except ImportError:
         return "matplotlib not installed"
     scenarios = result.get("limiter", [])
-    fig, axes = plt.subplots(1, 1 + len(scenarios), figsize=(5 + 6 * len(scenarios), 4))
-    axes = axes if len(scenarios) else [axes]
     tp = result.get("throughput")
+    panels = (1 if tp else 0) + len(scenarios)
+    fig, grid = plt.subplots(1, panels, figsize=(1 + 6 * panels, 4), squeeze=False)
+    axes: list[Any] = list(grid[0])
     if tp:
         colors = {"raw": "grey", "sim": "C0", "fake": "C1"}
         names, rates, cols = [], [], []
@@ -923,10 +1040,11 @@ def plot(result: dict[str, Any], path: Path) -> str:
                     names.append(f"{workload}\n{variant}")
                     rates.append(tp[workload][variant]["items_per_s_median"])
                     cols.append(color)
-        axes[0].bar(names, rates, color=cols)
-        axes[0].set_ylabel("items/s (median)")
-        axes[0].set_title(f"throughput, {tp['jobs']} jobs per run")
-    for ax, sc in zip(axes[1:], scenarios, strict=False):
+        bars = axes.pop(0)
+        bars.bar(names, rates, color=cols)
+        bars.set_ylabel("items/s (median)")
+        bars.set_title(f"throughput, {tp['jobs']} jobs per run")
+    for ax, sc in zip(axes, scenarios, strict=True):
         for i, name in enumerate(("service", "fixed16", "await_each")):
             trace = sc.get(f"{name}_trace") or []
             ts = [r[0] for r in trace]
@@ -1033,7 +1151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants",
         default="raw,sim,fake,sdk",
-        help="throughput variants, comma list: raw, sim, fake, sdk (sdk: unbatched workload only)",
+        help="throughput variants, comma list: raw, sim, fake, sdk (sdk: unbatched workload only); "
+        "each service variant also as KIND@SETTING=VALUE (fake@max_inflight=2000) or KIND@gc=default",
     )
     parser.add_argument(
         "--workloads",
@@ -1052,10 +1171,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="also profile the fake variant (cProfile)")
     parser.add_argument("--plot", action="store_true", help="draw bench/out/pipeline_bench.png")
     parser.add_argument("--traces", action="store_true", help="keep the limiter timelines in the JSON")
+    add_save_option(parser)
     args = parser.parse_args(argv)
     args.parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    wanted = {x.strip() for x in args.variants.split(",")}
-    args.variants = [v for v in ("raw", "sim", "fake", "sdk") if v in wanted]
+    try:
+        args.variants = [parse_variant(v.strip()) for v in args.variants.split(",") if v.strip()]
+    except ValueError as exc:
+        parser.error(str(exc))
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip() in WORKLOADS]
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
@@ -1069,7 +1191,10 @@ def main(argv: list[str] | None = None) -> int:
     # every variant runs on the loop the service runs on (`promptbus run`: PROMPTBUS_EVENT_LOOP)
     result = eventloop.run(main_async(args), args.loop)
     result["event_loop"] = args.loop
-    print(json.dumps(result, indent=2))
+    name = "pipeline_bench_" + "_".join(p for p in ("throughput", "limiter") if p in args.parts)
+    saved = emit_report(result, args.save, name=name)
+    if saved is not None and result.get("plot"):
+        shutil.copyfile(REPO_ROOT / result["plot"], saved.with_suffix(".png"))
     return 0
 
 

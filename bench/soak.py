@@ -1,6 +1,6 @@
 """The soak: steady mixed traffic through a 3-node cluster under a schedule of faults.
 
-    .venv/bin/python bench/soak.py [MINUTES]     (30 by default)
+    .venv/bin/python bench/soak.py [MINUTES] [--save [NAME]]     (30 minutes by default)
 
 Starts (unless it runs) its own 3-node local cluster (state in `.local/kafka-soak`, ports
 29092.. and 29192..), the simulator and `promptbus run` processes, and runs
@@ -23,8 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import orjson
-
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.soak import SoakShape, run_soak
 
 
@@ -33,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("minutes", nargs="?", type=float, default=30.0, help="length of the run (default 30)")
     parser.add_argument("--minutes", dest="minutes_opt", type=float, help="the same, as an option")
     parser.add_argument("--rate", type=float, default=SoakShape.rate_per_s, help="jobs per second")
+    add_save_option(parser)
     args = parser.parse_args(argv)
     minutes = args.minutes_opt if args.minutes_opt is not None else args.minutes
     if minutes <= 0:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     report["logs"] = str(workdir)
-    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    emit_report(report, args.save, name=f"soak_{minutes:g}min")
     totals = report["totals"]
     clean = (
         totals["lost"] == 0

@@ -1,9 +1,10 @@
 """What tracing costs the service: the same jobs with tracing off and exporting over OTLP.
 
     .venv/bin/python bench/telemetry_bench.py [--jobs 20000] [--repeats 3] [--workloads batched,mixed]
+        [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092). Prints one JSON object
-on stdout (and writes it to bench/results/telemetry_bench.json); progress goes to stderr.
+on stdout (`--save`: also bench/results/telemetry_bench.json); progress goes to stderr.
 
 Per workload (`batched`: every job `batch: true`, max_items 20; `mixed`: every other one),
 N short classification jobs are produced once; then, each run with its own consumer group
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -72,6 +72,7 @@ from consumer.providers.fake import FakeProvider, text_completion
 from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings
 from consumer.telemetry import Telemetry
+from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.harness import service_env, settings_from_env
 
 VARIANTS = ("off", "otlp", "sampled")
@@ -231,12 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant, interleaved")
     parser.add_argument("--workloads", default="batched,mixed", help="comma list: batched, mixed")
     parser.add_argument("--variant-timeout-s", type=float, default=180.0, help="bound of one run")
+    add_save_option(parser)
     args = parser.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip() in WORKLOADS]
-    result = asyncio.run(main_async(args))
-    text = json.dumps(result, indent=2)
-    (ROOT / "bench" / "results" / "telemetry_bench.json").write_text(text + "\n", encoding="utf-8")
-    print(text)
+    emit_report(asyncio.run(main_async(args)), args.save, name="telemetry_bench")
     return 0
 
 

@@ -2,10 +2,10 @@
 budget that holds across a SIGKILL.
 
     .venv/bin/python bench/tenants_bench.py [--bulk 5000] [--beta 100] [--rate 2]
-                                            [--parts fair,weights,budget] [--no-baseline]
+                                            [--parts fair,weights,budget] [--no-baseline] [--save]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092). Prints one JSON object
-on stdout and writes it to bench/results/tenants_bench.json; progress goes to stderr. The
+on stdout (with `--save`, also bench/results/tenants_bench.json); progress goes to stderr. The
 simulator (in a thread) has `capacity` 4 and 200 ms answers; the tier's limiter is fixed at
 4, one lane, every job unbatched, each run with fresh topics and group.
 
@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -49,14 +47,15 @@ from lanes_bench import (
     read_outcomes,
 )
 
+from consumer.core.completion import CHARS_PER_TOKEN
+from consumer.core.templates import render
 from consumer.kafka.admin import ensure_topics
 from consumer.settings import Settings
-from consumer.testing.harness import settings_from_env
+from consumer.testing.benchreport import add_save_option, emit_report
+from consumer.testing.harness import service_env, settings_from_env
 from consumer.testing.process import ServiceProcess
 from consumer.testing.simulator import SimulatorConfig, run_simulator
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "tenants_bench.json"
 WEIGHTS = {"t1": 1.0, "t2": 1.0, "t3": 2.0, "t4": 4.0}
 #: tenant capped's day, and the tier's prices (USD per million tokens): a job costs ~ $0.01
 BUDGET_USD = 0.5
@@ -159,19 +158,7 @@ async def _first_outcomes(settings: Settings, ids: set[str], want: int) -> dict[
 # ---------------------------------------------------------------------------- budget
 async def budget_run(bootstrap: str, base_url: str, workdir: Path) -> dict[str, Any]:
     """Tenant capped's $0.50 day across a SIGKILL of a real `promptbus run`."""
-    settings = fresh_settings(bootstrap)
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "PROMPTBUS_GROUP_ID": settings.group_id,
-        "PROMPTBUS_JOBS_TOPIC": settings.jobs_topic,
-        "PROMPTBUS_RESULTS_TOPIC": settings.results_topic,
-        "PROMPTBUS_DLQ_TOPIC": settings.dlq_topic,
-        "PROMPTBUS_BATCHES_TOPIC": settings.batches_topic,
-        "PROMPTBUS_STATS_TOPIC": settings.stats_topic,
-        "PROMPTBUS_BATCHING_TOPIC": settings.batching_topic,
-        "PROMPTBUS_BUDGETS_TOPIC": settings.jobs_topic + ".budgets",
-        "PROMPTBUS_STATS_INTERVAL_S": "1",
-    }
+    env = service_env(bootstrap, PROMPTBUS_STATS_INTERVAL_S=1)
     settings = settings_from_env(env)
     await ensure_topics(settings)
     tenants = {"capped": {"budget": {"usd_per_day": BUDGET_USD}, "on_exhausted": "dead_letter"}}
@@ -211,9 +198,10 @@ def budget_figures(
     answered = [o for o in outcomes.values() if not o["dead"]]
     refused = [o for o in outcomes.values() if o["dead"] and o["error"]["kind"] == "budget_exhausted"]
     spend = sum(job_cost_usd(o["usage"]) for o in answered)
-    # one request's estimate: its prompt at 4 characters a token and its max_tokens
-    prompt = "Classify the sentiment of the text.\nTEXT:\ncapped text number 100"
-    input_tokens = len(prompt) // 4 + 1
+    # one request's estimate, as the service makes it: its prompt's characters over
+    # CHARS_PER_TOKEN, and its max_tokens (the longest prompt of the run)
+    job = make_job("capped", BUDGET_JOBS, "capped")
+    input_tokens = len(render(job["prompt"], job["variables"])) // CHARS_PER_TOKEN + 1
     estimate = (input_tokens * PRICING["input_per_mtok"] + MAX_TOKENS * PRICING["output_per_mtok"]) / 1e6
     bound = BUDGET_USD * 1.02 + estimate
     later_refused = [o for o in later.values() if o["dead"] and o["error"]["kind"] == "budget_exhausted"]
@@ -298,14 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights-jobs", type=int, default=1200, help="answers counted for shares")
     parser.add_argument("--parts", default="fair,weights,budget", help="fair,weights,budget")
     parser.add_argument("--no-baseline", action="store_true", help="skip the run without tenants")
-    parser.add_argument("--no-write", action="store_true", help="do not write bench/results/")
+    add_save_option(parser)
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if not args.no_write:
-        RESULTS.write_text(text + "\n", encoding="utf-8")
-        print(f"written to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
+    emit_report(result, args.save, name="tenants_bench")
     return 0
 
 

@@ -30,7 +30,8 @@ import uuid
 from pathlib import Path
 
 import orjson
-import yaml
+
+from consumer.yaml12 import dump_yaml, load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 KAFKA = ROOT / "deploy" / "kafka-local" / "kafka"
@@ -85,7 +86,7 @@ def main() -> int:
                 cleanups.append(("broker", None))
             print(f"bootstrap {env['KAFKA_BOOTSTRAP_SERVERS']}")
 
-        tiers = yaml.safe_load(TIERS.read_text())
+        tiers = load_yaml(TIERS.read_text())
         if provider == "simulator":
             step(f"provider: simulator on 127.0.0.1:{SIM_PORT}")
             sim = subprocess.Popen(
@@ -127,7 +128,7 @@ def main() -> int:
 
         workdir = Path(tempfile.mkdtemp(prefix="promptbus-demo-"))
         config = workdir / "tiers.yaml"
-        config.write_text(yaml.safe_dump(tiers))
+        config.write_text(dump_yaml(tiers))
 
         step(f"promptbus run --config {config}")
         log_path = workdir / "service.log"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,9 +68,11 @@ class CompletionRequest:
         return sum(len(m.content) for m in self.messages) // CHARS_PER_TOKEN + 1
 
 
+@functools.lru_cache(maxsize=1024)
 def prompt_cache_key(*parts: str) -> str:
     """A short, stable name for one shared prefix (e.g. a batch key's tier, prefix, variable):
-    equal parts, equal key; it says nothing of the text itself."""
+    equal parts, equal key; it says nothing of the text itself. Requests of one prefix ask
+    again and again: the names of recent ones are remembered."""
     digest = hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
     return "promptbus-" + digest[:24]
 
@@ -101,6 +104,9 @@ class Usage:
 
     def share(self, n: int) -> Usage:
         """One of `n` equal shares (a batched request's member's), rounded down."""
+        counts = (self.input_tokens, self.output_tokens, self.cached_input_tokens, self.cache_write_tokens)
+        if n <= 1 and min(counts) >= 0:
+            return self  # the whole of it: an unbatched request's
         n = max(n, 1)
         return Usage(
             max(self.input_tokens, 0) // n,

@@ -82,8 +82,8 @@ class OutcomeWriter:
         #: jobs deduped to a leader whose own deadline passed before it was answered: they are
         #: routed again under their own deadlines, by whoever routes jobs (`take_rerouted`)
         self._rerouted: list[JobContext] = []
-        #: per (tier, lane): what a job's end is counted in (`_ends_of`)
-        self._series: dict[tuple[str, Lane | None], tuple[LaneStats | None, tuple[Series, ...]]] = {}
+        #: per (tier, lane name): what a job's end is counted in (`_ends_of`)
+        self._series: dict[tuple[str, str | None], tuple[LaneStats | None, tuple[Series, ...]]] = {}
 
     @property
     def stats(self) -> ServiceStats:
@@ -281,7 +281,8 @@ class OutcomeWriter:
         """What a job's end is counted in, per tier and lane (made once, kept): its lane's
         stats and its job-latency series (online result, online dead letter, offline result,
         offline dead letter)."""
-        key = (ctx.tier.name, ctx.lane)
+        lane_or_none = ctx.lane
+        key = (ctx.tier.name, lane_or_none.name if lane_or_none is not None else None)
         found = self._series.get(key)
         if found is None:
             lane = ctx.lane_name

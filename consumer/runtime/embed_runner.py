@@ -10,7 +10,7 @@ results carrying their vector; the plan's splits and retries run as tasks of the
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 from typing import cast
 
@@ -19,30 +19,16 @@ from consumer.core.embed import (
     Embeddings,
     EmbedPlan,
     embed_limits,
-    embed_pack_key,
-    embed_window_limits,
 )
 from consumer.core.errors import ProviderError
 from consumer.core.plan import PlanMember, PlannedRequest, Step
-from consumer.core.window import PackKey, WindowLimits
 from consumer.runtime.context import JobContext
 from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.plans import PlanRunner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EmbedRunner", "embed_window"]
-
-
-def embed_window(ctx: JobContext) -> tuple[PackKey, WindowLimits] | None:
-    """The window an embed job waits in and its limits; None when its tier does not window
-    (`batching.enabled` false): the job goes alone."""
-    config = ctx.tier.config
-    limits = embed_limits(config.provider)
-    if not config.batching.enabled or limits is None:
-        return None
-    key = embed_pack_key(ctx.tier.name, ctx.options, ctx.mode, ctx.tenant)
-    return key, embed_window_limits(WindowLimits.from_config(config.batching), limits)
+__all__ = ["EmbedRunner"]
 
 
 class EmbedRunner(PlanRunner):
@@ -64,9 +50,8 @@ class EmbedRunner(PlanRunner):
         try:
             first = plan.begin()
             self._apply(plan, first, None)
-            async with asyncio.TaskGroup() as group:
-                for req in first.requests:
-                    group.create_task(self._send_embed(plan, req, group, batched))
+            send = functools.partial(self._send_embed, plan, batched_plan=batched)
+            await self.send_all(first.requests, send)
         except BaseException as exc:
             self.abandon_unfinished(ctxs, exc, "an embed plan")
             raise
@@ -77,13 +62,14 @@ class EmbedRunner(PlanRunner):
         return EmbeddingRequest(tuple(m.input for m in req.members), self.tier.config.model, first.options)
 
     async def _send_embed(
-        self, plan: EmbedPlan, req: PlannedRequest, group: asyncio.TaskGroup, batched_plan: bool
-    ) -> None:
+        self, plan: EmbedPlan, req: PlannedRequest, *, batched_plan: bool
+    ) -> list[PlannedRequest]:
+        """Send one planned array request and apply its outcome; returns the requests it leads to."""
         sent = await self.send_planned(plan, req, self.embedding_request)
         if sent is None:
-            return
+            return []
         req, _, answer = sent
-        self._count_sent(req, batched_plan)
+        self.counts.sent(req, batched_plan)
         if isinstance(answer, ProviderError):
             step = plan.on_error(req, answer)
             self._apply(plan, step, None)
@@ -92,8 +78,8 @@ class EmbedRunner(PlanRunner):
             step = plan.on_vectors(req, answer.vectors)
             self._apply_embedded(plan, step, answer)
         for nxt in step.requests:
-            self._count_follow_up(req, nxt)
-            group.create_task(self._send_embed(plan, nxt, group, batched_plan))
+            self.counts.follow_up(req, nxt)
+        return step.requests
 
     def _apply_embedded(self, plan: EmbedPlan, step: Step, answer: Embeddings) -> None:
         """Answered members' results with their vectors; the rest as a chat plan's step."""

@@ -118,7 +118,7 @@ class AnswerResults:
         self._batch = {"request_id": completion.request_id, "size": batch_size} if batch_size > 1 else None
         # rendered once as the JSON string orjson gives a UTC datetime ("...Z")
         at = completed_at or datetime.now(UTC)
-        self._completed_at = orjson.loads(orjson.dumps(at, option=orjson.OPT_UTC_Z))
+        self._completed_at = orjson.dumps(at, option=orjson.OPT_UTC_Z)[1:-1].decode()
 
     def record(
         self,

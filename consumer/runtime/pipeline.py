@@ -42,7 +42,7 @@ from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.backpressure import LaneGate
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
-from consumer.runtime.embed_runner import EmbedRunner, embed_window
+from consumer.runtime.embed_runner import EmbedRunner
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.stats import ServiceStats
@@ -137,7 +137,8 @@ class Pipeline:
         # never wait behind another's running ones (within a key: fair between tenants)
         self._gate: PlanGate[tuple[str, str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
             lambda key: running_plan_limit(tiers[key[0]].config.limiter.max),
-            self._launch,
+            self._run_plan,
+            self._task,
             weight_of,
         )
         self._next_expire_s = 0.0
@@ -284,7 +285,9 @@ class Pipeline:
             return
         batchable = ctx.batchable if ctx.batch and tier.config.batching.enabled else None
         # embed jobs share a window whenever the tier windows: an array request changes no vector
-        embedding = embed_window(ctx) if ctx.kind == "embed" else None
+        embedding = None
+        if ctx.kind == "embed":
+            embedding = tier.embed_window(ctx.options_key, ctx.options, ctx.mode, ctx.tenant)
         if batchable is None and embedding is None:
             self._start_plan([ctx], key=None)
             return
@@ -368,13 +371,15 @@ class Pipeline:
         account = self._outcomes.ledger.account(first.tenant)
         self._gate.submit((first.tier.name, lane, account), (members, key), first.tenant, deadline_s)
 
-    def _launch(
+    async def _run_plan(
         self, key: tuple[str, str, str], plan: tuple[list[JobContext], PackKey | None]
-    ) -> asyncio.Task[None]:
+    ) -> None:
         runner = self._runners[key[0]]
         members, pack_key = plan
-        embed = members[0].kind == "embed"  # a window holds jobs of one kind
-        return self._task(runner.run_embed(members) if embed else runner.run(members, pack_key))
+        if members[0].kind == "embed":  # a window holds jobs of one kind
+            await runner.run_embed(members)
+        else:
+            await runner.run(members, pack_key)
 
     @property
     def running(self) -> int:

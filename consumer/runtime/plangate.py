@@ -3,22 +3,23 @@
 A plan is a task with its request plan, task group and limiter wait: several KB. Past the
 tier's concurrency limit a started plan only waits for a limiter slot, so with a slow
 provider and `max_inflight` jobs held, a task per held unbatched job would be most of the
-memory a held job costs. `PlanGate` starts at most `limit` plans per key (a tier, a lane and
-a tenant account: a lane's or an account's plans never queue behind another's running ones, so
-the limiter's lane priority and fair share see them) and keeps the rest as (members, key),
-starting the next one as a plan ends: the plan of the tenant with the least weighted service
-so far (the tenants the tier file does not name share one account), and within a tenant the
-nearest deadline, then the first come (`consumer.core.fairshare`), so one tenant's flood never
-fills the queue ahead of another tenant's few. The limit is a multiple of the limiter's highest limit: plans
-sleeping out a retry backoff hold no slot, and the limiter must still find work whenever it
-opens one.
+memory a held job costs. `PlanGate` runs at most `limit` plans per key (a tier, a lane and a
+tenant account: a lane's or an account's plans never queue behind another's running ones, so
+the limiter's lane priority and fair share see them) and keeps the rest as (members, key). A
+running plan's task, once its plan ends, runs the next queued plan of its key itself: the plan
+of the tenant with the least weighted service so far (the tenants the tier file does not name
+share one account), and within a tenant the nearest deadline, then the first come
+(`consumer.core.fairshare`), so one tenant's flood never fills the queue ahead of another
+tenant's few. Under a backlog the same tasks run plan after plan, and a task is made only when
+a key has room and nothing queued. The limit is a multiple of the limiter's highest limit:
+plans sleeping out a retry backoff hold no slot, and the limiter must still find work whenever
+it opens one.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
 from consumer.core.fairshare import FairQueue
 from consumer.core.tenants import DEFAULT_TENANT
@@ -40,17 +41,23 @@ def running_plan_limit(limiter_max: int) -> int:
 
 
 class PlanGate(Generic[K, T]):
-    """Per key: at most `limit_of(key)` plans running (`launch` starts one and returns its
-    task); the rest queued by tenant (`weight_of`: a tenant's fair-share weight)."""
+    """Per key: at most `limit_of(key)` plans running, the rest queued by tenant.
+
+    run: runs one plan (a plan that fails has logged why and left its jobs uncommitted; the
+    task goes on with the next); spawn: makes a task of a coroutine (one the service's drain
+    waits for); weight_of: a tenant's fair-share weight.
+    """
 
     def __init__(
         self,
         limit_of: Callable[[K], int],
-        launch: Callable[[K, T], asyncio.Task[None]],
+        run: Callable[[K, T], Awaitable[None]],
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
         weight_of: Callable[[str], float] = lambda _tenant: 1.0,
     ) -> None:
         self._limit_of = limit_of
-        self._launch = launch
+        self._run = run
+        self._spawn = spawn
         self._weight_of = weight_of
         self._limits: dict[K, int] = {}
         self._running: dict[K, int] = {}
@@ -65,22 +72,26 @@ class PlanGate(Generic[K, T]):
             limit = self._limits[key] = self._limit_of(key)
             self._running[key], self._queued[key] = 0, FairQueue(self._weight_of)
         if self._running[key] < limit:
-            self._start(key, plan)
+            self._running[key] += 1
+            self._spawn(self._drive(key, plan))
         else:
             self._queued[key].push(plan, tenant, deadline_s)
 
-    def _start(self, key: K, plan: T) -> None:
-        self._running[key] += 1
-        task = self._launch(key, plan)
-        task.add_done_callback(lambda _: self._ended(key))
-
-    def _ended(self, key: K) -> None:
-        self._running[key] -= 1
+    async def _drive(self, key: K, plan: T) -> None:
+        """Run `plan`, then the queued plans of its key one after another until none is left."""
         queue = self._queued[key]
-        while queue and self._running[key] < self._limits[key]:
-            plan = queue.pop()
-            assert plan is not None
-            self._start(key, plan)
+        try:
+            while True:
+                try:
+                    await self._run(key, plan)
+                except Exception:
+                    pass
+                following = queue.pop()
+                if following is None:
+                    return
+                plan = following
+        finally:
+            self._running[key] -= 1
 
     def queued(self) -> int:
         """Plans waiting to start, over all keys."""

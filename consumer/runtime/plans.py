@@ -22,9 +22,8 @@ With a `fallback` tier, the members of a request held through an outage longer t
 `after_s`, or of one that met an exhausted quota, move to the fallback tier before they are
 sent again (`runtime/fallback.py`); only those that cannot (`fallback: false`) stay.
 
-Every counter of a tier's requests is counted here, in `_count_*`: requests, tokens and their
-cost at the tier's `pricing` (`core/cost.py`), and batching's saving (estimated from every
-batched answer, measured on the verified ones).
+Every counter of a tier's requests is counted by its `RequestCounts` (`runtime/accounting.py`):
+requests, tokens and their cost at the tier's `pricing`, and batching's saving.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.budgets import Exhausted
 from consumer.core.circuit import Admit, is_outage
 from consumer.core.completion import Completion, CompletionRequest, Usage
-from consumer.core.cost import alone_input_estimate, alone_output_estimate, cost_usd
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
@@ -48,6 +46,7 @@ from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
 from consumer.core.tenants import DEFAULT_TENANT
 from consumer.core.window import PackKey
 from consumer.providers.embeddings import EmbeddingProvider
+from consumer.runtime.accounting import RequestCounts
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.fallback import FallbackRouter
@@ -90,11 +89,12 @@ class PlanRunner:
     ) -> None:
         self.tier = tier
         self._fallback = fallback
-        pricing = tier.config.pricing
-        self._pricing = pricing.pricing() if pricing is not None else None
+        pricing = tier.config.pricing.pricing() if tier.config.pricing is not None else None
+        #: what this tier's requests are counted in
+        self.counts = RequestCounts(tier.stats, pricing)
         self._outcomes = outcomes
         #: each request's tokens and cost per tenant, and its reservation under budgets
-        self._spending = TierSpending(self._pricing, outcomes.ledger, gate)
+        self._spending = TierSpending(pricing, outcomes.ledger, gate)
         self._stats = stats
         latency = stats.latency
         #: this tier's provider-request series per outcome (made now: a 429 series shows 0 until one)
@@ -135,7 +135,8 @@ class PlanRunner:
         if batched:
             tier.stats.items_in_batched_plans += len(ctxs)
         try:
-            await self._send_all(plan, plan.start(), key, batched)
+            send = functools.partial(self._send, plan, key=key, batched_plan=batched)
+            await self.send_all(plan.start(), send)
         except BaseException as exc:
             self.abandon_unfinished(ctxs, exc, "a request plan")
             raise
@@ -157,28 +158,31 @@ class PlanRunner:
                 exc_info=exc,
             )
 
-    async def _send_all(
-        self, plan: RequestPlan, reqs: list[PlannedRequest], key: PackKey | None, batched_plan: bool
+    async def send_all(
+        self,
+        reqs: list[PlannedRequest],
+        send: Callable[[PlannedRequest], Coroutine[Any, Any, list[PlannedRequest]]],
     ) -> None:
-        """Send `reqs` and their follow-ups until none is left: in this task while one goes at a
-        time (most plans are one request, and their retries follow one another), in a task group
-        while several go at once (the halves of a split, the re-asks of missing members)."""
+        """Send `reqs` with `send` (which returns the requests each leads to) and their
+        follow-ups until none is left: in this task while one goes at a time (most plans are
+        one request, and their retries follow one another), in a task group while several go
+        at once (the halves of a split, the re-asks of missing members)."""
         while len(reqs) == 1:
-            reqs = await self._send(plan, reqs[0], key, batched_plan)
+            reqs = await send(reqs[0])
         if reqs:
             async with asyncio.TaskGroup() as group:
                 for req in reqs:
-                    group.create_task(self._send_all(plan, [req], key, batched_plan))
+                    group.create_task(self.send_all([req], send))
 
     async def _send(
-        self, plan: RequestPlan, req: PlannedRequest, key: PackKey | None, batched_plan: bool
+        self, plan: RequestPlan, req: PlannedRequest, *, key: PackKey | None, batched_plan: bool
     ) -> list[PlannedRequest]:
         """Send one planned request and apply its outcome; returns the requests it leads to."""
         sent = await self.send_planned(plan, req, lambda planned: self.build_request(planned, key))
         if sent is None:
             return []
         req, request, answer = sent
-        self._count_sent(req, batched_plan)
+        self.counts.sent(req, batched_plan)
         if isinstance(answer, ProviderError):
             completion = None
             step = plan.on_error(req, answer)
@@ -190,12 +194,12 @@ class PlanRunner:
         if completion is not None and key is not None:
             self._learn_speed(key, req, step, completion)
         if completion is not None and len(req.members) > 1:
-            self._count_batch_saving(req, request, completion)
+            self.counts.batch_saving(req, request, completion)
         if step.verdict is not None and key is not None:
             share = completion.usage.share(len(req.members)) if completion is not None else None
             self._learn(key, step, len(req.members), share)
         for nxt in step.requests:
-            self._count_follow_up(req, nxt)
+            self.counts.follow_up(req, nxt)
         return step.requests
 
     async def send_planned(
@@ -343,7 +347,7 @@ class PlanRunner:
                     self._clock() - sent_s
                 )
                 token.dropped() if exc.overload else token.ignore()
-                self._count_error(exc)
+                self.counts.error(exc)
                 if isinstance(exc, RateLimited):
                     _note_rate_limited(tier, token, exc)
                 if isinstance(exc, QuotaExhausted):
@@ -365,7 +369,7 @@ class PlanRunner:
         token.success()
         tier.quota.on_answer()
         _note_answer(tier, token, completion)
-        self._count_usage(completion)
+        self.counts.usage(completion)
         self._circuit_saw(None, probe=probe)
         return completion
 
@@ -560,7 +564,7 @@ class PlanRunner:
             return  # while the provider is down only the probe goes out
         request = ordinary_request(self.tier, ctx)
         answer = await self.call(request, [ctx.trace], lane=ctx.lane, tenant=ctx.tenant)
-        self._count_verification()
+        self.counts.verification()
         if not isinstance(answer, Completion):
             return  # a failed verification says nothing about agreement
         self._learn_speed(key, None, None, answer)
@@ -573,57 +577,6 @@ class PlanRunner:
         tier.stats.verify_agreed += agreed
         tier.sizes.record_agreement(key, agreed, 1, size, self._clock())
         tier.stats.batch_size = tier.current_batch_size()
-
-    # ------------------------------------------------------------------ counters
-    def _count_sent(self, req: PlannedRequest, batched_plan: bool) -> None:
-        stats = self.tier.stats
-        stats.provider_requests += 1
-        if batched_plan:
-            stats.requests_for_batched_plans += 1
-        if len(req.members) > 1:
-            stats.batched_requests += 1
-        if req.attempt > 1:
-            stats.retries += 1
-
-    def _count_usage(self, completion: Completion | Embeddings) -> None:
-        """An answered request's tokens, and their cost at the tier's pricing."""
-        stats, usage = self.tier.stats, completion.usage
-        stats.input_tokens += usage.input_tokens
-        stats.output_tokens += usage.output_tokens
-        stats.cached_input_tokens += usage.cached_input_tokens
-        stats.cache_write_tokens += usage.cache_write_tokens
-        if self._pricing is not None:
-            stats.cost_usd += cost_usd(usage, self._pricing)
-
-    def _count_batch_saving(
-        self, req: PlannedRequest, request: CompletionRequest | None, completion: Completion
-    ) -> None:
-        """An answered batched request's tokens against its members asked alone, estimated
-        from the ordinary prompts' lengths at the batched prompt's own tokens per character."""
-        usage, size = completion.usage, len(req.members)
-        batched_chars = sum(len(m.content) for m in request.messages) if request is not None else 0
-        alone_chars = sum(_ctx(member).alone_chars for member in req.members)
-        stats = self.tier.stats
-        stats.batched_tokens += usage.input_tokens + usage.output_tokens
-        stats.alone_tokens_estimate += alone_input_estimate(
-            usage.input_tokens, batched_chars, alone_chars
-        ) + alone_output_estimate(usage.output_tokens, size)
-
-    def _count_verification(self) -> None:
-        self.tier.stats.provider_requests += 1
-        self.tier.stats.verify_requests += 1
-
-    def _count_error(self, exc: ProviderError) -> None:
-        self.tier.stats.provider_errors += 1
-        if exc.status_code == 429:
-            self.tier.stats.rate_limited += 1
-
-    def _count_follow_up(self, req: PlannedRequest, nxt: PlannedRequest) -> None:
-        if len(nxt.members) < len(req.members) and len(req.members) > 1:
-            if nxt.packed is None:
-                self.tier.stats.reasks += 1
-            else:
-                self.tier.stats.splits += 1
 
 
 def _ctx(member: PlanMember) -> JobContext:

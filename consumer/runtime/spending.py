@@ -82,7 +82,6 @@ class TierSpending:
         elif held is not None and self._gate is not None:
             self._gate.budgets.release(held)
 
-
     def spent_as_estimated(self, held: Reservation, *, recorded: bool) -> None:
         """An offline job's reservation: spent at its estimate once the provider took its batch
         (`recorded`; its answer comes later, maybe to another instance; the estimate bounds what

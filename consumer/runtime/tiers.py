@@ -9,11 +9,12 @@ from typing import Any
 from consumer.core.adaptive import AdaptivePackSize, AdaptiveSizes
 from consumer.core.circuit import CircuitBreaker
 from consumer.core.dedupe import DedupeTable
+from consumer.core.embed import embed_limits, embed_pack_key, embed_window_limits
 from consumer.core.fallback import FallbackRule, QuotaWatch, TierCondition
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
 from consumer.core.routing import ModePolicy
-from consumer.core.tenants import TenantPolicies
+from consumer.core.tenants import DEFAULT_TENANT, TenantPolicies
 from consumer.core.window import PackKey, WindowLimits
 from consumer.providers.base import CompletionProvider
 from consumer.runtime.evidence import RememberedEvidence
@@ -21,6 +22,8 @@ from consumer.runtime.limiter import AsyncLimiter
 from consumer.runtime.stats import TierStats
 from consumer.settings import BatchingConfig, TierConfig
 
+#: distinct embed option sets whose window keys are kept for reuse
+EMBED_KEYS_KEPT = 4096
 #: providers that bill per token: batching saves the prompt prefix repeated per job
 PER_TOKEN_PROVIDERS = frozenset({"openai", "anthropic"})
 
@@ -44,6 +47,8 @@ class TierRuntime:
     quota: QuotaWatch = field(default_factory=QuotaWatch)
     #: the window limits of each adaptive size in use (one value per size, not one per job)
     _limits_by_size: dict[int, WindowLimits] = field(default_factory=dict, init=False, repr=False)
+    #: the embed window key of each (job options, mode) seen
+    _embed_keys: dict[tuple[str, str, str], PackKey] = field(default_factory=dict, init=False, repr=False)
 
     @cached_property
     def fallback(self) -> FallbackRule | None:
@@ -60,6 +65,32 @@ class TierRuntime:
         return TierCondition(
             self.circuit.open, self.circuit.outage_s(now_s), self.quota.exhausted(now_s)
         )
+
+    @cached_property
+    def embed_window_limits(self) -> WindowLimits | None:
+        """The limits of this tier's embed windows (bounded by what one provider request
+        takes); None when it does not window embed jobs (`batching.enabled` false, or a
+        provider without embeddings): an embed job goes alone."""
+        limits = embed_limits(self.config.provider)
+        if not self.config.batching.enabled or limits is None:
+            return None
+        return embed_window_limits(self.window_limits, limits)
+
+    def embed_window(
+        self, options_key: str, options: dict[str, Any], mode: str, tenant: str = DEFAULT_TENANT
+    ) -> tuple[PackKey, WindowLimits] | None:
+        """The window an embed job of these options (`options_key`: the job's own, canonical;
+        `options`: merged over this tier's) and of `tenant` waits in, and its limits; None: it
+        goes alone. The key of each option set and tenant is made once."""
+        limits = self.embed_window_limits
+        if limits is None:
+            return None
+        key = self._embed_keys.get((options_key, mode, tenant))
+        if key is None:
+            key = embed_pack_key(self.name, options, mode, tenant)
+            if len(self._embed_keys) < EMBED_KEYS_KEPT:
+                self._embed_keys[(options_key, mode, tenant)] = key
+        return key, limits
 
     def limits_for(self, key: PackKey, now_s: float) -> WindowLimits:
         """The window limits for a job routed to `key`'s window: max_items follows the key's

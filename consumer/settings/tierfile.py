@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from consumer.core.errors import ConfigError
@@ -19,6 +18,7 @@ from consumer.settings.base import StrictModel
 from consumer.settings.lanes import LaneConfig, lane_list, lanes_problem
 from consumer.settings.tenants import TenantConfig, tenant_policies, tenants_problem
 from consumer.settings.tiers import TierConfig
+from consumer.yaml12 import YAMLError, load_yaml
 
 
 class KeyedProblem(ValueError):
@@ -124,14 +124,15 @@ def parse_tier_file(data: Any, *, source: str = "tier file") -> TierFile:
 
 
 def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
-    """Read and validate a YAML tier file; raise ConfigError naming the bad key."""
+    """Read and validate a YAML tier file; raise ConfigError naming the bad key. Plain
+    scalars are read by the YAML 1.2 core schema (`consumer.yaml12`): `on:` is the key `on`."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("--config", f"cannot read {p}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        data = load_yaml(text)
+    except YAMLError as exc:
         raise ConfigError("(yaml)", f"{p} is not valid YAML: {exc}") from None
     return parse_tier_file(data, source=str(p))

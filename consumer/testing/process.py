@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from consumer.testing.paths import PROMPTBUS, REPO_ROOT
+from consumer.yaml12 import dump_yaml
 
 __all__ = [
     "ServiceProcess",
@@ -45,7 +45,7 @@ class ServiceProcess:
     ) -> None:
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.config_path = workdir / f"{name}-tiers.yaml"
-        self.config_path.write_text(yaml.safe_dump(dict(tier_file)))
+        self.config_path.write_text(dump_yaml(dict(tier_file)))
         self.log_path = workdir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0

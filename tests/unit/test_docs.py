@@ -10,7 +10,11 @@ import pytest
 from consumer import docs_tables
 from consumer.testing.paths import REPO_ROOT
 
-PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+PAGES = [
+    REPO_ROOT / "README.md",
+    *sorted((REPO_ROOT / "docs").glob("*.md")),
+    REPO_ROOT / "bench" / "README.md",
+]
 # [text](target) and ![alt](target); the target up to a space, ')' or '#'
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s#]+)(?:#[^)]*)?\)")
 

@@ -1,7 +1,7 @@
 """Imports under consumer/ go one way (STYLE.md habit 3), checked on every module's AST.
 
-    core  <-  settings  <-  providers, kafka, telemetry, schemas, localmodel
-          <-  runtime (providers, kafka, telemetry)  <-  app  <-  cli
+    core, yaml12  <-  settings  <-  providers, kafka, telemetry, schemas, localmodel
+                  <-  runtime (providers, kafka, telemetry)  <-  app  <-  cli
     client: core, settings and kafka only (the producer side never loads the service)
     testing: may import anything; nothing else imports it (tests/ and bench/ do), except
              the CLI's `simulate`, which loads the simulator by name when it is parsed
@@ -29,6 +29,7 @@ CONSUMER = REPO_ROOT / "consumer"
 CORE = "consumer.core"
 SETTINGS = "consumer.settings"
 WAITS = "consumer.waits"
+YAML12 = "consumer.yaml12"
 BASE = frozenset({CORE, SETTINGS, WAITS})
 EDGES = BASE | {"consumer.kafka", "consumer.providers", "consumer.telemetry"}
 RUNTIME = EDGES | {"consumer.runtime"}
@@ -36,8 +37,9 @@ RUNTIME = EDGES | {"consumer.runtime"}
 #: top-level name -> the top-level names its modules may import (besides their own)
 ALLOWED: Mapping[str, frozenset[str]] = {
     CORE: frozenset(),
-    SETTINGS: frozenset({CORE}),
+    SETTINGS: frozenset({CORE, YAML12}),
     WAITS: frozenset(),
+    YAML12: frozenset(),
     "consumer.kafka": BASE,
     "consumer.providers": BASE,
     "consumer.telemetry": BASE,

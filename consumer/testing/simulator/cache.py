@@ -16,6 +16,8 @@ CACHE_TTL_S = 300.0
 #: OpenAI caches prompts of at least this many tokens, in steps of OPENAI_CACHE_STEP_TOKENS
 OPENAI_CACHE_MIN_TOKENS = 1024
 OPENAI_CACHE_STEP_TOKENS = 128
+#: the shortest prompt that can share OPENAI_CACHE_MIN_TOKENS with another (4 characters a token)
+OPENAI_CACHE_MIN_CHARS = OPENAI_CACHE_MIN_TOKENS * 4
 #: recent prompts remembered per OpenAI prompt_cache_key
 OPENAI_CACHE_PROMPTS = 64
 
@@ -83,6 +85,10 @@ class PromptCache:
 
     def openai(self, body: Mapping[str, Any], prompt_text: str) -> int:
         """`cached_tokens` of a chat completion body whose messages' text is `prompt_text`."""
+        if len(prompt_text) < OPENAI_CACHE_MIN_CHARS:
+            # it shares fewer than the cacheable minimum with any prompt, and any later prompt
+            # shares fewer with it: neither compared nor remembered
+            return 0
         head = orjson.dumps(
             [body.get("model"), body.get("tools"), body.get("response_format")], option=orjson.OPT_SORT_KEYS
         ).decode()
