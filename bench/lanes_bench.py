@@ -65,6 +65,7 @@ def fresh_settings(bootstrap: str) -> Settings:
         batches_topic=f"lb-batches-{sfx}",
         stats_topic=f"lb-stats-{sfx}",
         batching_topic=f"lb-batching-{sfx}",
+        quotas_topic=f"lb-quotas-{sfx}",
     )
 
 

@@ -347,6 +347,7 @@ def variant_settings(base: Settings, name: str, changes: dict[str, Any] | None =
             "stats_topic": f"bench-{name}-stats-{sfx}",
             "batching_topic": f"bench-{name}-batching-{sfx}",
             "batches_topic": f"bench-{name}-batches-{sfx}",
+            "quotas_topic": f"bench-{name}-quotas-{sfx}",
         }
     )
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from consumer.core.lanes import Lane
 from consumer.core.tenants import TenantPolicies
 from consumer.kafka.assignment import Assignment
+from consumer.kafka.board import TopicBoard
 from consumer.kafka.edges import KafkaEdges, ServiceEdges, ServiceIntake
 from consumer.kafka.publisher import SidePublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink
@@ -42,6 +43,7 @@ from consumer.runtime.metrics import MetricsServer, build_app, register_otel_met
 from consumer.runtime.offline import BatchTracker, OfflineCollector
 from consumer.runtime.outcomes import RecordLimits
 from consumer.runtime.pipeline import Pipeline
+from consumer.runtime.quotas import FleetQuota, QuotaSharing
 from consumer.runtime.reachability import ReachabilityCheck
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tenancy import TenantGate
@@ -173,7 +175,8 @@ async def build_service(
     limits, remembered = await prepare_topics(settings, edges, lanes, instance)
     clients: list[Any] = []
     stack.push_async_callback(_close_all, clients)
-    tiers, tier_clients = await build_tiers(tier_file, stats, providers, remembered)
+    quotas = fleet_quotas(tier_file)
+    tiers, tier_clients = await build_tiers(tier_file, stats, providers, remembered, quotas)
     clients.extend(tier_clients)
     for tier in tiers.values():
         stack.push_async_callback(tier.provider.aclose)
@@ -183,7 +186,9 @@ async def build_service(
     outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits, ledger=ledger)
     budgets = build_budgets(settings, edges, policies, instance, kafka.side_producer)
     gate = TenantGate(ledger, budgets, outcomes) if budgets is not None else None
-    collector, offline_parts = build_offline(settings, tier_file, outcomes, kafka, clients, limits, gate)
+    collector, offline_parts = build_offline(
+        settings, tier_file, outcomes, kafka, clients, limits, edges, gate
+    )
     pipeline = Pipeline(
         settings,
         tiers,
@@ -201,6 +206,7 @@ async def build_service(
     parts: list[Part] = [
         kafka.sink,
         kafka.side_producer,
+        *quota_sharing(settings, edges, kafka.side_producer, stats, quotas),
         *offline_parts,
         *side_publishers(settings, kafka.side_producer, stats, remembered, tiers),
         # what the group spent today is read before any job is admitted
@@ -261,11 +267,13 @@ async def build_tiers(
     stats: ServiceStats,
     providers: dict[str, CompletionProvider] | None = None,
     remembered: RememberedEvidence | None = None,
+    quotas: dict[str, FleetQuota] | None = None,
 ) -> tuple[dict[str, TierRuntime], list[Any]]:
     """One TierRuntime per configured tier; also returns the HTTP clients to close.
 
     `providers` replaces the HTTP adapters of the tiers it names (tests and benchmarks);
-    `remembered`: the batching evidence earlier runs left (see `consumer.runtime.evidence`).
+    `remembered`: the batching evidence earlier runs left (see `consumer.runtime.evidence`);
+    `quotas`: the fleet quotas (`fleet_quotas`), handed to the limiters of the tiers naming them.
     A tier that cannot be built (ConfigError) closes the clients made so far before it raises.
     """
     tiers: dict[str, TierRuntime] = {}
@@ -273,18 +281,41 @@ async def build_tiers(
     tenants = tier_file.tenant_policies()
     try:
         for name, config in tier_file.tiers.items():
+            quota = quotas[config.quota] if quotas and config.quota is not None else None
             if providers and name in providers:
                 provider = providers[name]
             else:
                 client = make_http_client(config)
                 clients.append(client)
                 provider = build_provider(name, config, client)
-            tiers[name] = TierRuntime.build(name, config, provider, stats.tier(name), remembered, tenants)
+            tiers[name] = TierRuntime.build(
+                name, config, provider, stats.tier(name), remembered, quota, tenants=tenants
+            )
     except BaseException:
         for client in clients:
             await client.close()
         raise
     return tiers, clients
+
+
+def fleet_quotas(tier_file: TierFile) -> dict[str, FleetQuota]:
+    """One `FleetQuota` per entry of the tier file's `quotas` (none without the section)."""
+    return {name: FleetQuota(name, q.figures()) for name, q in (tier_file.quotas or {}).items()}
+
+
+def quota_sharing(
+    settings: Settings, edges: ServiceEdges, producer: Any, stats: ServiceStats, quotas: dict[str, FleetQuota]
+) -> list[Part]:
+    """The part that splits the quotas over the group, on its board (the quotas topic); none
+    without quotas. It starts before the intake, so an instance knows the group's shares before
+    its first request."""
+    if not quotas:
+        return []
+    follower = edges.follower(settings, f"promptbus-{stats.instance}-quotas", settings.quotas_topic)
+    board = TopicBoard(
+        follower, producer, topic=settings.quotas_topic, group=settings.group_id, instance=stats.instance
+    )
+    return [QuotaSharing(board, quotas, session_timeout_s=settings.session_timeout_s, stats=stats)]
 
 
 @dataclass(frozen=True)
@@ -335,12 +366,14 @@ def build_offline(
     kafka: KafkaClients,
     clients: list[Any],
     limits: RecordLimits,
+    edges: ServiceEdges,
     gate: TenantGate | None = None,
 ) -> tuple[OfflineCollector | None, list[Part]]:
     """Collector and tracker for tiers with offline.enabled (none when no tier allows it).
 
     Returns the collector (where the pipeline sends offline jobs) and the parts to start and
-    stop in order; the HTTP clients made are added to `clients`.
+    stop in order; the HTTP clients made are added to `clients`. With a tier's
+    `offline.max_enqueued_tokens` the collector follows the batches topic (what is enqueued).
     """
     offline_tiers = {n: t for n, t in tier_file.tiers.items() if t.offline.enabled}
     if not offline_tiers:
@@ -350,7 +383,17 @@ def build_offline(
         client = make_http_client(config)
         clients.append(client)
         batch_providers[name] = build_batch_provider(name, config, client)
-    collector = OfflineCollector(settings, batch_providers, kafka.side_producer, outcomes, gate=gate)
+    max_enqueued = {
+        n: t.offline.max_enqueued_tokens for n, t in offline_tiers.items() if t.offline.max_enqueued_tokens
+    }
+    followed = (
+        edges.follower(settings, f"promptbus-{outcomes.stats.instance}-batches", settings.batches_topic)
+        if max_enqueued
+        else None
+    )
+    collector = OfflineCollector(
+        settings, batch_providers, kafka.side_producer, outcomes, batches=followed, gate=gate
+    )
     exactly_once = settings.processing_guarantee == "exactly_once"
     tracker_producer = (
         kafka.make_producer(transactional_id=f"{settings.group_id}.batch-tracker")
@@ -368,6 +411,7 @@ def build_offline(
         transactional=exactly_once,
         stats=outcomes.stats,
         pricing_by_tier={n: t.pricing.pricing() for n, t in offline_tiers.items() if t.pricing is not None},
+        max_enqueued_tokens_by_tier=max_enqueued,
         ledger=outcomes.ledger,
     )
     # exactly_once: the tracker's own transactional producer starts first and stops last

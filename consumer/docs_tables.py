@@ -31,6 +31,7 @@ __all__ = [
     "environment_table",
     "lane_table",
     "main",
+    "quota_table",
     "render",
     "tenant_table",
     "tier_file_table",
@@ -126,6 +127,11 @@ def tenant_table() -> str:
     return _tier_file_rows("TenantConfig")
 
 
+def quota_table() -> str:
+    """Every key of a fleet quota (`quotas.NAME.KEY`), its type, default and description."""
+    return _tier_file_rows("QuotaConfig")
+
+
 def _env_names(path: tuple[str, ...]) -> str:
     """The variable(s) behind a settings path; a field with alias choices has several."""
     field = Settings.model_fields.get(path[0])
@@ -162,6 +168,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "tier-file": tier_file_table,
     "lanes": lane_table,
     "tenants": tenant_table,
+    "quotas": quota_table,
     "environment": environment_table,
 }
 

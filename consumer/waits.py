@@ -1,4 +1,4 @@
-"""Bounded waits that a task's cancellation always ends.
+"""Bounded waits that a task's cancellation always ends, and a task's cancellation waited for.
 
 `asyncio.wait_for` on Python 3.11 can swallow a cancellation that arrives as the awaited
 thing completes: a loop that waits on an event set often (acks, appended records) then
@@ -8,9 +8,10 @@ never sees its shutdown. `asyncio.timeout` counts cancellations, so these waits 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 
-__all__ = ["wait_at_most"]
+__all__ = ["cancel_and_wait", "wait_at_most"]
 
 
 async def wait_at_most(awaitable: Awaitable[object], timeout_s: float) -> bool:
@@ -21,3 +22,13 @@ async def wait_at_most(awaitable: Awaitable[object], timeout_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def cancel_and_wait(task: asyncio.Task[object] | None) -> None:
+    """Cancel `task` (None: nothing) and wait until it has ended (a part's background loop at
+    stop); its cancellation is not raised here."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -124,6 +124,27 @@ def routing_lines(name: str, tier: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_quotas(merged: dict[str, Any]) -> list[str]:
+    """`promptbus stats` lines of the fleet quotas: each quota's figures and how much of it the
+    live instances hold, then its split, one instance per line (largest share first)."""
+    lines = []
+    for name, q in sorted(merged.get("quotas", {}).items()):
+        figures = ", ".join(f"{v:g} {k}/min" for k, v in sorted(q.get("figures_per_minute", {}).items()))
+        instances = q.get("instances", {})
+        lines.append(
+            f"quota {name}: {figures or 'no figures'}; {len(instances)} live instances hold "
+            f"{float(q.get('fraction', 0.0)):.1%} of it, demand {q.get('demand', 0)}, "
+            f"{float(q.get('reserved_tokens', 0.0)):.0f} tokens reserved"
+        )
+        for instance, share in sorted(instances.items(), key=lambda kv: (-kv[1]["fraction"], kv[0])):
+            per_minute = ", ".join(f"{v:g} {k}" for k, v in sorted(share.get("share_per_minute", {}).items()))
+            lines.append(
+                f"quota {name} share of {instance}: {share['fraction']:.1%} ({per_minute} per minute), "
+                f"demand {share['demand']}"
+            )
+    return lines
+
+
 def format_stats(merged: dict[str, Any]) -> str:
     """The text `promptbus stats` prints for one group's merged snapshots."""
     lines = [f"group {merged['group']}:"] if "group" in merged else []
@@ -161,6 +182,7 @@ def format_stats(merged: dict[str, Any]) -> str:
         lines.extend(routing_lines(name, t))
     lines.extend(format_lanes(merged))
     lines.extend(format_tenants(merged))
+    lines.extend(format_quotas(merged))
     for name, per_size in sorted(merged.get("agreement", {}).items()):
         parts = [
             f"size {size}: {c['agreed']}/{c['compared']}"

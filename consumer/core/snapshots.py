@@ -8,7 +8,8 @@ within `live_within_s`): summed for what each instance has of its own (its concu
 its in-flight requests), the largest live value for what the instances share (a tier's batch
 size, its API key's budgets, a tenant's budget and the group's spend against it). Latency
 percentiles come from the live instances' histograms, merged bucket by bucket
-(`consumer.core.histogram`). Pure: the caller passes `now_s`.
+(`consumer.core.histogram`). A fleet quota shows how the live instances split it: each one's
+share and demand, and their sums. Pure: the caller passes `now_s`.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ class _PartitionLag(BaseModel):
     oldest_age_s: float = 0.0
 
 
+class _QuotaShare(BaseModel):
+    figures_per_minute: dict[str, int] = {}
+    fraction: float = 0.0
+    share_per_minute: dict[str, float] = {}
+    demand: int = 0
+    reserved_tokens: float = 0.0
+
+
 class _Snapshot(BaseModel):
     """The fields `merge_snapshots` reads, with their types (others are kept as they are)."""
 
@@ -91,6 +100,8 @@ class _Snapshot(BaseModel):
     agreement: dict[str, dict[str, _AgreementCount]] = {}
     histograms: dict[str, list[dict[str, Any]]] = {}
     lag: list[_PartitionLag] = []
+    instance: str = ""
+    quotas: dict[str, _QuotaShare] = {}
 
 
 def read_snapshot(value: bytes) -> dict[str, Any]:
@@ -133,6 +144,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         "lag_records": 0,
         "lag_partitions": 0,
         "oldest_uncommitted_age_s": 0.0,
+        "quotas": {},
     }
     live_snapshots = []
     for snap in snapshots:
@@ -144,6 +156,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
             live_snapshots.append(snap)
             total["inflight"] += int(snap.get("inflight", 0))
             _add_lag(total, snap.get("lag", []))
+            _add_quotas(total["quotas"], str(snap.get("instance", "")), snap.get("quotas", {}))
         total["dead_letters"].update(snap.get("dead_letters", {}))
         for name, ts in snap.get("tiers", {}).items():
             _merge_tier(total["tiers"].setdefault(name, {}), ts, live=live)
@@ -181,6 +194,25 @@ def _add_lag(total: dict[str, Any], partitions: list[dict[str, Any]]) -> None:
         total["lag_partitions"] += 1
         age_s = float(part.get("oldest_age_s", 0.0))
         total["oldest_uncommitted_age_s"] = max(total["oldest_uncommitted_age_s"], age_s)
+
+
+def _add_quotas(total: dict[str, Any], instance: str, quotas: dict[str, dict[str, Any]]) -> None:
+    """A live instance's shares of the fleet quotas: its own line in each quota's split, and
+    its share, demand and reserved tokens added to the quota's sums."""
+    for name, q in quotas.items():
+        agg = total.setdefault(name, {"figures_per_minute": {}, "fraction": 0.0, "demand": 0})
+        agg.setdefault("reserved_tokens", 0.0)
+        agg.setdefault("instances", {})
+        agg["figures_per_minute"] = q.get("figures_per_minute") or agg["figures_per_minute"]
+        fraction, demand = float(q.get("fraction", 0.0)), int(q.get("demand", 0))
+        agg["fraction"] = round(agg["fraction"] + fraction, 4)
+        agg["demand"] += demand
+        agg["reserved_tokens"] += float(q.get("reserved_tokens", 0.0))
+        agg["instances"][instance] = {
+            "fraction": fraction,
+            "demand": demand,
+            "share_per_minute": dict(q.get("share_per_minute", {})),
+        }
 
 
 def _merge_tier(agg: dict[str, Any], ts: dict[str, Any], *, live: bool) -> None:

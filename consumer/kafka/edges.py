@@ -1,5 +1,5 @@
 """The service's edges to Kafka, as one Protocol (`ServiceEdges`) and its real implementation
-(`KafkaEdges`: aiokafka's admin client, consumer and producers on the brokers the settings name).
+(`KafkaEdges`: aiokafka's admin client, consumers and producers on the brokers the settings name).
 
 `consumer.testing.memory.MemoryEdges` is the fake: it keeps every topic in memory, so tests run
 the whole service, its real sink included, without a broker. The composition root
@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from consumer.kafka.admin import ensure_topics, max_record_bytes
 from consumer.kafka.assignment import Assignment
+from consumer.kafka.board import KafkaTopicFollower, TopicFollower
 from consumer.kafka.clients import read_latest
 from consumer.kafka.groupboard import GroupBoard, KafkaBoard
 from consumer.kafka.intake import JobIntake, KafkaIntake
@@ -49,6 +50,11 @@ class ServiceEdges(Protocol):
         """`topic` read by one member of `group_id` at a time, from its beginning."""
         ...
 
+    def follower(self, settings: Settings, client_id: str, topic: str) -> TopicFollower:
+        """Every key's latest record of the compacted `topic`, read by every instance alike
+        (a group's board, `consumer.kafka.board`)."""
+        ...
+
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         """The latest value of every key of a compacted topic."""
         ...
@@ -78,6 +84,9 @@ class KafkaEdges:
 
     def topic_reader(self, settings: Settings, client_id: str, topic: str, group_id: str) -> KafkaTopicReader:
         return KafkaTopicReader(settings, topic=topic, group_id=group_id, client_id=client_id)
+
+    def follower(self, settings: Settings, client_id: str, topic: str) -> KafkaTopicFollower:
+        return KafkaTopicFollower(settings, topic=topic, client_id=client_id)
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         return await read_latest(settings, topic)

@@ -46,6 +46,11 @@ class BatchProvider(Protocol):
 
     async def status(self, batch_id: str) -> BatchJob: ...
 
+    async def resubmit(self, batch_id: str) -> BatchJob:
+        """Submit a batch the provider failed before it ran (its enqueued token limit) again,
+        with the same requests: the new batch."""
+        ...
+
     async def results(self, batch_id: str) -> list[BatchItemResult]:
         """Every item of a finished batch: successes and errors (OpenAI's error file too)."""
         ...

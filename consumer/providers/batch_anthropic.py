@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Unpack
 import orjson
 
 from consumer.core.completion import CompletionRequest
-from consumer.core.errors import ProviderError
+from consumer.core.errors import ProviderError, Rejected
 from consumer.core.offline import BatchItemResult, BatchJob, BatchRequest, BatchStatus
 from consumer.providers.anthropic import ANTHROPIC_API, DEFAULT_MAX_TOKENS, build_messages_body
 from consumer.providers.batchapi import HttpBatchProvider
@@ -98,6 +98,15 @@ class AnthropicBatchProvider(HttpBatchProvider):
             return self._job(reply.json)
 
         return await create_chunks(self.name, requests, chunks, create, self._submitted)
+
+    async def resubmit(self, batch_id: str) -> BatchJob:
+        """Anthropic fails no message batch for an enqueued token limit (it refuses the creation
+        with a 429 instead, which the collector retries): there is nothing to resubmit."""
+        raise Rejected(
+            f"{self.name}: message batch {batch_id} cannot be resubmitted (Anthropic fails no batch "
+            "for an enqueued token limit)",
+            provider=self.name,
+        )
 
     def _job(self, payload: Any) -> BatchJob:
         try:

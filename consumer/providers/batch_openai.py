@@ -4,6 +4,7 @@
              POST {base}/batches {input_file_id, endpoint: /v1/chat/completions, completion_window}
              (several provider batches when over max_requests / max_bytes per file)
     status   GET  {base}/batches/{id}
+    resubmit POST {base}/batches with the failed batch's input file (its enqueued token limit)
     results  GET  {base}/files/{output_file_id}/content and .../{error_file_id}/content
     cancel   POST {base}/batches/{id}/cancel
 
@@ -113,19 +114,15 @@ class OpenAIBatchProvider(HttpBatchProvider):
                 files={"file": ("batch.jsonl", content, "application/jsonl")},
                 data={"purpose": "batch"},
             )
-            file_id = _field(upload.json, "id", self.http)
-            created = await self.http.request(
-                "POST",
-                "/batches",
-                json_body={
-                    "input_file_id": file_id,
-                    "endpoint": endpoints[chunk.start],
-                    "completion_window": self.completion_window,
-                },
-            )
-            return self._job(created.json)
+            return await self._create(_field(upload.json, "id", self.http), endpoints[chunk.start])
 
         return await create_chunks(self.name, requests, chunks, create, self._submitted)
+
+    async def _create(self, file_id: str, endpoint: str) -> BatchJob:
+        """A batch of the uploaded input file `file_id`, all of whose lines go to `endpoint`."""
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": self.completion_window}
+        created = await self.http.request("POST", "/batches", json_body=body)
+        return self._job(created.json)
 
     def _job(self, payload: Any) -> BatchJob:
         try:
@@ -137,9 +134,21 @@ class OpenAIBatchProvider(HttpBatchProvider):
                 total=int(counts.get("total") or 0),
                 completed=int(counts.get("completed") or 0),
                 failed=int(counts.get("failed") or 0),
+                error_code=_batch_error_code(payload),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise self.http.malformed(f"not a batch object ({type(exc).__name__})") from None
+
+    async def resubmit(self, batch_id: str) -> BatchJob:
+        """A new batch of the failed one's input file (OpenAI keeps it): the same requests and
+        custom_ids; what this process submitted of the old batch is known under the new one."""
+        reply = await self.http.request("GET", f"{self.batches_path}/{batch_id}")
+        job = await self._create(
+            _field(reply.json, "input_file_id", self.http), _field(reply.json, "endpoint", self.http)
+        )
+        if batch_id in self._submitted:
+            self._submitted[job.id] = self._submitted.pop(batch_id)
+        return job
 
     async def _read_results(
         self, batch_id: str, job: BatchJob, payload: Any, submitted: Mapping[str, BatchRequest]
@@ -198,6 +207,15 @@ class OpenAIBatchProvider(HttpBatchProvider):
             cid,
             error=Rejected(f"{self.name}: batch item failed: {code}: {message[:200]}", provider=self.name),
         )
+
+
+def _batch_error_code(payload: Any) -> str | None:
+    """The code of the first error of a failed batch (`errors.data[0].code`), if any."""
+    errors = payload.get("errors")
+    data = errors.get("data") if isinstance(errors, Mapping) else None
+    if isinstance(data, list) and data and isinstance(data[0], Mapping) and data[0].get("code"):
+        return str(data[0]["code"])
+    return None
 
 
 def _endpoint(item: BatchRequest) -> str:

@@ -181,6 +181,15 @@ class FakeBatchProvider:
                 await self._settle(batch, BatchStatus.COMPLETED)
         return batch.job
 
+    async def resubmit(self, batch_id: str) -> BatchJob:
+        """A new RUNNING batch of the same requests."""
+        old = self._get(batch_id)
+        job_id = f"fakebatch_{next(self._ids)}"
+        job = BatchJob(job_id, self.name, BatchStatus.RUNNING, total=len(old.requests))
+        self.batches[job.id] = _FakeBatch(job, list(old.requests))
+        self.submissions += 1
+        return job
+
     async def results(self, batch_id: str) -> list[BatchItemResult]:
         """The settled items ([] while the batch runs)."""
         batch = self._get(batch_id)

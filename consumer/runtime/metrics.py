@@ -213,6 +213,45 @@ TENANT_METRICS: tuple[_Metric, ...] = (
 )
 
 
+def _quota_shares(s: ServiceStats) -> list[tuple[tuple[str, ...], float]]:
+    return [
+        ((name, kind), per_minute)
+        for name, qs in sorted(s.quotas.items())
+        for kind, per_minute in sorted(qs.share_per_minute.items())
+    ]
+
+
+def _per_quota(field: str) -> Samples:
+    return lambda s: [((name,), getattr(qs, field)) for name, qs in sorted(s.quotas.items())]
+
+
+#: per fleet quota (`quotas:` of the tier file): this instance's share and what it holds
+QUOTA_METRICS: tuple[_Metric, ...] = (
+    _Metric(
+        ("quota", "share"),
+        "This instance's share of the quota per minute, by kind: requests, tokens, input_tokens, "
+        "output_tokens",
+        False,
+        ("quota", "kind"),
+        _quota_shares,
+    ),
+    _Metric(
+        ("quota", "demand"),
+        "Requests waiting and in flight on the tiers that name the quota (what its share follows)",
+        False,
+        ("quota",),
+        _per_quota("demand"),
+    ),
+    _Metric(
+        ("quota", "reserved_tokens"),
+        "Tokens this instance's requests in flight hold of the quota (settled to their usage when answered)",
+        False,
+        ("quota",),
+        _per_quota("reserved_tokens"),
+    ),
+)
+
+
 def _agreement(field: str) -> Samples:
     return lambda s: [
         ((tier, str(size)), getattr(count, field))
@@ -270,6 +309,7 @@ METRICS: tuple[_Metric, ...] = (
     ),
     *LANE_METRICS,
     *TENANT_METRICS,
+    *QUOTA_METRICS,
     _Metric(
         ("consumer_lag_records",),
         "Log end offset minus the group's committed offset, per partition this instance owns",

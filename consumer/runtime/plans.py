@@ -310,12 +310,24 @@ class PlanRunner:
         lane, deadline_s, tenant: where the request waits for its slot (`consumer.core.lanes`,
         `consumer.core.scheduling`): a request carries the jobs of one tenant.
         """
-        tokens = request.estimated_tokens()
-        async with self.tier.limiter.slot(tokens, lane=lane, deadline_s=deadline_s, tenant=tenant) as token:
+        tier = self.tier
+        limiter = tier.limiter
+        # a fleet quota reserves the output a request may produce: its max_tokens
+        output_tokens = _max_tokens(request) if limiter.quota is not None else None
+        slot = limiter.slot(
+            request.estimated_tokens(),
+            lane=lane,
+            deadline_s=deadline_s,
+            output_tokens=output_tokens,
+            tenant=tenant,
+        )
+        async with slot as token:
             if still_wanted is not None and not still_wanted():
+                limiter.note_budget(None, token, rejected=True)  # never sent: the provider counts nothing
                 return None
             held = await self._spending.reserve(request, tenant) if self._spending.gate is not None else None
             if isinstance(held, Exhausted):
+                limiter.note_budget(None, token, rejected=True)  # never sent
                 return held  # its slot goes to the next waiter; its jobs wait or fail
             answer: Completion | Embeddings | ProviderError | None = None
             try:
@@ -346,10 +358,10 @@ class PlanRunner:
                 self._request_s[RATE_LIMITED if exc.status_code == 429 else ERROR].observe(
                     self._clock() - sent_s
                 )
+                if isinstance(exc, RateLimited):  # before the token ends: it settles as not counted
+                    _note_rate_limited(tier, token, exc)
                 token.dropped() if exc.overload else token.ignore()
                 self.counts.error(exc)
-                if isinstance(exc, RateLimited):
-                    _note_rate_limited(tier, token, exc)
                 if isinstance(exc, QuotaExhausted):
                     hinted = exc.hint.retry_after_s
                     cooldown_s = tier.config.retry.quota_cooldown_s if hinted is None else hinted
@@ -366,9 +378,9 @@ class PlanRunner:
                 return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
             traced.answered(completion)
         self._request_s[OK].observe(self._clock() - sent_s)
+        _note_answer(tier, token, completion)  # before the token ends: it settles to the usage
         token.success()
         tier.quota.on_answer()
-        _note_answer(tier, token, completion)
         self.counts.usage(completion)
         self._circuit_saw(None, probe=probe)
         return completion
@@ -594,10 +606,16 @@ def _schedule_of(req: PlannedRequest) -> tuple[Lane | None, float | None]:
 
 def _note_answer(tier: TierRuntime, token: Token, completion: Completion | Embeddings) -> None:
     """The answer's budgets and token usage pace the tier's next requests."""
-    usage = completion.usage
-    tier.limiter.note_budget(
-        completion.rate_limit, token, used_tokens=usage.input_tokens + usage.output_tokens
-    )
+    tier.limiter.note_budget(completion.rate_limit, token, usage=completion.usage)
+
+
+def _max_tokens(request: CompletionRequest | EmbeddingRequest) -> int | None:
+    """The output a request may produce: its max_tokens (an embeddings request: none; None:
+    not set)."""
+    if isinstance(request, EmbeddingRequest):
+        return 0
+    value = request.options.get("max_tokens")
+    return value if isinstance(value, int) and value >= 0 else None
 
 
 def _note_rate_limited(tier: TierRuntime, token: Token, exc: RateLimited) -> None:

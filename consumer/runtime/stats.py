@@ -162,6 +162,28 @@ class TenantStats:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+@dataclass
+class QuotaStats:
+    """One fleet quota on this instance (`consumer.runtime.quotas`): the quota's figures, this
+    instance's share of it, its demand and the tokens its requests in flight hold."""
+
+    #: the quota's figures, per minute, by kind (requests, tokens, input_tokens, output_tokens)
+    figures_per_minute: dict[str, int] = field(default_factory=dict)
+    # gauges
+    #: this instance's share: a fraction of the quota, and what it allows per minute by kind
+    fraction: float = 0.0
+    share_per_minute: dict[str, float] = field(default_factory=dict)
+    #: requests waiting and in flight on the tiers that name the quota
+    demand: int = 0
+    #: tokens reserved by this instance's requests in flight (settled when they end)
+    reserved_tokens: float = 0.0
+    #: live instances sharing the quota as this instance last read the board
+    instances_live: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
 def budget_left(budget: float, spent: float) -> float:
     """What a budget has left (0 once spent; 0 also for no budget: callers check `budget`)."""
     return max(budget - spent, 0.0)
@@ -189,6 +211,8 @@ class ServiceStats:
     lanes: dict[str, LaneStats] = field(default_factory=dict)
     #: per tenant account (`consumer.core.tenants`)
     tenants: dict[str, TenantStats] = field(default_factory=dict)
+    #: this instance's share of each fleet quota (`quotas:` of the tier file), by name
+    quotas: dict[str, QuotaStats] = field(default_factory=dict)
     #: batched answers compared with the same job asked alone, per tier and batch size
     agreement: AgreementStats = field(default_factory=AgreementStats)
     #: latency histograms (job, queue wait, provider request)
@@ -231,6 +255,7 @@ class ServiceStats:
             "tiers": {name: ts.as_dict() for name, ts in sorted(self.tiers.items())},
             "lanes": {name: ls.as_dict() for name, ls in sorted(self.lanes.items())},
             "tenants": {name: ts.as_dict() for name, ts in sorted(self.tenants.items())},
+            "quotas": {name: qs.as_dict() for name, qs in sorted(self.quotas.items())},
             "agreement": self.agreement.as_dict(),
             "histograms": self.latency.snapshot(),
             "lag": [

@@ -19,6 +19,7 @@ from consumer.core.window import PackKey, WindowLimits
 from consumer.providers.base import CompletionProvider
 from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.limiter import AsyncLimiter
+from consumer.runtime.quotas import FleetQuota
 from consumer.runtime.stats import TierStats
 from consumer.settings import BatchingConfig, TierConfig
 
@@ -132,10 +133,14 @@ class TierRuntime:
         provider: CompletionProvider,
         stats: TierStats,
         remembered: RememberedEvidence | None = None,
+        fleet_quota: FleetQuota | None = None,
+        *,
         tenants: TenantPolicies | None = None,
     ) -> TierRuntime:
-        """remembered: what earlier runs measured; each new batch key starts from it; tenants:
-        their weights share the limiter's slots within a lane (None: every tenant weighs 1)."""
+        """remembered: what earlier runs measured; each new batch key starts from it;
+        fleet_quota: the quota the tier names (`quota:`), shared with every tier naming it;
+        tenants: their weights share the limiter's slots within a lane (None: every tenant
+        weighs 1)."""
         b, r = config.batching, config.retry
 
         def new_size(key: PackKey) -> AdaptivePackSize:
@@ -149,7 +154,9 @@ class TierRuntime:
             config=config,
             provider=provider,
             limiter=AsyncLimiter(
-                limit_for(config.limiter), weight_of=tenants.weight if tenants is not None else None
+                limit_for(config.limiter),
+                quota=fleet_quota,
+                weight_of=tenants.weight if tenants is not None else None,
             ),
             retry_policy=RetryPolicy.from_config(r),
             window_limits=WindowLimits.from_config(b),

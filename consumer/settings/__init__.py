@@ -11,11 +11,13 @@ here (`from consumer.settings import X` is the public path):
                     pricing)
     lanes.py        `LaneConfig` and the core's `Lane`s made from the `lanes` section
     tenants.py      `TenantConfig` and the core's `TenantPolicies` made from the `tenants` section
+    quotas.py       `QuotaConfig`: one fleet quota of the `quotas` section
     base.py         `StrictModel`, the base of every tier-file model
 """
 
 from consumer.settings.environment import KafkaSecurity, Settings, load_settings
 from consumer.settings.lanes import LaneConfig
+from consumer.settings.quotas import QuotaConfig
 from consumer.settings.tenants import TenantBudgetConfig, TenantConfig
 from consumer.settings.tierfile import KeyedProblem, TierFile, lane_topic, load_tier_file, parse_tier_file
 from consumer.settings.tiers import (
@@ -41,6 +43,7 @@ __all__ = [
     "OfflineConfig",
     "PricingConfig",
     "ProviderName",
+    "QuotaConfig",
     "RetryConfig",
     "Settings",
     "TenantBudgetConfig",

@@ -60,6 +60,11 @@ class Settings(BaseSettings):
             "the group's spend survives restarts (only used when a tenant has a budget)"
         ),
     )
+    quotas_topic: str = Field(
+        "promptbus.quotas",
+        description="compacted: each instance's demand on the tier file's quotas, from which the group "
+        "splits them",
+    )
     processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
         "at_least_once",
         description="at_least_once, or exactly_once (transactions; readers use read_committed)",
@@ -92,8 +97,8 @@ class Settings(BaseSettings):
         le=300,
         description=(
             "consumer-group session: an instance that stops heartbeating (crashed, frozen) keeps its"
-            " partitions this long before the group gives them to the others; within the broker's"
-            " group.min.session.timeout.ms and group.max.session.timeout.ms"
+            " partitions (and its share of a fleet quota) this long before the group gives them to the"
+            " others; within the broker's group.min.session.timeout.ms and group.max.session.timeout.ms"
         ),
     )
     transaction_timeout_s: float = Field(

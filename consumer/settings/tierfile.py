@@ -16,6 +16,7 @@ from consumer.core.lanes import Lane
 from consumer.core.tenants import TenantPolicies
 from consumer.settings.base import StrictModel
 from consumer.settings.lanes import LaneConfig, lane_list, lanes_problem
+from consumer.settings.quotas import QuotaConfig
 from consumer.settings.tenants import TenantConfig, tenant_policies, tenants_problem
 from consumer.settings.tiers import TierConfig
 from consumer.yaml12 import YAMLError, load_yaml
@@ -44,6 +45,12 @@ class TierFile(StrictModel):
         description="tenant name -> its weight, daily budget and on_exhausted; 'default' is the policy of "
         "jobs without a tenant and of tenants not named; unset: every tenant weight 1, no budget",
     )
+    quotas: dict[str, QuotaConfig] | None = Field(
+        None,
+        min_length=1,
+        description="quota name -> what one API key and model may spend per minute, shared by every "
+        "instance of the group; a tier names one with quota: NAME",
+    )
 
     @model_validator(mode="after")
     def _check_lanes(self) -> TierFile:
@@ -57,6 +64,15 @@ class TierFile(StrictModel):
         problem = tenants_problem(self.tenants) if self.tenants else None
         if problem is not None:
             raise KeyedProblem(*problem)
+        return self
+
+    @model_validator(mode="after")
+    def _check_quotas(self) -> TierFile:
+        known = self.quotas or {}
+        for name, tier in self.tiers.items():
+            if tier.quota is not None and tier.quota not in known:
+                where = f"(quotas: {', '.join(sorted(known))})" if known else "(the tier file has no quotas)"
+                raise KeyedProblem(f"tiers.{name}.quota", f"unknown quota {tier.quota!r} {where}")
         return self
 
     @model_validator(mode="after")

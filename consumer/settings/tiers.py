@@ -169,6 +169,14 @@ class OfflineConfig(StrictModel):
             "the slack a mode auto job's deadline must leave beyond completion_window to go offline"
         ),
     )
+    max_enqueued_tokens: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "the provider's limit of input tokens in unfinished batches of this model (OpenAI's enqueued"
+            " token limit, per organisation); submissions stay under it; null: no limit"
+        ),
+    )
 
     @field_validator("completion_window", "auto_margin")
     @classmethod
@@ -280,6 +288,14 @@ class TierConfig(StrictModel):
     )
     fallback: FallbackConfig | None = Field(
         None, description="the tier that answers this tier's jobs while it is down or out of quota"
+    )
+    quota: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "the quota (a name under quotas) this tier's requests count against, shared with every tier "
+            "and instance that names it; null: none"
+        ),
     )
 
     @field_validator("options")

@@ -39,6 +39,7 @@ def service_env(
         "PROMPTBUS_STATS_TOPIC": f"stats-{sfx}",
         "PROMPTBUS_BATCHING_TOPIC": f"batching-{sfx}",
         "PROMPTBUS_BUDGETS_TOPIC": f"budgets-{sfx}",
+        "PROMPTBUS_QUOTAS_TOPIC": f"quotas-{sfx}",
         "PROMPTBUS_TOPIC_PARTITIONS": str(partitions),
         "PROMPTBUS_PROCESSING_GUARANTEE": guarantee,
         "PROMPTBUS_STATS_INTERVAL_S": "0.5",
@@ -336,9 +337,13 @@ class KafkaBus:
     name = "kafka"
 
     def __init__(self, bootstrap: str, *, partitions: int = 4, **env: Any) -> None:
+        from consumer.kafka.edges import KafkaEdges
+
         #: the PROMPTBUS_* variables of this bus (a `ServiceProcess` started with them shares it)
         self.env = service_env(bootstrap, partitions=partitions, **env)
         self.settings = settings_from_env(self.env)
+        #: the service's edges to this bus (the real brokers)
+        self.edges = KafkaEdges()
 
     def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
         return InProcessService(self.settings, tier_file, **kwargs)

@@ -6,7 +6,8 @@ pause/resume, commits into the broker); `MemoryProducer` has the part of aiokafk
 the sinks and the stats publisher use (record batches, `send_and_wait`), so the real
 `AtLeastOnceSink` runs on it unchanged: its watermark, acks and commits are the code under
 test, only the sockets are gone. `MemoryTopicReader` is the offline tracker's `TopicReader`
-(the one member of its group). `memory_edges(broker)` hands them to `run_service`.
+(the one member of its group), `MemoryTopicFollower` the `TopicFollower` a group's board
+(`consumer.kafka.board.TopicBoard`) reads. `memory_edges(broker)` hands them to `run_service`.
 
 Faults are injected through these objects, never by patching modules: `MemoryProducer.fail`
 makes the next batches fail with an error, `MemoryBroker.hold_commits` stops commits.
@@ -27,6 +28,7 @@ import orjson
 from consumer.core.lag import PartitionOffsets
 from consumer.kafka.admin import topic_specs
 from consumer.kafka.assignment import Assignment
+from consumer.kafka.board import FollowedRecord, FollowedRecords
 from consumer.kafka.connection import MAX_MESSAGE_BYTES
 from consumer.kafka.groupboard import BoardRecords
 from consumer.kafka.intake import InRecord, RebalanceHandler
@@ -231,6 +233,53 @@ class MemoryTopicReader:
         return out
 
 
+class MemoryTopicFollower:
+    """A `TopicFollower` on the memory broker: the records there at `start` are as old as their
+    timestamps; later ones are new when the follower first looks (every call reads up to the
+    end, so nothing waits for a fetch)."""
+
+    def __init__(self, broker: MemoryBroker, topic: str, clock: Any = time.monotonic) -> None:
+        self._broker = broker
+        self._topic = topic
+        self._clock = clock
+        self._positions: list[int] = []
+        self._records = FollowedRecords()
+
+    async def start(self) -> None:
+        self._positions = [0] * len(self._broker.topic(self._topic))
+        self._sync(catching_up=True)
+
+    async def stop(self) -> None:
+        self._positions = []
+
+    def _sync(self, *, catching_up: bool = False) -> None:
+        wall_s = time.time()
+        read = []
+        for partition, records in enumerate(self._broker.topic(self._topic)[: len(self._positions)]):
+            for r in records[self._positions[partition] :]:
+                age_s = max(0.0, wall_s - r.timestamp_ms / 1000.0) if catching_up else 0.0
+                read.append((r.key, r.value, age_s))
+            self._positions[partition] = len(records)
+        self._records.apply(read, self._clock())
+
+    def latest(self) -> dict[bytes, FollowedRecord]:
+        self._sync()
+        return self._records.latest
+
+    @property
+    def version(self) -> int:
+        self._sync()
+        return self._records.version
+
+    async def wait_for_change(self, version: int, timeout_s: float) -> int:
+        if self.version == version:
+            await self._broker.wait_for_records(timeout_s)
+        return self.version
+
+    def now_s(self) -> float:
+        return float(self._clock())
+
+
 class _RecordBatch:
     """aiokafka's BatchBuilder surface: `append` returns None when the batch is full."""
 
@@ -376,6 +425,9 @@ class MemoryEdges:
 
     def board(self, settings: Settings, topic: str, producer: Any) -> MemoryBoard:
         return MemoryBoard(self.broker, topic)
+
+    def follower(self, settings: Settings, client_id: str, topic: str) -> MemoryTopicFollower:
+        return MemoryTopicFollower(self.broker, topic)
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         latest: dict[bytes, bytes] = {}

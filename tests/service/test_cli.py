@@ -42,6 +42,19 @@ STATS_POLLS = 60
         ({"tiers": {"a": {"provider": "openai_compat", "model": "m"}}}, "tiers.a", "base_url is required"),
         ({"tiers": {}}, "tiers", "at least 1"),
         (
+            {"tiers": {"a": {"provider": "openai", "model": "m", "quota": "key"}}},
+            "tiers.a.quota",
+            "unknown quota 'key'",
+        ),
+        (
+            {
+                "tiers": {"a": {"provider": "openai", "model": "m"}},
+                "quotas": {"key": {"tokens_per_minute": 0}},
+            },
+            "quotas.key.tokens_per_minute",
+            "greater than 0",
+        ),
+        (
             {
                 "tiers": {
                     "a": {

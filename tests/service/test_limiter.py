@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from consumer.core.completion import Usage
 from consumer.core.errors import RateLimitHint
 from consumer.core.limit import AIMDLimit, FixedLimit
 from consumer.runtime.limiter import AsyncLimiter
@@ -233,7 +234,7 @@ async def test_a_token_budget_paces_by_estimates_corrected_by_usage() -> None:
                 continue
             bucket.take(20)
             token.success()
-            limiter.note_budget(hint(), token, used_tokens=20)
+            limiter.note_budget(hint(), token, usage=Usage(input_tokens=15, output_tokens=5))
 
     await drive(client(), limiter, clock, run_s=20.0)
     assert limiter.cost_ratio == pytest.approx(2.0, rel=0.05)

@@ -56,7 +56,10 @@ response), hang (sleeps `hang_s`), 5xx (500) and overload (503 OpenAI / 529 Anth
 Batched answers may then be malformed (not JSON), truncated (cut JSON, finish_reason
 length), missing one alias or carrying an extra alias. Offline
 batches finish `batch_delay_s` after creation, with `batch_error_rate` items errored and
-`batch_expire_rate` items expired (an OpenAI batch with any expired item ends "expired").
+`batch_expire_rate` items expired (an OpenAI batch with any expired item ends "expired"). With
+`batch_max_enqueued_tokens` an OpenAI batch whose input tokens, with those of the unfinished
+batches, exceed it is created `failed` with the error `token_limit_exceeded`, as OpenAI fails
+batches over an organisation's enqueued token limit; none of it runs.
 
 Modules: `config` (the knobs), `model` (the deterministic model), `cache` (prompt caching),
 `refusals` (the 400s), `wire` (request views and response bodies), `ratelimit` (token buckets),

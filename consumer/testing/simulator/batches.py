@@ -72,12 +72,36 @@ class BatchRoutes(SimulatorState):
                 )
             seen.add(cid)
             lines.append(line)
-        batch = self._register(
-            BatchJob(
-                self.new_id("batch_"), "openai", time.monotonic(), lines, input_file_id=file_id, endpoint=url
-            )
+        batch = BatchJob(
+            self.new_id("batch_"), "openai", time.monotonic(), lines, input_file_id=file_id, endpoint=url
         )
-        return JSONResponse(self._openai_batch(batch))
+        batch.tokens = sum(offline.line_tokens(line) for line in lines)
+        self._check_enqueued_limit(batch)
+        return JSONResponse(self._openai_batch(self._register(batch)))
+
+    def _check_enqueued_limit(self, batch: BatchJob) -> None:
+        """OpenAI's enqueued token limit: a batch whose input tokens, with those of the
+        unfinished batches, exceed `batch_max_enqueued_tokens` is created failed, with the
+        error `token_limit_exceeded`; none of its requests runs."""
+        limit = self.config.batch_max_enqueued_tokens
+        if not limit:
+            return
+        enqueued = sum(
+            b.tokens for b in self.batches.values() if b.kind == "openai" and b.ended_s is None
+        )
+        if enqueued + batch.tokens <= limit:
+            return
+        self.stats_.counters["batches_over_enqueued_limit"] += 1
+        batch.status, batch.ended_s = "failed", time.monotonic()
+        message = (
+            f"Enqueued token limit reached for {_model_of(batch)} in organization org-sim. Limit: "
+            f"{limit:,} enqueued tokens. Please try submitting fewer tokens or wait for ongoing "
+            "batches to complete."
+        )
+        batch.errors = {
+            "object": "list",
+            "data": [{"code": "token_limit_exceeded", "message": message, "param": None, "line": None}],
+        }
 
     @endpoint("openai", batch=True)
     async def openai_get_batch(self, request: Request, call: Call) -> Response:
@@ -97,7 +121,7 @@ class BatchRoutes(SimulatorState):
             "id": batch.id,
             "object": "batch",
             "endpoint": batch.endpoint,
-            "errors": None,
+            "errors": batch.errors,
             "input_file_id": batch.input_file_id,
             "completion_window": batch.completion_window,
             "status": batch.status,
@@ -107,6 +131,7 @@ class BatchRoutes(SimulatorState):
             "in_progress_at": created,
             "expires_at": created + 86400,
             "completed_at": int(time.time()) if batch.status == "completed" else None,
+            "failed_at": int(time.time()) if batch.status == "failed" else None,
             "expired_at": int(time.time()) if batch.status == "expired" else None,
             "cancelled_at": int(batch.cancelled_s) if batch.cancelled_s else None,
             "request_counts": {
@@ -185,3 +210,8 @@ class BatchRoutes(SimulatorState):
             "cancel_initiated_at": now_iso(batch.cancelled_s) if batch.cancelled_s else None,
             "results_url": f"{base}/v1/messages/batches/{batch.id}/results" if ended else None,
         }
+
+
+def _model_of(batch: BatchJob) -> str:
+    body = batch.lines[0].get("body") if batch.lines else None
+    return str(body.get("model") or "sim") if isinstance(body, dict) else "sim"

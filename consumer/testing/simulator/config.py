@@ -34,6 +34,7 @@ class SimulatorConfig:
     batch_delay_s: float = 0.0
     batch_error_rate: float = 0.0
     batch_expire_rate: float = 0.0
+    batch_max_enqueued_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,12 @@ KNOBS: tuple[Knob, ...] = (
         "batch_expire_rate",
         ("batch_expired", "batch_expire_rate"),
         "share of offline batch items that expire",
+    ),
+    Knob(
+        "batch_max_enqueued_tokens",
+        ("batch_enqueued_tokens", "batch_max_enqueued_tokens"),
+        "OpenAI's enqueued token limit: a batch whose input tokens with those of unfinished batches "
+        "exceed it fails (token_limit_exceeded) (0 = no limit)",
     ),
 )
 _KNOB_BY_NAME = {name: k.field for k in KNOBS for name in k.names}

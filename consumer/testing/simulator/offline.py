@@ -55,6 +55,18 @@ def _openai_line(sim: SimulatorState, cid: str, make_body: Callable[[], dict[str
     return orjson.dumps({"id": record_id, "custom_id": cid, "response": response, "error": None})
 
 
+def line_tokens(line: dict[str, object]) -> int:
+    """The input tokens of one OpenAI batch line, as the online API would count them."""
+    body = line.get("body")
+    if not isinstance(body, dict):
+        return 0
+    if line.get("url") == EMBEDDINGS_URL:
+        inputs = body.get("input")
+        texts = inputs if isinstance(inputs, list) else [inputs]
+        return sum(estimate_tokens(str(t)) for t in texts)
+    return estimate_tokens(request_view(body, "openai", ignore_structured=False)[3])
+
+
 @dataclass
 class _BatchRun:
     """What running one batch writes: OpenAI's output and error file lines (Anthropic's

@@ -45,6 +45,10 @@ class BatchJob:
     error_file_id: str | None = None
     results: list[dict[str, Any]] = field(default_factory=list)  # anthropic result lines
     counts: Counter[str] = field(default_factory=Counter)
+    #: input tokens of its requests (what an enqueued token limit counts)
+    tokens: int = 0
+    #: why it failed as a whole (OpenAI's `errors` object), when it did
+    errors: dict[str, Any] | None = None
 
 
 class SimulatorStats:
@@ -74,6 +78,7 @@ class SimulatorStats:
             "extra",
             "structured_requests",
             "batches_created",
+            "batches_over_enqueued_limit",
             "batch_items",
             "cached_tokens",
             "cache_write_tokens",

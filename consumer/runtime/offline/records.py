@@ -1,0 +1,215 @@
+"""The batches topic's records (what a submitted provider batch is, read back checked) and
+what a finished batch's members become: their outcome records, their latency, their usage."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+
+from consumer.core.completion import CompletionRequest
+from consumer.core.cost import Pricing, cost_usd
+from consumer.core.embed import EmbeddingRequest
+from consumer.core.errors import ErrorKind
+from consumer.core.jobs import Job, checked_json_object
+from consumer.core.offline import (
+    Answered,
+    BatchItemResult,
+    BatchJob,
+    BatchStatus,
+    Failed,
+    item_outcome,
+)
+from consumer.core.tenants import DEFAULT_TENANT, tenant_problem
+from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
+from consumer.runtime.context import JobContext
+from consumer.runtime.latency import DEAD_LETTER, DEFAULT_LANE, OFFLINE_JOB_LATENCY, RESULT
+from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
+from consumer.runtime.stats import ServiceStats, TierStats
+from consumer.settings import Settings
+
+
+def offline_request(ctx: JobContext, model: str) -> CompletionRequest | EmbeddingRequest:
+    """A job's request in a provider batch: its ordinary chat request, or its input alone."""
+    if ctx.kind == "embed":
+        return EmbeddingRequest((ctx.input,), model, ctx.options)
+    return CompletionRequest(ctx.messages, model, ctx.options)
+
+
+def batch_key(tier: str, batch_id: str) -> bytes:
+    return f"{tier}:{batch_id}".encode()
+
+
+def enqueued_fields(value: bytes) -> dict[str, Any]:
+    """What a batches-topic record says about the enqueued tokens (its tier and estimate; an
+    unreadable record counts none)."""
+    try:
+        record = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {"tier": record.get("tier"), "estimated_tokens": record.get("estimated_tokens")}
+
+
+class _MemberSource(BaseModel):
+    topic: str
+    partition: int
+    offset: int
+
+
+class _Member(BaseModel):
+    custom_id: str
+    job: Job
+    source: _MemberSource
+
+
+class _OpenBatch(BaseModel):
+    """What `outcome_records` needs of a batches-topic record (extra fields are kept)."""
+
+    tier: str
+    batch_id: str
+    members: list[_Member]
+
+
+def read_batch_record(value: bytes) -> dict[str, Any]:
+    """A batches-topic record, checked to hold what publishing its outcomes needs.
+
+    Raises ValueError naming what is wrong: promptbus writes these records, but a topic
+    written by something else (an operator's tool, another version) must not stop tracking.
+    """
+    return checked_json_object(value, _OpenBatch, what="batch record")
+
+
+def batch_record(
+    tier: str, job: BatchJob, members: Sequence[tuple[str, JobContext]], estimated_tokens: int = 0
+) -> dict[str, Any]:
+    """The batches-topic record of a submitted batch: its id, its members (the full jobs, where
+    their inputs came from) and its estimated input tokens (what it holds of the provider's
+    enqueued token limit)."""
+    return {
+        "tier": tier,
+        "provider": job.provider,
+        "batch_id": job.id,
+        "submitted_at": time.time(),
+        "estimated_tokens": estimated_tokens,
+        "members": [
+            {
+                "custom_id": custom_id,
+                "job": c.parsed_job().model_dump(mode="json"),
+                "timestamp": c.timestamp_s,
+                "lane": c.lane_name,
+                "tenant": c.tenant,
+                "source": {
+                    "topic": c.source.topic,
+                    "partition": c.source.partition,
+                    "offset": c.source.offset,
+                },
+            }
+            for custom_id, c in members
+        ],
+    }
+
+
+def observe_offline_latency(
+    stats: ServiceStats, results_topic: str, record: dict[str, Any], outcomes: Sequence[OutRecord]
+) -> None:
+    """Acknowledged outcomes of a batch's members (one each, in member order): their latency
+    from their job records' timestamps (the submission time for a batch recorded without them)."""
+    now_s = time.time()
+    for member, outcome in zip(record["members"], outcomes, strict=False):
+        started_s = float(member.get("timestamp") or record.get("submitted_at") or now_s)
+        kind = RESULT if outcome.topic == results_topic else DEAD_LETTER
+        labels = (str(record["tier"]), str(member.get("lane") or DEFAULT_LANE), kind)
+        stats.latency.observe(OFFLINE_JOB_LATENCY, labels, max(0.0, now_s - started_s))
+
+
+def count_offline_usage(stats: TierStats, items: Sequence[BatchItemResult], pricing: Pricing | None) -> None:
+    """A finished provider batch's answered items: their tokens, and their cost at the batch
+    price (`pricing.batch_discount`), in the tier's counters."""
+    for item in items:
+        if item.completion is None:
+            continue
+        usage = item.completion.usage
+        stats.input_tokens += usage.input_tokens
+        stats.output_tokens += usage.output_tokens
+        stats.cached_input_tokens += usage.cached_input_tokens
+        stats.cache_write_tokens += usage.cache_write_tokens
+        if pricing is not None:
+            cost = cost_usd(usage, pricing, offline=True)
+            stats.cost_usd += cost
+            stats.offline_saved_usd += cost_usd(usage, pricing) - cost
+
+
+def outcome_records(
+    settings: Settings,
+    record: dict[str, Any],
+    status: BatchStatus,
+    items: Sequence[BatchItemResult],
+    tier_options: dict[str, Any] | None = None,
+    limits: RecordLimits | None = None,
+) -> list[OutRecord]:
+    """One result or dead letter per member of a finished provider batch, as
+    `consumer.core.offline.item_outcome` decides (`tier_options`: the tier's, under each job's).
+
+    A result that would be over the results topic's record size (`limits`) is `output_invalid`
+    instead (a batch cannot ask again).
+    """
+    limits = limits or RecordLimits()
+    by_id = {item.custom_id: item for item in items}
+    latency_ms = max(0.0, (time.time() - float(record.get("submitted_at", time.time()))) * 1000.0)
+    out: list[OutRecord] = []
+    for member in record["members"]:
+        job = Job.model_validate(member["job"])
+        src = member["source"]
+        source = SourceOffset(TopicPartition(src["topic"], int(src["partition"])), int(src["offset"]))
+        item = by_id.get(member["custom_id"])
+        outcome = item_outcome(item, job, status, record["batch_id"], tier_options or {})
+        if isinstance(outcome, Answered):
+            result = AnswerResults(settings.results_topic, outcome.answer, 1).record(
+                job_id=job.id,
+                requested_tier=job.tier,
+                metadata=job.metadata,
+                source=source,
+                output=outcome.output,
+                attempts=1,
+                latency_ms=latency_ms,
+                lane=member.get("lane"),
+                tier=record.get("tier"),
+                mode="offline",
+                embedding=outcome.embedding,
+                tenant=member_tenant(member),
+            )
+            problem = too_large_result(result, limits.results)
+            if problem is None:
+                out.append(result)
+                continue
+            outcome = Failed(ErrorKind.OUTPUT_INVALID, problem)
+        out.append(
+            dead_letter_record(
+                settings.dlq_topic,
+                source=source,
+                kind=outcome.kind,
+                message=outcome.message,
+                job=job,
+                attempts=1,
+                status_code=outcome.status_code,
+                provider=record.get("provider"),
+                max_bytes=limits.dead_letters,
+                tenant=member_tenant(member),
+            )
+        )
+    return out
+
+
+def member_tenant(member: dict[str, Any]) -> str:
+    """A batch member's tenant: as recorded with it (its header's, when the job named none),
+    else its job's own."""
+    job = member.get("job")
+    for value in (member.get("tenant"), job.get("tenant") if isinstance(job, dict) else None):
+        if isinstance(value, str) and tenant_problem(value) is None:
+            return value
+    return DEFAULT_TENANT
