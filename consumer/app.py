@@ -311,11 +311,17 @@ def quota_sharing(
     its first request."""
     if not quotas:
         return []
-    follower = edges.follower(settings, f"promptbus-{stats.instance}-quotas", settings.quotas_topic)
-    board = TopicBoard(
-        follower, producer, topic=settings.quotas_topic, group=settings.group_id, instance=stats.instance
-    )
+    board = group_board(settings, edges, producer, stats.instance, settings.quotas_topic, "quotas")
     return [QuotaSharing(board, quotas, session_timeout_s=settings.session_timeout_s, stats=stats)]
+
+
+def group_board(
+    settings: Settings, edges: ServiceEdges, producer: Any, instance: str, topic: str, role: str
+) -> TopicBoard:
+    """The group's board on the compacted `topic` (fleet quotas, tenants' budgets): this
+    instance's records written with `producer`, every instance's read by a follower of its own."""
+    follower = edges.follower(settings, f"promptbus-{instance}-{role}", topic)
+    return TopicBoard(follower, producer, topic=topic, group=settings.group_id, instance=instance)
 
 
 @dataclass(frozen=True)
@@ -425,7 +431,7 @@ def build_budgets(
     when no tenant has a budget)."""
     if not policies.budgeted:
         return None
-    board = edges.board(settings, settings.budgets_topic, producer)
+    board = group_board(settings, edges, producer, instance, settings.budgets_topic, "budgets")
     return TenantBudgets(policies, instance, board, publish_interval_s=settings.stats_interval_s)
 
 

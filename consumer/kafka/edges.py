@@ -15,7 +15,6 @@ from consumer.kafka.admin import ensure_topics, max_record_bytes
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.board import KafkaTopicFollower, TopicFollower
 from consumer.kafka.clients import read_latest
-from consumer.kafka.groupboard import GroupBoard, KafkaBoard
 from consumer.kafka.intake import JobIntake, KafkaIntake
 from consumer.kafka.sink import kafka_producer_factory
 from consumer.kafka.topicreader import KafkaTopicReader, TopicReader
@@ -32,7 +31,7 @@ class ServiceIntake(JobIntake, Protocol):
 
 class ServiceEdges(Protocol):
     """The service's edges to Kafka: topics, the jobs intake, producers, the offline tracker's
-    reader, the group's board (the tenants' budgets)."""
+    reader, the followers of compacted topics (the batches topic, the group's boards)."""
 
     async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]: ...
 
@@ -52,16 +51,11 @@ class ServiceEdges(Protocol):
 
     def follower(self, settings: Settings, client_id: str, topic: str) -> TopicFollower:
         """Every key's latest record of the compacted `topic`, read by every instance alike
-        (a group's board, `consumer.kafka.board`)."""
+        (a group's board, `consumer.kafka.board`: fleet quotas, tenants' budgets)."""
         ...
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         """The latest value of every key of a compacted topic."""
-        ...
-
-    def board(self, settings: Settings, topic: str, producer: Any) -> GroupBoard:
-        """The group's board on the compacted `topic`: every instance's latest record, this
-        instance's written with `producer`."""
         ...
 
 
@@ -91,5 +85,3 @@ class KafkaEdges:
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         return await read_latest(settings, topic)
 
-    def board(self, settings: Settings, topic: str, producer: Any) -> KafkaBoard:
-        return KafkaBoard(settings, topic, producer)

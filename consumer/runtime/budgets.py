@@ -8,6 +8,8 @@ the periodic record, the final one), each holding every lease counted so far, so
 write never drops an earlier lease from the board. The answer settles the reservation
 (`settle`), a request not answered gives its estimate back (`release`).
 
+The board is the group's one sharing edge (`consumer.kafka.board.GroupBoard`, on the
+compacted budgets topic of one partition): this instance's record is its `BUDGETS_RECORD`.
 Before the service admits anything, `start` reads every instance's latest record from the
 board, so a restarted instance knows what the group spent today; from then on the records of
 other instances are read as they come, and this instance's own is written with every lease,
@@ -20,20 +22,28 @@ at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
+
+import orjson
 
 from consumer.core.budgets import BudgetBook, Cost, Exhausted, LeaseWanted, Reservation
 from consumer.core.completion import Usage
 from consumer.core.cost import Pricing, cost_usd
 from consumer.core.tenants import TenantPolicies
-from consumer.kafka.groupboard import GroupBoard
+from consumer.kafka.board import GroupBoard
+from consumer.waits import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TenantBudgets", "estimated_cost", "spend_of"]
+__all__ = ["BUDGETS_RECORD", "TenantBudgets", "estimated_cost", "spend_of"]
+
+#: the name of an instance's record on the board: its claims and spend today
+BUDGETS_RECORD = "budgets"
+#: a lease's record not read back from the board within this is logged (it is waited for still)
+READ_BACK_WARN_S = 30.0
 
 #: what a request's output is estimated at when it names no max_tokens (its estimate, and so
 #: the bound on overspending, holds only for requests that do)
@@ -70,10 +80,14 @@ class TenantBudgets:
         self._clock = clock
         self._book = BudgetBook(policies, instance, now_s=clock())
         self._board = board
-        self._key = instance.encode()
+        self._instance = instance
         self._publish_interval_s = publish_interval_s
         #: one board write at a time: each holds every lease counted before it
         self._writing = asyncio.Lock()
+        #: the number of this instance's latest record (each write numbers its record)
+        self._written = 0
+        #: each other instance's latest record as read: its bytes and what they say
+        self._read: dict[str, tuple[bytes, dict[str, Any]]] = {}
         self._task: asyncio.Task[None] | None = None
         #: set whenever budget may have come free (a new day, a settled estimate, another
         #: instance giving its leases back): held jobs look again
@@ -109,11 +123,11 @@ class TenantBudgets:
         """Record the lease on the board, then count what of it the budget allows (a lost
         write loses no spend). The caller holds `_writing`.
 
-        The board's one partition orders every instance's claims: once every record up to this
-        one has been read, the lease is granted as far as the budget less everyone else's
-        claims allows. A claim written after this one saw it first; one written before, this
-        one sees now. So the granted leases never add up past the budget, whoever writes
-        when."""
+        The board's one partition orders every instance's claims: once this record is read
+        back, every record written before it has been read too, and the lease is granted as far
+        as the budget less everyone else's claims allows. A claim written after this one saw
+        it first; one written before, this one sees now. So the granted leases never add up
+        past the budget, whoever writes when."""
         if self._board is None:
             self._book.claimed(lease)
             return
@@ -121,10 +135,38 @@ class TenantBudgets:
         entry = record["accounts"][lease.account]
         entry["claimed_usd"] = round(entry["claimed_usd"] + lease.amount.usd, 9)
         entry["claimed_tokens"] += lease.amount.tokens
-        offset = await self._board.publish(self._key, record)
-        await self._board.read_past(offset)
+        number = await self._publish(record)
+        await self._read_back(number)
         self._observe_all()
         self._book.claimed(lease, arbitrated=True)
+
+    async def _publish(self, record: dict[str, Any]) -> int:
+        """Write this instance's record, numbered; the number once the broker has it. The
+        caller holds `_writing`."""
+        assert self._board is not None
+        self._written += 1
+        record["written"] = self._written
+        await self._board.publish([(BUDGETS_RECORD, orjson.dumps(record))])
+        return self._written
+
+    async def _read_back(self, number: int) -> None:
+        """Until the board shows this instance's record `number` (or a later one)."""
+        assert self._board is not None
+        version, warned = self._board.version, False
+        while self._own_number() < number:
+            seen = await self._board.wait_for_change(version, READ_BACK_WARN_S)
+            if seen == version and not warned:
+                warned = True
+                log.warning("budgets: a lease is not read back from the board yet; its requests wait")
+            version = seen
+
+    def _own_number(self) -> int:
+        assert self._board is not None
+        for record in self._board.records():
+            if record.instance == self._instance and record.name == BUDGETS_RECORD:
+                written = _parsed(record.value).get("written")
+                return written if isinstance(written, int) else 0
+        return 0
 
     def settle(self, reservation: Reservation, actual: Cost) -> None:
         """The request was answered: `actual` spent, its estimate returned."""
@@ -166,41 +208,56 @@ class TenantBudgets:
         """Give the unspent leases back (this instance's record shrinks to what it spent)."""
         if self._board is None:
             return
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
+        self._task = None
         try:
             async with self._writing:
-                await self._board.publish(self._key, self._book.record(self._clock(), final=True))
+                await self._publish(self._book.record(self._clock(), final=True))
         except Exception as exc:  # a lost final write keeps the leases spent: never too low
             log.warning("budgets: the final record was not written (%s); its leases stay spent", exc)
         await self._board.stop()
 
     def _observe_all(self) -> None:
+        """Every other instance's latest record, as the board shows it, into the book."""
         assert self._board is not None
         now_s = self._clock()
-        for key, value in self._board.latest().items():
-            if key != self._key:
-                self._book.observe(key.decode("utf-8", "replace"), value, now_s)
+        for record in self._board.records():
+            if record.name != BUDGETS_RECORD or record.instance == self._instance:
+                continue
+            known = self._read.get(record.instance)
+            if known is None or known[0] is not record.value:
+                known = self._read[record.instance] = (record.value, _parsed(record.value))
+            self._book.observe(record.instance, known[1], now_s)
 
     async def _follow(self) -> None:
         """Read other instances' records as they come; write this one's now and then (its
         settled figures, for `promptbus stats` of other instances)."""
         assert self._board is not None
         next_publish_s = time.monotonic() + self._publish_interval_s
+        version = self._board.version
         while True:
             wait_s = max(0.0, next_publish_s - time.monotonic())
             try:
-                if await self._board.changed(wait_s):
+                seen = await self._board.wait_for_change(version, wait_s)
+                if seen != version:
+                    version = seen
                     self._observe_all()
                     self.freed.set()
                 if time.monotonic() >= next_publish_s:
                     next_publish_s = time.monotonic() + self._publish_interval_s
                     async with self._writing:
-                        await self._board.publish(self._key, self._book.record(self._clock()))
+                        await self._publish(self._book.record(self._clock()))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("budgets: the board could not be read or written (%s); trying again", exc)
                 await asyncio.sleep(min(self._publish_interval_s, 1.0))
+
+
+def _parsed(value: bytes) -> dict[str, Any]:
+    """A board record's JSON object ({} for anything else: another tool wrote it)."""
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}

@@ -23,14 +23,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from consumer.core.lag import PartitionOffsets
 from consumer.kafka.admin import topic_specs
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.board import FollowedRecord, FollowedRecords
 from consumer.kafka.connection import MAX_MESSAGE_BYTES
-from consumer.kafka.groupboard import BoardRecords
 from consumer.kafka.intake import InRecord, RebalanceHandler
 from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import SourceOffset, TopicPartition
@@ -361,39 +358,6 @@ class MemoryProducer:
         await (await self.send(topic, value, key, headers))
 
 
-class MemoryBoard(BoardRecords):
-    """A `GroupBoard` on the memory broker (its topic of one partition): reads the records it
-    has not read yet whenever it is asked for news or for a position."""
-
-    def __init__(self, broker: MemoryBroker, topic: str) -> None:
-        super().__init__(topic)
-        self._broker = broker
-
-    async def start(self) -> None:
-        self._catch_up()
-        await super().changed(0)  # what was there before the start is not news
-
-    async def stop(self) -> None:
-        return None
-
-    async def publish(self, key: bytes, value: dict[str, Any]) -> int:
-        return self._broker.append(self._topic, key, orjson.dumps(value), partition=0)
-
-    async def read_past(self, offset: int) -> None:
-        self._catch_up()
-        await super().read_past(offset)
-
-    async def changed(self, timeout_s: float) -> bool:
-        self._catch_up()
-        return await super().changed(min(timeout_s, 0.05) if timeout_s > 0 else 0)
-
-    def _catch_up(self) -> None:
-        records = self._broker.topic(self._topic, 1)[0]
-        for offset in range(self._next_offset, len(records)):
-            record = records[offset]
-            self.take(offset, record.key, record.value)
-
-
 @dataclass(frozen=True)
 class MemoryEdges:
     """The service's Kafka edges on a `MemoryBroker` (see `consumer.kafka.edges.KafkaEdges`)."""
@@ -422,9 +386,6 @@ class MemoryEdges:
         self, settings: Settings, client_id: str, topic: str, group_id: str
     ) -> MemoryTopicReader:
         return MemoryTopicReader(self.broker, topic)
-
-    def board(self, settings: Settings, topic: str, producer: Any) -> MemoryBoard:
-        return MemoryBoard(self.broker, topic)
 
     def follower(self, settings: Settings, client_id: str, topic: str) -> MemoryTopicFollower:
         return MemoryTopicFollower(self.broker, topic)

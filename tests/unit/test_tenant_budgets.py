@@ -1,7 +1,7 @@
-"""Tenants' budgets at run time on the in-memory board (`consumer.testing.memory.MemoryBoard`):
-leases written before they are spent, every instance's claims read at start and as they come,
-unspent leases given back at stop and kept after a kill; held jobs going on at the next UTC
-day (a fake wall clock)."""
+"""Tenants' budgets at run time on the group's board (`consumer.kafka.board.TopicBoard`) over
+the in-memory edges: leases written before they are spent, every instance's claims read at
+start and as they come, unspent leases given back at stop and kept after a kill; held jobs
+going on at the next UTC day (a fake wall clock)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ from typing import Any, cast
 
 from consumer.core.budgets import Cost, Exhausted, Reservation, next_utc_midnight_s
 from consumer.core.tenants import TenantPolicies, TenantPolicy
+from consumer.kafka.board import TopicBoard, board_key
 from consumer.kafka.records import TopicPartition
 from consumer.runtime.accounts import TenantLedger
-from consumer.runtime.budgets import TenantBudgets
+from consumer.runtime.budgets import BUDGETS_RECORD, TenantBudgets
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tenancy import TenantGate
 from consumer.testing.harness import until
-from consumer.testing.memory import MemoryBoard, MemoryBroker
+from consumer.testing.memory import MemoryBroker, MemoryProducer, MemoryTopicFollower
 
 TOPIC = "budgets"
 NOON_S = 1796119200.0  # 2026-12-01 10:00 UTC
@@ -29,7 +30,10 @@ def policies(on_exhausted: str = "dead_letter") -> TenantPolicies:
 
 
 def budgets(broker: MemoryBroker, instance: str, clock: list[float] | None = None) -> TenantBudgets:
-    board = MemoryBoard(broker, TOPIC)
+    broker.topic(TOPIC, 1)
+    board = TopicBoard(
+        MemoryTopicFollower(broker, TOPIC), MemoryProducer(broker), topic=TOPIC, group="g", instance=instance
+    )
     now = clock if clock is not None else [NOON_S]
     return TenantBudgets(policies(), instance, board, publish_interval_s=0.05, clock=lambda: now[0])
 
@@ -41,7 +45,7 @@ async def test_a_lease_is_on_the_board_before_it_is_spent_and_other_instances_co
     held = await a.reserve("t", Cost(0.1, 0))
     assert isinstance(held, Reservation)
     (record,) = broker.records(TOPIC)  # the lease went out before the reservation was granted
-    assert record.key == b"a" and b'"claimed_usd":' in (record.value or b"")
+    assert record.key == board_key("g", "a", BUDGETS_RECORD) and b'"claimed_usd":' in (record.value or b"")
     b = budgets(broker, "b")
     await b.start()  # reads every instance's latest first
     assert b.spent("t").usd >= 0.1
