@@ -5,6 +5,7 @@ going on at the next UTC day (a fake wall clock)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -59,6 +60,20 @@ async def test_a_lease_is_on_the_board_before_it_is_spent_and_other_instances_co
     assert isinstance(await b.reserve("t", Cost(0.1, 0)), Exhausted)
     await a.stop()
     await b.stop()
+
+
+async def test_instances_claiming_at_once_never_grant_more_than_the_day_holds() -> None:
+    broker = MemoryBroker(partitions=1)
+    instances = [budgets(broker, name) for name in "abc"]
+    for instance in instances:
+        await instance.start()
+    # every instance asks for many estimates at once: their lease claims interleave on the board
+    verdicts = await asyncio.gather(*(i.reserve("t", Cost(0.07, 0)) for i in instances for _ in range(8)))
+    granted = sum(v.estimate.usd for v in verdicts if isinstance(v, Reservation))
+    assert 0.07 * 10 <= granted <= 1.0 + 1e-9, granted  # most of the day, never past it
+    assert any(isinstance(v, Exhausted) for v in verdicts)
+    for instance in instances:
+        await instance.stop()
 
 
 async def test_a_stopping_instance_gives_back_what_it_did_not_spend_and_a_killed_one_does_not() -> None:
