@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from consumer.core.offline import token_shards
-from consumer.testing.harness import tier_file_dict
+from consumer.testing.harness import job, tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for, estimate_tokens
-from tests.service.harness import job
 
 JOBS = 30
 
