@@ -51,7 +51,6 @@ import orjson
 # run as a script, this file's directory is importable: the simulator process, its sampler and
 # the steady-rate summary are pipeline_bench's own
 from pipeline_bench import (
-    ROOT,
     TIER,
     Sampler,
     SimProcess,
@@ -65,8 +64,10 @@ from pipeline_bench import (
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.clients import submit_jobs
 from consumer.settings import Settings, TierConfig
-from consumer.testing.faultrun import OutcomeRecorder, latest_stats
+from consumer.testing.faultrun import latest_stats
 from consumer.testing.harness import service_env, settings_from_env
+from consumer.testing.outcomes import OutcomeFollower
+from consumer.testing.paths import REPO_ROOT
 from consumer.testing.process import ServiceProcess
 
 #: partitions of the jobs topic: shared evenly by 1, 3, 6 and 12 instances
@@ -194,7 +195,7 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
     )
     settings = settings_from_env(env)
     await ensure_topics(settings)
-    async with SimProcess(faults, ROOT / f"bench/out/sim-fleet-{name}.log") as sim:
+    async with SimProcess(faults, REPO_ROOT / f"bench/out/sim-fleet-{name}.log") as sim:
         tiers = fleet_tier_file(f"{sim.base}/v1", kind, quota=with_quota)
         jobs = make_jobs(args.jobs, batched_share=0.0, seed=2)
         if kind == "rpm":
@@ -218,7 +219,7 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
             await sim.reset()
             sampler = Sampler(sim)
             expected = {j["id"] for j in jobs}
-            async with OutcomeRecorder(settings) as recorder, sampler.running():
+            async with OutcomeFollower(settings) as recorder, sampler.running():
                 watch = ShareWatch(settings) if with_quota else None
                 watcher = asyncio.create_task(watch.run()) if watch is not None else None
                 await submit_jobs(
@@ -228,7 +229,7 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
                 if kill:
                     assert watch is not None
                     out["kill"] = await kill_one(procs, recorder, watch, len(jobs), timeout_s)
-                answered_all = await recorder.wait(expected, timeout_s)
+                answered_all = await recorder.wait_for_ids(expected, timeout_s=timeout_s)
                 if watcher is not None:
                     watcher.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -240,7 +241,7 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
             out["answered"] = len(recorder.ids() & expected)
             out["all_answered"] = answered_all
             out["dead_letters"] = len({o.job_id for o in dead})
-            out["duplicates"] = len(recorder.outcomes) - len(recorder.ids())
+            out["duplicates"] = recorder.duplicates()
         finally:
             for proc in procs:
                 if proc.alive():
@@ -251,11 +252,11 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
 
 
 async def kill_one(
-    procs: list[ServiceProcess], recorder: OutcomeRecorder, watch: ShareWatch, n: int, timeout_s: float
+    procs: list[ServiceProcess], recorder: OutcomeFollower, watch: ShareWatch, n: int, timeout_s: float
 ) -> dict[str, Any]:
     """SIGKILL the last process once KILL_AT of the jobs are answered; when the survivors'
     shares add up to the quota again."""
-    await recorder.wait_for_count(round(KILL_AT * n), timeout_s)
+    await recorder.wait_for_count(round(KILL_AT * n), timeout_s=timeout_s)
     victim = procs[-1]
     killed = f"{socket.gethostname()}-{victim.pid}-"
     kill_s = time.time()
@@ -332,10 +333,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "rows": {},
     }
     t0 = time.monotonic()
-    logs = ROOT / "bench" / "out" / "fleet"
+    logs = REPO_ROOT / "bench" / "out" / "fleet"
     logs.mkdir(parents=True, exist_ok=True)
     for name in args.rows:
-        _progress("row %s: %s (process logs in %s)", name, ROWS[name], logs.relative_to(ROOT))
+        _progress("row %s: %s (process logs in %s)", name, ROWS[name], logs.relative_to(REPO_ROOT))
         try:
             row = await run_row(args, name, bootstrap, logs)
         except Exception as exc:  # one row's failure is reported, the others still run
@@ -353,7 +354,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def save(result: dict[str, Any]) -> None:
     """Into bench/results/fleet_bench.json: this run's rows replace those of the same name,
     the rows of earlier runs of other names are kept (each says when it was measured)."""
-    path = ROOT / "bench" / "results" / "fleet_bench.json"
+    path = REPO_ROOT / "bench" / "results" / "fleet_bench.json"
     rows: dict[str, Any] = {}
     if path.exists():
         with contextlib.suppress(ValueError, KeyError):
@@ -362,7 +363,7 @@ def save(result: dict[str, Any]) -> None:
     saved = {**result, "rows": {name: rows[name] for name in ROWS if name in rows}}
     saved["table"] = table(saved["rows"])
     path.write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
-    _progress("wrote %s", path.relative_to(ROOT))
+    _progress("wrote %s", path.relative_to(REPO_ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,9 +25,9 @@ from typing import Any
 
 from consumer.kafka.admin import ensure_topics
 from consumer.testing.benchreport import add_save_option, emit_report
-from consumer.testing.faultrun import latest_stats, rss_bytes
+from consumer.testing.faultrun import latest_stats
 from consumer.testing.harness import job, produce, service_env, settings_from_env
-from consumer.testing.process import ServiceProcess
+from consumer.testing.process import ServiceProcess, rss_bytes
 from consumer.testing.simulator import SimulatorConfig, run_simulator
 
 MB = 1024 * 1024

@@ -52,7 +52,6 @@ import orjson
 
 # run as a script, this file's directory is importable: the workloads and runs are pipeline_bench's
 from pipeline_bench import (
-    ROOT,
     TIER,
     WORKLOADS,
     _progress,
@@ -74,6 +73,7 @@ from consumer.settings import Settings
 from consumer.telemetry import Telemetry
 from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.harness import service_env, settings_from_env
+from consumer.testing.paths import REPO_ROOT
 
 VARIANTS = ("off", "otlp", "sampled")
 #: the sampled variant's share of new traces (OTEL_TRACES_SAMPLER=parentbased_traceidratio)
@@ -85,7 +85,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "consumer.testing.otlp"], stdout=subprocess.PIPE, cwd=ROOT, text=True
+            [sys.executable, "-m", "consumer.testing.otlp"], stdout=subprocess.PIPE, cwd=REPO_ROOT, text=True
         )
         assert self.proc.stdout is not None
         self.endpoint = self.proc.stdout.readline().strip()

@@ -33,7 +33,17 @@ class SourceOffset(NamedTuple):
         return self.tp.partition
 
     def header_value(self) -> bytes:
-        return f"{self.tp.topic}/{self.tp.partition}/{self.offset}".encode()
+        """`topic/partition/offset`, the source header's value."""
+        tp = self.tp
+        prefix = _HEADER_PREFIXES.get(tp)
+        if prefix is None:
+            prefix = _HEADER_PREFIXES[tp] = f"{tp.topic}/{tp.partition}/".encode()
+        return prefix + b"%d" % self.offset
+
+
+#: "topic/partition/" per partition seen: every record of a partition starts its source
+#: header alike (one entry per partition this process ever read)
+_HEADER_PREFIXES: dict[TopicPartition, bytes] = {}
 
 
 class OutRecord(NamedTuple):

@@ -83,13 +83,14 @@ class AnswerResults:
 
     Written as the `Result` model's JSON directly: this runs once per answered job, and
     building and dumping the validated model cost more than the rest of the job's trip
-    through the service. What the jobs of one answer share (provider, model, finish reason,
-    their share of the token usage, the batch, the completion time) is worked out once, here.
-    Every value comes from already-validated objects; tests/unit/test_outcomes.py holds this
-    encoding equal to `encode(Result(...))`.
+    through the service. What the jobs of one answer share (status, provider, model, finish
+    reason, their share of the token usage, the batch, the completion time) is rendered once,
+    here, as the JSON object's closing members; each job's record is its own members followed
+    by those. Every value comes from already-validated objects; tests/unit/test_outcomes.py
+    holds this encoding equal to `encode(Result(...))`.
     """
 
-    __slots__ = ("_batch", "_completed_at", "_finish_reason", "_model", "_provider", "_topic", "_usage")
+    __slots__ = ("_shared", "_shared_no_usage", "_topic")
 
     def __init__(
         self,
@@ -98,27 +99,32 @@ class AnswerResults:
         batch_size: int,
         completed_at: datetime | None = None,
     ) -> None:
-        share = max(batch_size, 1)
-        usage = completion.usage
+        usage = completion.usage.share(max(batch_size, 1))
         self._topic = topic
-        self._provider = completion.provider
-        self._model = completion.model
         # an embeddings answer has no finish reason; a batched answer's is the batch's, not a job's
         if isinstance(completion, Completion) and batch_size == 1:
-            self._finish_reason = completion.finish_reason
+            finish_reason = completion.finish_reason
         else:
-            self._finish_reason = "stop"
-        mine = usage.share(share)
-        self._usage = {
-            "input_tokens": mine.input_tokens,
-            "output_tokens": mine.output_tokens,
-            "cached_input_tokens": mine.cached_input_tokens,
-            "cache_write_tokens": mine.cache_write_tokens,
+            finish_reason = "stop"
+        shared = {
+            "status": "ok",
+            "provider": completion.provider,
+            "model": completion.model,
+            "finish_reason": finish_reason,
+            "usage": {
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cached_input_tokens": usage.cached_input_tokens,
+                "cache_write_tokens": usage.cache_write_tokens,
+            },
+            "batch": {"request_id": completion.request_id, "size": batch_size} if batch_size > 1 else None,
+            "completed_at": completed_at or datetime.now(UTC),
         }
-        self._batch = {"request_id": completion.request_id, "size": batch_size} if batch_size > 1 else None
-        # rendered once as the JSON string orjson gives a UTC datetime ("...Z")
-        at = completed_at or datetime.now(UTC)
-        self._completed_at = orjson.dumps(at, option=orjson.OPT_UTC_Z)[1:-1].decode()
+        #: the shared members, opening comma included: '{"id":...' + this ends a record
+        self._shared = b"," + orjson.dumps(shared, option=orjson.OPT_UTC_Z)[1:]
+        #: the same for a job answered by another job's identical request (no usage of its own)
+        no_usage = {**shared, "usage": _NO_USAGE}
+        self._shared_no_usage = b"," + orjson.dumps(no_usage, option=orjson.OPT_UTC_Z)[1:]
 
     def record(
         self,
@@ -145,30 +151,26 @@ class AnswerResults:
         fallback: `fallback_from`); mode: the way the job went. An embed job's `embedding` is
         its vector (its `output` None)."""
         tp = source.tp
-        value = {
-            "id": job_id,
-            "tier": tier or requested_tier,
-            "status": "ok",
-            "output": output,
-            "embedding": embedding,
-            "dimensions": len(embedding) if embedding is not None else None,
-            "provider": self._provider,
-            "model": self._model,
-            "finish_reason": self._finish_reason,
-            "usage": self._usage if dedupe_of is None else _NO_USAGE,
-            "batch": self._batch,
-            "attempts": attempts,
-            "latency_ms": round(latency_ms, 3) if latency_ms > 0 else 0.0,
-            "metadata": metadata,
-            "source": {"topic": tp.topic, "partition": tp.partition, "offset": source.offset},
-            "completed_at": self._completed_at,
-            "dedupe_of": dedupe_of,
-            "lane": lane,
-            "mode": mode,
-            "fallback_from": requested_tier if tier is not None and tier != requested_tier else None,
-            "tenant": tenant,
-        }
-        return OutRecord(self._topic, job_id.encode(), orjson.dumps(value), _headers(source, traceparent))
+        own = orjson.dumps(
+            {
+                "id": job_id,
+                "tier": tier or requested_tier,
+                "output": output,
+                "embedding": embedding,
+                "dimensions": len(embedding) if embedding is not None else None,
+                "attempts": attempts,
+                "latency_ms": round(latency_ms, 3) if latency_ms > 0 else 0.0,
+                "metadata": metadata,
+                "source": {"topic": tp.topic, "partition": tp.partition, "offset": source.offset},
+                "dedupe_of": dedupe_of,
+                "lane": lane,
+                "mode": mode,
+                "fallback_from": requested_tier if tier is not None and tier != requested_tier else None,
+                "tenant": tenant,
+            }
+        )
+        value = own[:-1] + (self._shared if dedupe_of is None else self._shared_no_usage)
+        return OutRecord(self._topic, job_id.encode(), value, _headers(source, traceparent))
 
 
 def too_large_result(record: OutRecord, max_bytes: int) -> str | None:

@@ -7,12 +7,13 @@ from dataclasses import fields
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from consumer.testing.simulator.batches import BatchRoutes
 from consumer.testing.simulator.chat import ChatRoutes
 from consumer.testing.simulator.config import SimulatorConfig, parse_faults
+from consumer.testing.simulator.responses import OrjsonResponse
 
 
 class SimulatorApp(ChatRoutes, BatchRoutes):
@@ -45,12 +46,12 @@ class SimulatorApp(ChatRoutes, BatchRoutes):
 
     async def stats(self, request: Request) -> Response:
         """GET /_sim/stats."""
-        return JSONResponse(self.stats_.snapshot())
+        return OrjsonResponse(self.stats_.snapshot())
 
     async def reset_route(self, request: Request) -> Response:
         """POST /_sim/reset."""
         self.reset()
-        return JSONResponse({"ok": True})
+        return OrjsonResponse({"ok": True})
 
     async def config_route(self, request: Request) -> Response:
         """GET /_sim/config: the knobs; POST {knob: value, ...} (names as in --faults) changes them."""
@@ -65,7 +66,7 @@ class SimulatorApp(ChatRoutes, BatchRoutes):
                 )
                 self.configure(parse_faults(text, self.config))
             except (orjson.JSONDecodeError, ValueError) as exc:
-                return JSONResponse({"error": str(exc)}, status_code=400)
+                return OrjsonResponse({"error": str(exc)}, status_code=400)
         shown = {f.name: getattr(self.config, f.name) for f in fields(SimulatorConfig)}
         shown["api_key"] = "(set)" if self.config.api_key else None
-        return JSONResponse(shown)
+        return OrjsonResponse(shown)

@@ -8,10 +8,11 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from consumer.testing.simulator import offline
 from consumer.testing.simulator.embeddings import EMBEDDINGS_URL
+from consumer.testing.simulator.responses import OrjsonResponse
 from consumer.testing.simulator.state import BatchJob, Call, SimulatorState, endpoint
 from consumer.testing.simulator.wire import file_object, now_iso, parse_multipart
 
@@ -34,7 +35,7 @@ class BatchRoutes(SimulatorState):
         filename, content = form["file"]
         file_id = self.new_id("file-")
         self.files[file_id] = (filename or "upload.jsonl", content)
-        return JSONResponse(file_object(file_id, filename or "upload.jsonl", len(content), "batch"))
+        return OrjsonResponse(file_object(file_id, filename or "upload.jsonl", len(content), "batch"))
 
     @endpoint("openai")
     async def openai_file_content(self, request: Request, call: Call) -> Response:
@@ -77,7 +78,7 @@ class BatchRoutes(SimulatorState):
         )
         batch.tokens = sum(offline.line_tokens(line) for line in lines)
         self._check_enqueued_limit(batch)
-        return JSONResponse(self._openai_batch(self._register(batch)))
+        return OrjsonResponse(self._openai_batch(self._register(batch)))
 
     def _check_enqueued_limit(self, batch: BatchJob) -> None:
         """OpenAI's enqueued token limit: a batch whose input tokens, with those of the
@@ -106,13 +107,13 @@ class BatchRoutes(SimulatorState):
     @endpoint("openai", batch=True)
     async def openai_get_batch(self, request: Request, call: Call) -> Response:
         """GET /v1/batches/{batch_id}."""
-        return JSONResponse(self._openai_batch(call.batch))
+        return OrjsonResponse(self._openai_batch(call.batch))
 
     @endpoint("openai", batch=True)
     async def openai_cancel_batch(self, request: Request, call: Call) -> Response:
         """POST /v1/batches/{batch_id}/cancel."""
         self._cancel(call.batch, "cancelled")
-        return JSONResponse(self._openai_batch(call.batch))
+        return OrjsonResponse(self._openai_batch(call.batch))
 
     def _openai_batch(self, batch: BatchJob) -> dict[str, Any]:
         created = int(time.time() - (time.monotonic() - batch.created_s))
@@ -160,12 +161,12 @@ class BatchRoutes(SimulatorState):
                 )
             seen.add(cid)
         batch = self._register(BatchJob(self.new_id("msgbatch_"), "anthropic", time.monotonic(), items))
-        return JSONResponse(self._anthropic_batch(batch, request))
+        return OrjsonResponse(self._anthropic_batch(batch, request))
 
     @endpoint("anthropic", batch=True)
     async def anthropic_get_batch(self, request: Request, call: Call) -> Response:
         """GET /v1/messages/batches/{batch_id}."""
-        return JSONResponse(self._anthropic_batch(call.batch, request))
+        return OrjsonResponse(self._anthropic_batch(call.batch, request))
 
     @endpoint("anthropic", batch=True)
     async def anthropic_cancel_batch(self, request: Request, call: Call) -> Response:
@@ -176,7 +177,7 @@ class BatchRoutes(SimulatorState):
                 {"custom_id": i["custom_id"], "result": {"type": "canceled"}} for i in batch.lines
             ]
             batch.counts = Counter(canceled=len(batch.lines))
-        return JSONResponse(self._anthropic_batch(batch, request))
+        return OrjsonResponse(self._anthropic_batch(batch, request))
 
     @endpoint("anthropic", batch=True)
     async def anthropic_results(self, request: Request, call: Call) -> Response:

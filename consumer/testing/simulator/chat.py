@@ -7,11 +7,12 @@ import time
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from consumer.testing.simulator.embeddings import embeddings_body, embeddings_refusal, embeddings_tokens
 from consumer.testing.simulator.model import SimAnswer, compact, estimate_tokens, model_answer
 from consumer.testing.simulator.refusals import request_refusal
+from consumer.testing.simulator.responses import OrjsonResponse
 from consumer.testing.simulator.state import Call, SimulatorState, endpoint
 from consumer.testing.simulator.wire import (
     anthropic_message_body,
@@ -164,7 +165,7 @@ class ChatRoutes(SimulatorState):
         else:
             payload = anthropic_message_body(answer, model, *tokens, self.new_id("msg_"), read, written)
             headers["request-id"] = self.new_id("req_")
-        return JSONResponse(payload, headers=headers)
+        return OrjsonResponse(payload, headers=headers)
 
     @endpoint("openai", body=True, chat=True)
     async def openai_embeddings(self, request: Request, call: Call) -> Response:
@@ -197,7 +198,7 @@ class ChatRoutes(SimulatorState):
         counters["items_answered"] += len(payload["data"])
         counters["embedding_requests"] += 1
         headers["x-request-id"] = self.new_id("req_")
-        return JSONResponse(payload, headers=headers)
+        return OrjsonResponse(payload, headers=headers)
 
     @endpoint("openai", body=True, chat=True)
     async def openai_chat(self, request: Request, call: Call) -> Response:
@@ -223,7 +224,7 @@ class ChatRoutes(SimulatorState):
         if kind == "anthropic":
             entry = {"id": "sim-model", "type": "model", "display_name": "Simulator",
                      "created_at": "2026-01-01T00:00:00Z"}
-            return JSONResponse({"data": [entry], "has_more": False, "first_id": "sim-model",
+            return OrjsonResponse({"data": [entry], "has_more": False, "first_id": "sim-model",
                                  "last_id": "sim-model"})
         listed = {**model, "object": "model", "owned_by": "simulator"}
-        return JSONResponse({"object": "list", "data": [listed]})
+        return OrjsonResponse({"object": "list", "data": [listed]})

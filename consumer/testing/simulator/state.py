@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import orjson
 import uvicorn
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from consumer.providers.ratelimit import format_duration
 from consumer.testing.simulator.cache import PromptCache
@@ -24,6 +24,7 @@ from consumer.testing.simulator.config import SimulatorConfig
 from consumer.testing.simulator.model import estimate_tokens
 from consumer.testing.simulator.ratelimit import TokenBucket
 from consumer.testing.simulator.refusals import Refusal
+from consumer.testing.simulator.responses import OrjsonResponse
 from consumer.testing.simulator.wire import now_iso
 
 
@@ -229,7 +230,7 @@ class SimulatorState:
             self.stats_.counters["status_5xx"] += 1
         elif status == 401:
             self.stats_.counters["status_401"] += 1
-        return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+        return OrjsonResponse(body, status_code=status, headers=dict(headers or {}))
 
     def _refuse(self, kind: str, refusal: Refusal) -> Response:
         """The 400 a provider sends for a body it refuses, in its own error shape."""
