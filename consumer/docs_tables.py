@@ -33,6 +33,7 @@ __all__ = [
     "main",
     "quota_table",
     "render",
+    "tenant_table",
     "tier_file_table",
 ]
 
@@ -121,6 +122,11 @@ def lane_table() -> str:
     return _tier_file_rows("LaneConfig")
 
 
+def tenant_table() -> str:
+    """Every key of a tenant (`tenants.NAME.KEY`), its type, default and description."""
+    return _tier_file_rows("TenantConfig")
+
+
 def quota_table() -> str:
     """Every key of a fleet quota (`quotas.NAME.KEY`), its type, default and description."""
     return _tier_file_rows("QuotaConfig")
@@ -161,6 +167,7 @@ def environment_table() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "tier-file": tier_file_table,
     "lanes": lane_table,
+    "tenants": tenant_table,
     "quotas": quota_table,
     "environment": environment_table,
 }

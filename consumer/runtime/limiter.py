@@ -8,8 +8,9 @@ about load, e.g. a 400). `async with limiter.slot(tokens) as token:` guarantees 
 token the block did not end (it raised, or forgot) ends as `ignore`, so no exception can
 leak a slot and wedge the tier. A free slot goes to the waiter the lane scheduler names
 (`consumer.core.scheduling`): the highest lane with a request waiting, unless a lower lane is owed
-its `min_share`; within a lane the nearest deadline first, then first come, first served (a
-waiter that names no lane waits in the one default lane: first-in first-out).
+its `min_share`; within a lane the tenant with the least weighted service so far; within a
+tenant the nearest deadline first, then first come, first served (a waiter that names no lane
+waits in the one default lane, one that names no tenant as the `default` tenant).
 
 Three things bound admission: the concurrency limit (AIMD, gradient or fixed) and, once a
 provider has sent rate-limit headers, mirrors of its request bucket (`BudgetPacer`) and of
@@ -45,6 +46,7 @@ from consumer.core.limit import ConcurrencyLimit
 from consumer.core.pacing import BudgetPacer, TokenBudget
 from consumer.core.quota import NOTHING_USED, QuotaCost, Reservation
 from consumer.core.scheduling import LaneScheduler
+from consumer.core.tenants import DEFAULT_TENANT
 from consumer.runtime.quotas import FleetQuota
 
 #: smoothing of the actual / estimated token cost of answered requests
@@ -116,7 +118,9 @@ class Slot:
     went; whatever it left unended, by an exception or otherwise, ends as `ignore`.
     """
 
-    __slots__ = ("_deadline_s", "_estimated_tokens", "_lane", "_limiter", "_output_tokens", "_token")
+    __slots__ = (
+        "_deadline_s", "_estimated_tokens", "_lane", "_limiter", "_output_tokens", "_tenant", "_token"
+    )
 
     def __init__(
         self,
@@ -125,12 +129,14 @@ class Slot:
         lane: Lane | None,
         deadline_s: float | None,
         output_tokens: int | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
         self._limiter = limiter
         self._estimated_tokens = estimated_tokens
         self._lane = lane
         self._deadline_s = deadline_s
         self._output_tokens = output_tokens
+        self._tenant = tenant
         self._token: Token | None = None
 
     async def __aenter__(self) -> Token:
@@ -139,6 +145,7 @@ class Slot:
             lane=self._lane,
             deadline_s=self._deadline_s,
             output_tokens=self._output_tokens,
+            tenant=self._tenant,
         )
         return self._token
 
@@ -157,7 +164,9 @@ class AsyncLimiter:
         pacer: BudgetPacer | None = None,
         tokens: TokenBudget | None = None,
         quota: FleetQuota | None = None,
+        weight_of: Callable[[str], float] | None = None,
     ) -> None:
+        """weight_of: a tenant's fair-share weight (None: every tenant weighs 1)."""
         self._algorithm = algorithm
         self._clock = clock
         self._pacer = pacer if pacer is not None else BudgetPacer()
@@ -168,8 +177,10 @@ class AsyncLimiter:
         self._cost_ratio = 1.0  # actual / estimated tokens of answered requests, smoothed
         self._inflight = 0
         self._seq = 0
-        #: the waiters, by lane (`consumer.core.scheduling`)
-        self._waiters: LaneScheduler[_Waiter] = LaneScheduler()
+        #: the waiters, by lane and tenant (`consumer.core.scheduling`)
+        self._waiters: LaneScheduler[_Waiter] = (
+            LaneScheduler(weight_of=weight_of) if weight_of is not None else LaneScheduler()
+        )
         self._paused_until_s = 0.0
         self._wake_timer: asyncio.TimerHandle | None = None
         self._wake_at_s = 0.0  # loop time the pending timer fires
@@ -307,9 +318,10 @@ class AsyncLimiter:
         lane: Lane | None = None,
         deadline_s: float | None = None,
         output_tokens: int | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Slot:
         """An async context manager around `acquire` that always ends its token (see `Slot`)."""
-        return Slot(self, estimated_tokens, lane, deadline_s, output_tokens)
+        return Slot(self, estimated_tokens, lane, deadline_s, output_tokens, tenant)
 
     async def acquire(
         self,
@@ -318,13 +330,15 @@ class AsyncLimiter:
         lane: Lane | None = None,
         deadline_s: float | None = None,
         output_tokens: int | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Token:
         """Wait for a slot; a released slot is handed to the waiter the lane scheduler names.
 
         estimated_tokens: the request's tokens as the caller estimates them (paces a token
         budget; 0 when unknown); lane: the lane the request is scheduled in (None: the one
         default lane); deadline_s: the nearest deadline of its jobs, on the limiter's clock;
-        output_tokens: its max_tokens (what a fleet quota reserves for its output; None: unknown).
+        output_tokens: its max_tokens (what a fleet quota reserves for its output; None: unknown);
+        tenant: whose request it is (fair share within the lane).
         """
         quota = self._quota
         if (
@@ -343,7 +357,7 @@ class AsyncLimiter:
             return self._admit(estimated_tokens, output_tokens)
         fut: asyncio.Future[Token] = asyncio.get_running_loop().create_future()
         waiter: _Waiter = (fut, estimated_tokens, output_tokens)
-        self._waiters.push(waiter, lane if lane is not None else UNLANED, deadline_s)
+        self._waiters.push(waiter, lane if lane is not None else UNLANED, deadline_s, tenant)
         self._wake()  # a slot may be free with nothing in flight to release it (after a pause)
         try:
             return await fut

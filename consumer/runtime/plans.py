@@ -36,12 +36,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from consumer.core.adaptive import answers_agree, choose_verified
+from consumer.core.budgets import Exhausted
 from consumer.core.circuit import Admit, is_outage
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
 from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
+from consumer.core.tenants import DEFAULT_TENANT
 from consumer.core.window import PackKey
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.runtime.accounting import RequestCounts
@@ -52,7 +54,9 @@ from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, QUEUE_WAIT, RA
 from consumer.runtime.limiter import Token
 from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.requests import build_request, ordinary_request
+from consumer.runtime.spending import TierSpending
 from consumer.runtime.stats import ServiceStats
+from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
 from consumer.telemetry import Telemetry
 from consumer.waits import wait_at_most
@@ -66,7 +70,8 @@ AnyRequest = TypeVar("AnyRequest", CompletionRequest, EmbeddingRequest)
 class PlanRunner:
     """Runs the request plans of one tier.
 
-    spawn: starts a task the service waits for when it drains (verification requests).
+    spawn: starts a task the service waits for when it drains (verification requests);
+    gate: the tenants' budgets, when some account has one.
     """
 
     def __init__(
@@ -80,13 +85,16 @@ class PlanRunner:
         clock: Callable[[], float],
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         fallback: FallbackRouter | None = None,
+        gate: TenantGate | None = None,
     ) -> None:
         self.tier = tier
         self._fallback = fallback
-        pricing = tier.config.pricing
+        pricing = tier.config.pricing.pricing() if tier.config.pricing is not None else None
         #: what this tier's requests are counted in
-        self.counts = RequestCounts(tier.stats, pricing.pricing() if pricing is not None else None)
+        self.counts = RequestCounts(tier.stats, pricing)
         self._outcomes = outcomes
+        #: each request's tokens and cost per tenant, and its reservation under budgets
+        self._spending = TierSpending(pricing, outcomes.ledger, gate)
         self._stats = stats
         latency = stats.latency
         #: this tier's provider-request series per outcome (made now: a 429 series shows 0 until one)
@@ -206,8 +214,14 @@ class PlanRunner:
             await asyncio.sleep(req.delay_s)
         request: AnyRequest | None = None
         traces = [_ctx(m).trace for m in req.members]
+        tenant = _ctx(req.members[0]).tenant  # a request carries the jobs of one tenant
+        gate = self._spending.gate
         while True:
             if self._expire(plan, req):
+                return None
+            if gate is not None and gate.exhausted(tenant):
+                # its tenant's budget is spent: no slot, no place in the limiter's queue
+                self._refuse(plan, req, gate.budgets.exhausted_message(gate.account(tenant)))
                 return None
             probe = await self._through_circuit(plan, req)
             if isinstance(probe, PlannedRequest):  # some members moved to the fallback tier
@@ -220,9 +234,15 @@ class PlanRunner:
             # while waiting for a slot the deadline may pass or the circuit open
             wanted = functools.partial(self._still_wanted, plan, req, probe)
             lane, deadline_s = _schedule_of(req)
-            answer: Completion | Embeddings | ProviderError | None = await self.call(
-                request, traces, still_wanted=wanted, probe=probe, lane=lane, deadline_s=deadline_s
+            answer: Completion | Embeddings | ProviderError | Exhausted | None = await self.call(
+                request, traces, still_wanted=wanted, probe=probe, lane=lane, deadline_s=deadline_s,
+                tenant=tenant,
             )
+            if isinstance(answer, Exhausted):
+                if probe:
+                    self.tier.circuit.probe_abandoned()
+                self._refuse(plan, req, answer.message)
+                return None
             if answer is None:
                 if probe:
                     self.tier.circuit.probe_abandoned()
@@ -250,7 +270,8 @@ class PlanRunner:
         probe: bool = False,
         lane: Lane | None = None,
         deadline_s: float | None = None,
-    ) -> Completion | ProviderError | None: ...
+        tenant: str = DEFAULT_TENANT,
+    ) -> Completion | ProviderError | Exhausted | None: ...
 
     @overload
     async def call(
@@ -262,7 +283,8 @@ class PlanRunner:
         probe: bool = False,
         lane: Lane | None = None,
         deadline_s: float | None = None,
-    ) -> Embeddings | ProviderError | None: ...
+        tenant: str = DEFAULT_TENANT,
+    ) -> Embeddings | ProviderError | Exhausted | None: ...
 
     async def call(
         self,
@@ -273,65 +295,95 @@ class PlanRunner:
         probe: bool = False,
         lane: Lane | None = None,
         deadline_s: float | None = None,
-    ) -> Completion | Embeddings | ProviderError | None:
+        tenant: str = DEFAULT_TENANT,
+    ) -> Completion | Embeddings | ProviderError | Exhausted | None:
         """One provider call under the tier's limiter: the answer or the ProviderError; an
-        embeddings request (`consumer.core.embed`) goes to the provider's `embed`.
+        embeddings request (`consumer.core.embed`) goes to the provider's `embed`. With
+        budgets, the request holds its estimated cost from its tenant's budget while it is in
+        flight (`consumer.runtime.spending`); `Exhausted`: the budget does not hold it and it
+        was not sent.
 
         An unexpected exception from an adapter is a bug there; it must not lose jobs, so it
         becomes a retryable ServerError (which says nothing to the circuit). None:
         `still_wanted` said no once the slot was granted. The limiter token ends exactly once
         whatever happens (`AsyncLimiter.slot`). probe: this call is the open circuit's probe.
-        lane, deadline_s: where the request waits for its slot (`consumer.core.lanes`).
+        lane, deadline_s, tenant: where the request waits for its slot (`consumer.core.lanes`,
+        `consumer.core.scheduling`): a request carries the jobs of one tenant.
         """
         tier = self.tier
         limiter = tier.limiter
         # a fleet quota reserves the output a request may produce: its max_tokens
         output_tokens = _max_tokens(request) if limiter.quota is not None else None
         slot = limiter.slot(
-            request.estimated_tokens(), lane=lane, deadline_s=deadline_s, output_tokens=output_tokens
+            request.estimated_tokens(),
+            lane=lane,
+            deadline_s=deadline_s,
+            output_tokens=output_tokens,
+            tenant=tenant,
         )
         async with slot as token:
             if still_wanted is not None and not still_wanted():
                 limiter.note_budget(None, token, rejected=True)  # never sent: the provider counts nothing
                 return None
-            with self._telemetry.provider_call(self._call_target, request, traces) as traced:
-                sent_s = self._clock()
-                try:
-                    completion: Completion | Embeddings
-                    if isinstance(request, EmbeddingRequest):
-                        completion = await cast(EmbeddingProvider, tier.provider).embed(request)
-                    else:
-                        completion = await tier.provider.complete(request)
-                except ProviderError as exc:
-                    self._request_s[RATE_LIMITED if exc.status_code == 429 else ERROR].observe(
-                        self._clock() - sent_s
-                    )
-                    if isinstance(exc, RateLimited):  # before the token ends: it settles as not counted
-                        _note_rate_limited(tier, token, exc)
-                    token.dropped() if exc.overload else token.ignore()
-                    self.counts.error(exc)
-                    if isinstance(exc, QuotaExhausted):
-                        hinted = exc.hint.retry_after_s
-                        cooldown_s = tier.config.retry.quota_cooldown_s if hinted is None else hinted
-                        tier.quota.on_exhausted(self._clock(), cooldown_s)
-                    traced.failed(exc)
-                    self._circuit_saw(exc, probe=probe)
-                    return exc
-                except Exception as exc:
-                    self._request_s[ERROR].observe(self._clock() - sent_s)
-                    traced.failed(exc)
-                    log.exception("provider %s raised unexpectedly", tier.name)
-                    if probe:
-                        tier.circuit.probe_abandoned()
-                    return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
-                traced.answered(completion)
-            self._request_s[OK].observe(self._clock() - sent_s)
-            _note_answer(tier, token, completion)  # before the token ends: it settles to the usage
-            token.success()
-            tier.quota.on_answer()
-            self.counts.usage(completion)
-            self._circuit_saw(None, probe=probe)
-            return completion
+            held = await self._spending.reserve(request, tenant) if self._spending.gate is not None else None
+            if isinstance(held, Exhausted):
+                limiter.note_budget(None, token, rejected=True)  # never sent
+                return held  # its slot goes to the next waiter; its jobs wait or fail
+            answer: Completion | Embeddings | ProviderError | None = None
+            try:
+                answer = await self._attempt(request, traces, token, probe)
+                return answer
+            finally:
+                self._spending.ended(held, tenant, answer)
+
+    async def _attempt(
+        self,
+        request: CompletionRequest | EmbeddingRequest,
+        traces: Sequence[Any],
+        token: Token,
+        probe: bool,
+    ) -> Completion | Embeddings | ProviderError:
+        """The provider call of `call`, once its slot is granted: its answer or its error, with
+        everything that follows from it (limiter, quota, circuit, counters, telemetry)."""
+        tier = self.tier
+        with self._telemetry.provider_call(self._call_target, request, traces) as traced:
+            sent_s = self._clock()
+            try:
+                completion: Completion | Embeddings
+                if isinstance(request, EmbeddingRequest):
+                    completion = await cast(EmbeddingProvider, tier.provider).embed(request)
+                else:
+                    completion = await tier.provider.complete(request)
+            except ProviderError as exc:
+                self._request_s[RATE_LIMITED if exc.status_code == 429 else ERROR].observe(
+                    self._clock() - sent_s
+                )
+                if isinstance(exc, RateLimited):  # before the token ends: it settles as not counted
+                    _note_rate_limited(tier, token, exc)
+                token.dropped() if exc.overload else token.ignore()
+                self.counts.error(exc)
+                if isinstance(exc, QuotaExhausted):
+                    hinted = exc.hint.retry_after_s
+                    cooldown_s = tier.config.retry.quota_cooldown_s if hinted is None else hinted
+                    tier.quota.on_exhausted(self._clock(), cooldown_s)
+                traced.failed(exc)
+                self._circuit_saw(exc, probe=probe)
+                return exc
+            except Exception as exc:
+                self._request_s[ERROR].observe(self._clock() - sent_s)
+                traced.failed(exc)
+                log.exception("provider %s raised unexpectedly", tier.name)
+                if probe:
+                    tier.circuit.probe_abandoned()
+                return ServerError(f"unexpected {type(exc).__name__}", provider=tier.name)
+            traced.answered(completion)
+        self._request_s[OK].observe(self._clock() - sent_s)
+        _note_answer(tier, token, completion)  # before the token ends: it settles to the usage
+        token.success()
+        tier.quota.on_answer()
+        self.counts.usage(completion)
+        self._circuit_saw(None, probe=probe)
+        return completion
 
     # ------------------------------------------------------------------ the circuit
     def _still_wanted(self, plan: RequestPlan, req: PlannedRequest, probe: bool) -> bool:
@@ -341,6 +393,7 @@ class PlanRunner:
         wanted = not self._expire(plan, req) and (probe or not self.tier.circuit.open)
         if wanted:
             now_s = self._clock()
+            tenant_wait: Series | None = None
             for member in req.members:
                 ctx = _ctx(member)
                 if not ctx.sent:
@@ -351,6 +404,9 @@ class PlanRunner:
                             QUEUE_WAIT, (self.tier.name, ctx.lane_name)
                         )
                     series.observe(now_s - ctx.received_s)
+                    if tenant_wait is None:  # the members are of one tenant
+                        tenant_wait = self._outcomes.ledger.queue_wait(ctx.tenant)
+                    tenant_wait.observe(now_s - ctx.received_s)
         return wanted
 
     def _circuit_saw(self, error: ProviderError | None, *, probe: bool) -> None:
@@ -433,6 +489,15 @@ class PlanRunner:
             if self._expire(plan, req):
                 return None
 
+    def _refuse(self, plan: RequestPlan, req: PlannedRequest, message: str) -> None:
+        """The unsent `req`'s tenant has spent its budget: its open members leave the plan, held
+        or dead-lettered `budget_exhausted` by the tenant's `on_exhausted` (`TenantGate`)."""
+        gate = self._spending.gate
+        assert gate is not None
+        members = [m for m in req.members if not _ctx(m).done]
+        plan.release(req, members)
+        gate.refuse([_ctx(m) for m in members], message)
+
     def build_request(self, req: PlannedRequest, pack_key: PackKey | None = None) -> CompletionRequest:
         """The provider request of a planned one (`consumer.runtime.requests.build_request`)."""
         return build_request(self.tier, req, pack_key)
@@ -510,7 +575,7 @@ class PlanRunner:
         if tier.circuit.open:
             return  # while the provider is down only the probe goes out
         request = ordinary_request(self.tier, ctx)
-        answer = await self.call(request, [ctx.trace], lane=ctx.lane)
+        answer = await self.call(request, [ctx.trace], lane=ctx.lane, tenant=ctx.tenant)
         self.counts.verification()
         if not isinstance(answer, Completion):
             return  # a failed verification says nothing about agreement

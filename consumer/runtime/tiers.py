@@ -14,6 +14,7 @@ from consumer.core.fallback import FallbackRule, QuotaWatch, TierCondition
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
 from consumer.core.routing import ModePolicy
+from consumer.core.tenants import DEFAULT_TENANT, TenantPolicies
 from consumer.core.window import PackKey, WindowLimits
 from consumer.providers.base import CompletionProvider
 from consumer.runtime.evidence import RememberedEvidence
@@ -48,7 +49,7 @@ class TierRuntime:
     #: the window limits of each adaptive size in use (one value per size, not one per job)
     _limits_by_size: dict[int, WindowLimits] = field(default_factory=dict, init=False, repr=False)
     #: the embed window key of each (job options, mode) seen
-    _embed_keys: dict[tuple[str, str], PackKey] = field(default_factory=dict, init=False, repr=False)
+    _embed_keys: dict[tuple[str, str, str], PackKey] = field(default_factory=dict, init=False, repr=False)
 
     @cached_property
     def fallback(self) -> FallbackRule | None:
@@ -77,19 +78,19 @@ class TierRuntime:
         return embed_window_limits(self.window_limits, limits)
 
     def embed_window(
-        self, options_key: str, options: dict[str, Any], mode: str
+        self, options_key: str, options: dict[str, Any], mode: str, tenant: str = DEFAULT_TENANT
     ) -> tuple[PackKey, WindowLimits] | None:
         """The window an embed job of these options (`options_key`: the job's own, canonical;
-        `options`: merged over this tier's) waits in, and its limits; None: it goes alone.
-        The key of each option set is made once."""
+        `options`: merged over this tier's) and of `tenant` waits in, and its limits; None: it
+        goes alone. The key of each option set and tenant is made once."""
         limits = self.embed_window_limits
         if limits is None:
             return None
-        key = self._embed_keys.get((options_key, mode))
+        key = self._embed_keys.get((options_key, mode, tenant))
         if key is None:
-            key = embed_pack_key(self.name, options, mode)
+            key = embed_pack_key(self.name, options, mode, tenant)
             if len(self._embed_keys) < EMBED_KEYS_KEPT:
-                self._embed_keys[(options_key, mode)] = key
+                self._embed_keys[(options_key, mode, tenant)] = key
         return key, limits
 
     def limits_for(self, key: PackKey, now_s: float) -> WindowLimits:
@@ -133,9 +134,13 @@ class TierRuntime:
         stats: TierStats,
         remembered: RememberedEvidence | None = None,
         fleet_quota: FleetQuota | None = None,
+        *,
+        tenants: TenantPolicies | None = None,
     ) -> TierRuntime:
         """remembered: what earlier runs measured; each new batch key starts from it;
-        fleet_quota: the quota the tier names (`quota:`), shared with every tier naming it."""
+        fleet_quota: the quota the tier names (`quota:`), shared with every tier naming it;
+        tenants: their weights share the limiter's slots within a lane (None: every tenant
+        weighs 1)."""
         b, r = config.batching, config.retry
 
         def new_size(key: PackKey) -> AdaptivePackSize:
@@ -148,7 +153,11 @@ class TierRuntime:
             name=name,
             config=config,
             provider=provider,
-            limiter=AsyncLimiter(limit_for(config.limiter), quota=fleet_quota),
+            limiter=AsyncLimiter(
+                limit_for(config.limiter),
+                quota=fleet_quota,
+                weight_of=tenants.weight if tenants is not None else None,
+            ),
             retry_policy=RetryPolicy.from_config(r),
             window_limits=WindowLimits.from_config(b),
             stats=stats,

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from consumer.core.budgets import Reservation
 from consumer.core.errors import ErrorKind, ProviderError
 from consumer.core.offline import (
     BatchRequest,
@@ -26,6 +27,8 @@ from consumer.providers.base import BatchProvider
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.offline.records import batch_key, batch_record, enqueued_fields, offline_request
+from consumer.runtime.spending import TierSpending, reserve_offline, tier_spending
+from consumer.runtime.tenancy import TenantGate
 from consumer.settings import Settings
 from consumer.waits import cancel_and_wait
 
@@ -49,7 +52,10 @@ class OfflineCollector:
 
     outcomes: where a job's recorded batch (its offset may commit) or its failed submission ends;
     batches: the batches topic followed (what is enqueued, for tiers with
-    `offline.max_enqueued_tokens`; None: no tier has one).
+    `offline.max_enqueued_tokens`; None: no tier has one); gate: the tenants' budgets, when
+    some account has one: each job's estimate (at the batch price) is spent once the provider
+    took its batch (its answer comes hours later, to whichever instance tracks it); a job its
+    tenant's budget does not hold is held or dead-lettered before it is submitted.
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class OfflineCollector:
         outcomes: OutcomeWriter,
         clock: Callable[[], float] = time.monotonic,
         batches: TopicFollower | None = None,
+        gate: TenantGate | None = None,
     ) -> None:
         self._settings = settings
         self._providers = batch_providers
@@ -67,6 +74,8 @@ class OfflineCollector:
         self._outcomes = outcomes
         self._clock = clock
         self._batches = batches
+        self._gate = gate
+        self._spending: dict[str, TierSpending] = {}
         self._pending: dict[str, _Pending] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
@@ -137,10 +146,48 @@ class OfflineCollector:
         # embed jobs after chat jobs: a provider batch has one endpoint, so each kind is one run
         ctxs = sorted(ctxs, key=lambda c: c.kind == "embed")
         requests = [BatchRequest(f"pb-{i}", offline_request(c, model)) for i, c in enumerate(ctxs)]
+        #: each job's reservation from its tenant's budget until the provider takes its batch
+        held: dict[int, Reservation] = {}
+        if self._gate is not None:
+            requests, ctxs, held = await self._reserve(tier, requests, ctxs)
+            if not ctxs:
+                return
+        try:
+            await self._submit_collection(tier, ctxs, requests, held)
+        finally:
+            self._spend_held(tier, held, ctxs, taken=False)  # what no provider took goes back
+
+    async def _reserve(
+        self, tier: str, requests: list[BatchRequest], ctxs: list[JobContext]
+    ) -> tuple[list[BatchRequest], list[JobContext], dict[int, Reservation]]:
+        """Each job's estimate held from its tenant's budget; the jobs it does not hold are left
+        out (held or dead-lettered by the gate)."""
+        assert self._gate is not None
+        spending = self._spending.get(tier)
+        if spending is None:
+            config, ledger = ctxs[0].tier.config, self._outcomes.ledger
+            spending = self._spending[tier] = tier_spending(config, ledger, self._gate)
+        requests, ctxs, reservations = await reserve_offline(spending, self._gate, requests, ctxs)
+        return requests, ctxs, {id(c): r for r, c in reservations if r is not None}
+
+    def _spend_held(
+        self, tier: str, held: dict[int, Reservation], ctxs: list[JobContext], *, taken: bool
+    ) -> None:
+        """The reservations of `ctxs`: spent at their estimate when the provider took their batch
+        (`taken`), else given back."""
+        spending = self._spending.get(tier)
+        for c in ctxs:
+            reservation = held.pop(id(c), None)
+            if reservation is not None and spending is not None:
+                spending.spent_as_estimated(reservation, recorded=taken)
+
+    async def _submit_collection(
+        self, tier: str, ctxs: list[JobContext], requests: list[BatchRequest], held: dict[int, Reservation]
+    ) -> None:
         tokens = [r.request.estimated_tokens() for r in requests]
         limit = ctxs[0].tier.config.offline.max_enqueued_tokens
         if limit is None or self._batches is None:
-            await self._submit_shard(tier, ctxs, requests, tokens)
+            await self._submit_shard(tier, ctxs, requests, tokens, held)
             return
         try:
             for shard in token_shards(tokens, limit):
@@ -153,6 +200,7 @@ class OfflineCollector:
                         ctxs[shard.start : shard.stop],
                         requests[shard.start : shard.stop],
                         tokens[shard.start : shard.stop],
+                        held,
                     )
                 finally:
                     self._submitting[tier] -= shard_tokens
@@ -202,15 +250,22 @@ class OfflineCollector:
         return total
 
     async def _submit_shard(
-        self, tier: str, ctxs: list[JobContext], requests: list[BatchRequest], tokens: list[int]
+        self,
+        tier: str,
+        ctxs: list[JobContext],
+        requests: list[BatchRequest],
+        tokens: list[int],
+        held: dict[int, Reservation],
     ) -> None:
         """Submit one provider batch (or the several the provider's size limits make) and record
-        each, with its members' estimated tokens; then its members' offsets may commit."""
+        each, with its members' estimated tokens; then its members' offsets may commit. Once the
+        provider took it, its members' reservations (`held`) are spent."""
         provider = self._providers[tier]
         delay_s = 1.0
         while True:
             try:
                 jobs = await provider.submit(requests)
+                self._spend_held(tier, held, ctxs, taken=True)
                 break
             except ProviderError as exc:
                 if not exc.retryable:
