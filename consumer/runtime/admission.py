@@ -18,9 +18,9 @@ record's original bytes) and routes an admitted job. The checks, in order:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -76,6 +76,9 @@ class Admission:
         self._known = ", ".join(sorted(tiers))
         #: (tier, canonical job options) -> the merge: jobs of equal options share one dict
         self._merged: dict[tuple[str, str], MergedOptions] = {}
+        #: the clock reading of the current poll and the wall clock then (see `_wall_at`)
+        self._wall_now_s = float("nan")
+        self._wall_s = 0.0
 
     def admit(
         self, record: InRecord, ticket: Ticket, now_s: float, lane: Lane | None = None
@@ -136,7 +139,7 @@ class Admission:
                 )
         deadline_s = None
         if job.deadline is not None:
-            deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
+            deadline_s = now_s + job.deadline.timestamp() - self._wall_at(now_s)
         return JobContext(
             job,
             record.value if record.value is not None else b"",
@@ -156,6 +159,14 @@ class Admission:
             timestamp_s=record.timestamp_ms / 1000.0,
             tenant=tenant,
         )
+
+    def _wall_at(self, now_s: float) -> float:
+        """The wall clock (Unix seconds) when the clock read `now_s`: read once per `now_s`, so
+        every job of one poll has its deadline placed on the same instant (reading the wall
+        clock per job would move later jobs' deadlines earlier by the time taken before them)."""
+        if now_s != self._wall_now_s:
+            self._wall_now_s, self._wall_s = now_s, time.time()
+        return self._wall_s
 
     def _merge(self, job: Job, tier: TierRuntime) -> tuple[str, MergedOptions]:
         """The canonical JSON of the job's options and their merge over the tier's, shared with
