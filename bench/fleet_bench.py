@@ -14,8 +14,10 @@ simulator runs as its own process with a capacity of 8 and 50 ms latency and a r
 token bucket refilled over 1 s: `rpm` rows 20 requests/s (bucket of 20), `tpm` rows 600
 tokens/s (bucket of 600) with no request limit. A row WITH the quota gives the tier
 `quota: key` and `quotas: {key: {requests_per_minute: 1200}}` (or `tokens_per_minute: 36000`):
-the same figures. The ceiling is the simulator's rate (20 requests/s; 600 tokens/s over one
-request's tokens, measured with one call before the run).
+the same figures. The ceiling is the simulator's rate: 20 requests/s, or 600 tokens/s (a `tpm`
+row's rate against it is the tokens the simulator's limit counted per second in the steady part:
+the jobs' prompts differ by a few tokens, so a rate in requests/s over one request's tokens would
+be off by that spread; `ceiling_per_s` gives the requests/s of the first job's tokens).
 
 Per row, from the simulator's own counters (sampled every 0.1 s, as pipeline_bench.py does):
 `rate_vs_ceiling`, the answer rate between 10% and 90% of the jobs answered over the ceiling;
@@ -234,7 +236,8 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
                     watcher.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await watcher
-            out.update(summarize(sampler.samples, len(jobs), ceiling))
+            token_limit = float(TOKENS_PER_S) if kind == "tpm" else None
+            out.update(summarize(sampler.samples, len(jobs), ceiling, token_limit_per_s=token_limit))
             if watch is not None:
                 out["shares_sum_while_all_busy"] = watch.sum_while(len(procs) - int(kill))
             dead = [o for o in recorder.outcomes if o.dead]

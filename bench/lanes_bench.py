@@ -1,12 +1,18 @@
 """Lanes benchmark: interactive job latency behind a bulk backlog, with and without lanes.
 
     .venv/bin/python bench/lanes_bench.py [--bulk 5000] [--interactive 100] [--rate 2]
+                                          [--limiter fixed|aimd|aimd-loss-only|gradient]
+                                          [--lanes-only] [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092). Prints one JSON object
 on stdout; progress goes to stderr. The service (`run_service`, in this process) runs against
 the simulator (in a thread) with `capacity` 4 and 200 ms answers; every job is unbatched; the
-tier's limiter is fixed at the simulator's capacity, so requests wait for their slot in the
-service (where lanes order them), not in the provider's queue.
+tier's limiter is fixed at the simulator's capacity (`--limiter fixed`, the default), so
+requests wait for their slot in the service (where lanes order them), not in the provider's
+queue; `--limiter aimd` or `gradient` (initial 4, max 16) shows whether the limiter itself
+finds that capacity: every request it admits past it waits in the simulator's queue, where no
+lane can reorder it (`aimd-loss-only`: AIMD with `rtt_tolerance: null`, stopped by 429s and
+timeouts only).
 
 Runs, each with fresh topics and group:
   idle            the interactive jobs at `--rate`/s on an empty service;
@@ -63,7 +69,19 @@ def fresh_settings(bootstrap: str) -> Settings:
     )
 
 
-def tier_file(base_url: str, settings: Settings, *, lanes: bool) -> dict[str, Any]:
+#: the `--limiter` choices: fixed at the simulator's capacity, or an adaptive one from it
+LIMITERS: dict[str, dict[str, Any]] = {
+    "fixed": {"algorithm": "fixed", "initial": CAPACITY, "min": 1, "max": CAPACITY},
+    "aimd": {"algorithm": "aimd", "initial": CAPACITY, "min": 1, "max": 4 * CAPACITY},
+    # AIMD that only 429s, overloads and timeouts stop (latency ignored)
+    "aimd-loss-only": {
+        "algorithm": "aimd", "initial": CAPACITY, "min": 1, "max": 4 * CAPACITY, "rtt_tolerance": None
+    },
+    "gradient": {"algorithm": "gradient", "initial": CAPACITY, "min": 1, "max": 4 * CAPACITY},
+}
+
+
+def tier_file(base_url: str, settings: Settings, *, lanes: bool, limiter: str = "fixed") -> dict[str, Any]:
     data: dict[str, Any] = {
         "tiers": {
             "small": {
@@ -71,7 +89,7 @@ def tier_file(base_url: str, settings: Settings, *, lanes: bool) -> dict[str, An
                 "base_url": base_url + "/v1",
                 "model": "sim-model",
                 "timeout_s": 600,
-                "limiter": {"algorithm": "fixed", "initial": CAPACITY, "min": 1, "max": CAPACITY},
+                "limiter": LIMITERS[limiter],
             }
         }
     }
@@ -182,34 +200,62 @@ class Running:
 
 
 async def latency_run(
-    bootstrap: str, base_url: str, *, lanes: bool, bulk: int, interactive: int, rate: float
+    bootstrap: str,
+    base_url: str,
+    *,
+    lanes: bool,
+    bulk: int,
+    interactive: int,
+    rate: float,
+    limiter: str = "fixed",
 ) -> dict[str, Any]:
     settings = fresh_settings(bootstrap)
-    tiers = tier_file(base_url, settings, lanes=lanes)
+    tiers = tier_file(base_url, settings, lanes=lanes, limiter=limiter)
     lane_list = parse_tier_file(tiers).lane_list(settings.jobs_topic, settings.max_inflight)
     topics = {lane.name: lane.topic for lane in lane_list}
     await ensure_topics(settings, lane_topics=list(topics.values()))
     int_topic = topics.get("interactive", settings.jobs_topic)
     bulk_topic = topics.get("bulk", settings.jobs_topic)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    bulk_jobs = [make_job("bulk", i) for i in range(bulk)]
+    jobs = [make_job("int", i) for i in range(interactive)]
+    sent, outcomes = await backlog_then_paced(
+        settings, tiers, (bulk_topic, bulk_jobs), (int_topic, jobs), rate_per_s=rate
+    )
+    figures = latency_figures(sent, outcomes)
+    return {"lanes": lanes, "bulk_queued": bulk, "interactive": interactive, **figures}
+
+
+async def backlog_then_paced(
+    settings: Settings,
+    tiers: dict[str, Any],
+    backlog: tuple[str, list[dict[str, Any]]],
+    paced: tuple[str, list[dict[str, Any]]],
+    *,
+    rate_per_s: float,
+) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """The `backlog` jobs queued on their topic, the service started, LOAD_DELAY_S later the
+    `paced` jobs at `rate_per_s` on theirs: each paced job's ack time and outcome."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=5)
     await producer.start()
     try:
-        if bulk:
-            await produce_all(producer, bulk_topic, [make_job("bulk", i) for i in range(bulk)])
+        (backlog_topic, backlog_jobs), (paced_topic, paced_jobs) = backlog, paced
+        if backlog_jobs:
+            await produce_all(producer, backlog_topic, backlog_jobs)
         async with Running(settings, tiers):
-            if bulk:
+            if backlog_jobs:
                 await asyncio.sleep(LOAD_DELAY_S)
-            jobs = [make_job("int", i) for i in range(interactive)]
-            sent = await produce_paced(producer, int_topic, jobs, rate)
-            backlog_s = bulk * LATENCY_MS / 1000.0 / CAPACITY
+            sent = await produce_paced(producer, paced_topic, paced_jobs, rate_per_s)
+            backlog_s = len(backlog_jobs) * LATENCY_MS / 1000.0 / CAPACITY
             outcomes = await read_outcomes(settings, set(sent), timeout_s=120 + 3 * backlog_s)
     finally:
         await producer.stop()
+    return sent, outcomes
+
+
+def latency_figures(sent: dict[str, float], outcomes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The paced jobs' outcomes counted and their latencies (result timestamp minus ack)."""
     latencies = [(outcomes[i]["ts_ms"] - sent[i]) / 1000.0 for i in sent if i in outcomes]
     return {
-        "lanes": lanes,
-        "bulk_queued": bulk,
-        "interactive": interactive,
         "answered": sum(1 for o in outcomes.values() if not o["dead"]),
         "dead_lettered": sum(1 for o in outcomes.values() if o["dead"]),
         "lost": len(set(sent) - set(outcomes)),
@@ -220,9 +266,11 @@ async def latency_run(
     }
 
 
-async def bulk_run(bootstrap: str, base_url: str, *, lanes: bool, bulk: int) -> dict[str, Any]:
+async def bulk_run(
+    bootstrap: str, base_url: str, *, lanes: bool, bulk: int, limiter: str = "fixed"
+) -> dict[str, Any]:
     settings = fresh_settings(bootstrap)
-    tiers = tier_file(base_url, settings, lanes=lanes)
+    tiers = tier_file(base_url, settings, lanes=lanes, limiter=limiter)
     lane_list = parse_tier_file(tiers).lane_list(settings.jobs_topic, settings.max_inflight)
     topics = {lane.name: lane.topic for lane in lane_list}
     await ensure_topics(settings, lane_topics=list(topics.values()))
@@ -253,37 +301,50 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     config = SimulatorConfig(latency_ms=LATENCY_MS, capacity=CAPACITY, seed=3)
     result: dict[str, Any] = {
         "simulator": {"latency_ms": LATENCY_MS, "capacity": CAPACITY},
-        "limiter": {"algorithm": "fixed", "limit": CAPACITY},
+        "limiter": LIMITERS[args.limiter],
         "interactive_rate_per_s": args.rate,
     }
     with run_simulator(config) as base_url:
-        common = {"interactive": args.interactive, "rate": args.rate}
+        common = {"interactive": args.interactive, "rate": args.rate, "limiter": args.limiter}
         _progress("idle: %d interactive jobs at %.1f/s", args.interactive, args.rate)
         result["idle"] = await latency_run(bootstrap, base_url, lanes=True, bulk=0, **common)
         _progress("loaded, lanes: %d bulk queued", args.bulk)
         result["loaded_lanes"] = await latency_run(bootstrap, base_url, lanes=True, bulk=args.bulk, **common)
-        _progress("loaded, no lanes: %d bulk queued", args.bulk)
-        result["loaded_no_lanes"] = await latency_run(
-            bootstrap, base_url, lanes=False, bulk=args.bulk, **common
-        )
-        _progress("bulk alone through lanes and without")
-        result["bulk_lanes"] = await bulk_run(bootstrap, base_url, lanes=True, bulk=args.bulk)
-        result["bulk_no_lanes"] = await bulk_run(bootstrap, base_url, lanes=False, bulk=args.bulk)
+        if not args.lanes_only:
+            _progress("loaded, no lanes: %d bulk queued", args.bulk)
+            result["loaded_no_lanes"] = await latency_run(
+                bootstrap, base_url, lanes=False, bulk=args.bulk, **common
+            )
+            _progress("bulk alone through lanes and without")
+            result["bulk_lanes"] = await bulk_run(
+                bootstrap, base_url, lanes=True, bulk=args.bulk, limiter=args.limiter
+            )
+            result["bulk_no_lanes"] = await bulk_run(
+                bootstrap, base_url, lanes=False, bulk=args.bulk, limiter=args.limiter
+            )
+    result["targets"] = targets(result)
+    return result
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """The targets of the runs in `result` (the throughput ones only when the bulk runs ran)."""
     idle_p99, loaded_p99 = result["idle"]["p99_s"], result["loaded_lanes"]["p99_s"]
     target = 2 * idle_p99 + LATENCY_MS / 1000.0 if idle_p99 is not None else None
-    with_lanes, without = result["bulk_lanes"]["jobs_per_s"], result["bulk_no_lanes"]["jobs_per_s"]
-    ratio = round(with_lanes / without, 3) if with_lanes and without else None
-    result["targets"] = {
+    met: dict[str, Any] = {
         "loaded_p99_limit_s": round(target, 3) if target is not None else None,
         "loaded_p99_met": target is not None and loaded_p99 is not None and loaded_p99 <= target,
-        "bulk_throughput_ratio": ratio,
-        "bulk_throughput_met": ratio is not None and ratio >= 0.95,
         "no_interactive_lost": all(
             result[k]["lost"] == 0 and result[k]["dead_lettered"] == 0
             for k in ("idle", "loaded_lanes", "loaded_no_lanes")
+            if k in result
         ),
     }
-    return result
+    if "bulk_lanes" in result:
+        with_lanes, without = result["bulk_lanes"]["jobs_per_s"], result["bulk_no_lanes"]["jobs_per_s"]
+        ratio = round(with_lanes / without, 3) if with_lanes and without else None
+        met["bulk_throughput_ratio"] = ratio
+        met["bulk_throughput_met"] = ratio is not None and ratio >= 0.95
+    return met
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,6 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bulk", type=int, default=5000, help="bulk jobs queued (default 5000)")
     parser.add_argument("--interactive", type=int, default=100, help="interactive jobs (default 100)")
     parser.add_argument("--rate", type=float, default=2.0, help="interactive jobs per second (default 2)")
+    parser.add_argument(
+        "--limiter", choices=sorted(LIMITERS), default="fixed", help="the tier's limiter (default fixed)"
+    )
+    parser.add_argument(
+        "--lanes-only",
+        action="store_true",
+        help="only the idle and loaded-with-lanes runs (no single-topic run, no throughput runs)",
+    )
     add_save_option(parser)
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))

@@ -743,6 +743,7 @@ class Sampler:
                 "status_5xx": stats["status_5xx"],
                 "answered": stats["items_answered"],
                 "inflight": stats["inflight"],
+                "tokens_admitted": stats.get("tokens_admitted", 0),
             }
             if self.limit_of is not None:
                 row["limit"] = self.limit_of()
@@ -761,6 +762,21 @@ class Sampler:
                 await task
 
 
+def _token_rate(
+    s10: dict[str, Any], s90: dict[str, Any], token_limit_per_s: float | None
+) -> dict[str, Any]:
+    """For a run held by a token limit: the steady tokens/s and the rate against the ceiling
+    they give (replacing the one in requests/s)."""
+    span_s = s90["t_s"] - s10["t_s"]
+    if token_limit_per_s is None or span_s <= 0:
+        return {}
+    tokens_per_s = (s90["tokens_admitted"] - s10["tokens_admitted"]) / span_s
+    return {
+        "steady_tokens_per_s": round(tokens_per_s, 1),
+        "rate_vs_ceiling": round(tokens_per_s / token_limit_per_s, 3),
+    }
+
+
 def _crossing_s(samples: list[dict[str, Any]], key: str, value: float) -> float | None:
     """When samples[key] first reaches value (linear interpolation between samples)."""
     prev = None
@@ -774,8 +790,14 @@ def _crossing_s(samples: list[dict[str, Any]], key: str, value: float) -> float 
     return None
 
 
-def summarize(samples: list[dict[str, Any]], n: int, ceiling_per_s: float) -> dict[str, Any]:
-    """Steady rate (10%..90% of jobs answered), 429 share of all requests, totals."""
+def summarize(
+    samples: list[dict[str, Any]], n: int, ceiling_per_s: float, *, token_limit_per_s: float | None = None
+) -> dict[str, Any]:
+    """Steady rate (10%..90% of jobs answered), 429 share of all requests, totals.
+    `token_limit_per_s`: the run is held by a token limit, so its rate against the ceiling is
+    the tokens the simulator's limit counted per second in the steady part over that limit
+    (requests differ in tokens: a rate in requests/s over one request's tokens is off by
+    their spread)."""
     last = samples[-1]
     t10 = _crossing_s(samples, "answered", 0.1 * n)
     t90 = _crossing_s(samples, "answered", 0.9 * n)
@@ -797,6 +819,7 @@ def summarize(samples: list[dict[str, Any]], n: int, ceiling_per_s: float) -> di
         # first to last answer (for runs that never reach 90% of the jobs)
         "overall_rate_per_s": _overall_rate(samples),
         "rate_vs_ceiling": round(steady / ceiling_per_s, 3) if steady else None,
+        **_token_rate(s10, s90, token_limit_per_s),
         "run_s": round(_crossing_s(samples, "answered", n) or last["t_s"], 2),
     }
     limits = [s["limit"] for s in samples if s.get("limit") is not None]
@@ -909,6 +932,7 @@ async def limiter_scenario(
             ceilings["tpm"] = tokens_per_window / window_s / tokens
         binding = min(ceilings, key=lambda k: ceilings[k])
         ceiling = ceilings[binding]
+        token_limit = tokens_per_window / window_s if binding == "tpm" else None
         n = max(50, round(ceiling * args.limiter_run_s))
         jobs = make_jobs(n, batched_share=0.0, seed=2)
         out: dict[str, Any] = {
@@ -942,7 +966,7 @@ async def limiter_scenario(
         async with sampler.running():
             svc_res, _ = await service_run(settings, "svc", tiers, n, timeout_s, on_running=watch)
         out["service"] = {
-            **summarize(sampler.samples, n, ceiling),
+            **summarize(sampler.samples, n, ceiling, token_limit_per_s=token_limit),
             "dead_letters": svc_res["dead_letters"],
             "service_rate_limited": svc_res["rate_limited"],
         }
@@ -960,7 +984,8 @@ async def limiter_scenario(
             sampler = Sampler(sim)
             async with sampler.running():
                 counts = await direct_loop(tier, jobs[:count], conc, timeout_s)
-            out[name] = {"jobs": count, **summarize(sampler.samples, count, ceiling), **counts}
+            summary = summarize(sampler.samples, count, ceiling, token_limit_per_s=token_limit)
+            out[name] = {"jobs": count, **summary, **counts}
             out[f"{name}_trace"] = _trace(sampler.samples)
             _progress("limiter %s %s: %s", scenario["name"], name, out[name])
     return out

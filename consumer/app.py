@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumer.core.lanes import Lane
+from consumer.core.tenants import TenantPolicies
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.board import TopicBoard
 from consumer.kafka.edges import KafkaEdges, ServiceEdges, ServiceIntake
@@ -33,6 +34,8 @@ from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchProvider, CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
+from consumer.runtime.accounts import TenantLedger
+from consumer.runtime.budgets import TenantBudgets
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.deployments import Deployment
 from consumer.runtime.evidence import RememberedEvidence
@@ -46,6 +49,7 @@ from consumer.runtime.prober import CircuitProber
 from consumer.runtime.quotas import FleetQuota, QuotaSharing
 from consumer.runtime.reachability import ReachabilityCheck
 from consumer.runtime.stats import ServiceStats
+from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings, TierConfig, TierFile
 from consumer.telemetry import Telemetry, meter_provider_from_env, service_resource
@@ -181,8 +185,14 @@ async def build_service(
         for deployment in tier.deployments:
             stack.push_async_callback(deployment.provider.aclose)
     kafka = KafkaClients.build(settings, edges, f"promptbus-{instance}", lanes)
-    outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits)
-    collector, offline_parts = build_offline(settings, tier_file, outcomes, kafka, clients, limits, edges)
+    policies = tier_file.tenant_policies()
+    ledger = TenantLedger(policies, stats)
+    outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits, ledger=ledger)
+    budgets = build_budgets(settings, edges, policies, instance, kafka.side_producer)
+    gate = TenantGate(ledger, budgets, outcomes) if budgets is not None else None
+    collector, offline_parts = build_offline(
+        settings, tier_file, outcomes, kafka, clients, limits, edges, gate
+    )
     pipeline = Pipeline(
         settings,
         tiers,
@@ -193,6 +203,8 @@ async def build_service(
         telemetry,
         offline=collector,
         lanes=lanes,
+        tenants=policies,
+        gate=gate,
         rng=random.Random(),
     )
     parts: list[Part] = [
@@ -201,6 +213,8 @@ async def build_service(
         *quota_sharing(settings, edges, kafka.side_producer, stats, quotas),
         *offline_parts,
         *side_publishers(settings, kafka.side_producer, stats, remembered, tiers),
+        # what the group spent today is read before any job is admitted
+        *([budgets] if budgets is not None else []),
     ]
     if settings.metrics_port is not None:
         app = build_app(stats, pipeline.ready.is_set)
@@ -270,6 +284,7 @@ async def build_tiers(
     """
     tiers: dict[str, TierRuntime] = {}
     clients: list[Any] = []
+    tenants = tier_file.tenant_policies()
     try:
         for name, config in tier_file.tiers.items():
             parts = []
@@ -284,7 +299,8 @@ async def build_tiers(
                     provider = build_provider(where, dep_config, client)
                 parts.append((provider, quota))
             tiers[name] = TierRuntime.build(
-                name, config, parts[0][0], stats.tier(name), remembered, parts[0][1], deployments=parts
+                name, config, parts[0][0], stats.tier(name), remembered, parts[0][1], deployments=parts,
+                tenants=tenants,
             )
     except BaseException:
         for client in clients:
@@ -306,11 +322,17 @@ def quota_sharing(
     its first request."""
     if not quotas:
         return []
-    follower = edges.follower(settings, f"promptbus-{stats.instance}-quotas", settings.quotas_topic)
-    board = TopicBoard(
-        follower, producer, topic=settings.quotas_topic, group=settings.group_id, instance=stats.instance
-    )
+    board = group_board(settings, edges, producer, stats.instance, settings.quotas_topic, "quotas")
     return [QuotaSharing(board, quotas, session_timeout_s=settings.session_timeout_s, stats=stats)]
+
+
+def group_board(
+    settings: Settings, edges: ServiceEdges, producer: Any, instance: str, topic: str, role: str
+) -> TopicBoard:
+    """The group's board on the compacted `topic` (fleet quotas, tenants' budgets): this
+    instance's records written with `producer`, every instance's read by a follower of its own."""
+    follower = edges.follower(settings, f"promptbus-{instance}-{role}", topic)
+    return TopicBoard(follower, producer, topic=topic, group=settings.group_id, instance=instance)
 
 
 @dataclass(frozen=True)
@@ -362,6 +384,7 @@ def build_offline(
     clients: list[Any],
     limits: RecordLimits,
     edges: ServiceEdges,
+    gate: TenantGate | None = None,
 ) -> tuple[OfflineCollector | None, list[Part]]:
     """Collector and tracker for tiers with offline.enabled (none when no tier allows it).
 
@@ -382,7 +405,8 @@ def build_offline(
         else None
     )
     collector = OfflineCollector(
-        settings, batch_providers, kafka.side_producer, outcomes, batches=followed, deployments=deployments
+        settings, batch_providers, kafka.side_producer, outcomes, batches=followed, deployments=deployments,
+        gate=gate,
     )
     exactly_once = settings.processing_guarantee == "exactly_once"
     tracker_producer = (
@@ -402,6 +426,7 @@ def build_offline(
         stats=outcomes.stats,
         pricing_by_tier={n: t.pricing.pricing() for n, t in offline_tiers.items() if t.pricing is not None},
         max_enqueued_tokens_by_tier=max_enqueued,
+        ledger=outcomes.ledger,
     )
     # exactly_once: the tracker's own transactional producer starts first and stops last
     return collector, [tracker_producer, collector, tracker] if exactly_once else [collector, tracker]
@@ -431,6 +456,17 @@ def offline_providers(
         if config.deployments:
             deployments[name] = [(d.name, d.model or config.model) for d in config.deployments]
     return providers, deployments
+
+
+def build_budgets(
+    settings: Settings, edges: ServiceEdges, policies: TenantPolicies, instance: str, producer: Any
+) -> TenantBudgets | None:
+    """The tenants' daily budgets, shared by the group's instances over the budgets topic (None
+    when no tenant has a budget)."""
+    if not policies.budgeted:
+        return None
+    board = group_board(settings, edges, producer, instance, settings.budgets_topic, "budgets")
+    return TenantBudgets(policies, instance, board, publish_interval_s=settings.stats_interval_s)
 
 
 def side_publishers(

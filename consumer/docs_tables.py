@@ -34,6 +34,7 @@ __all__ = [
     "main",
     "quota_table",
     "render",
+    "tenant_table",
     "tier_file_table",
 ]
 
@@ -127,6 +128,11 @@ def deployment_table() -> str:
     return _tier_file_rows("DeploymentConfig")
 
 
+def tenant_table() -> str:
+    """Every key of a tenant (`tenants.NAME.KEY`), its type, default and description."""
+    return _tier_file_rows("TenantConfig")
+
+
 def quota_table() -> str:
     """Every key of a fleet quota (`quotas.NAME.KEY`), its type, default and description."""
     return _tier_file_rows("QuotaConfig")
@@ -167,6 +173,7 @@ def environment_table() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "tier-file": tier_file_table,
     "lanes": lane_table,
+    "tenants": tenant_table,
     "quotas": quota_table,
     "deployments": deployment_table,
     "environment": environment_table,

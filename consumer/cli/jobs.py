@@ -95,11 +95,26 @@ def _one_job(args: argparse.Namespace) -> bytes:
         job["batch"] = True
     if args.offline:
         job["mode"] = "offline"
+    if args.tenant is not None:
+        job["tenant"] = args.tenant
     value = orjson.dumps(job)
     problem = _refused("submit", value, "nothing was submitted")
     if problem is not None:
         raise problem
     return value
+
+
+def _tenant_header(tenant: str | None) -> list[tuple[str, bytes]]:
+    """`submit --file --tenant T`: the header that names the tenant of every job of the file
+    that names none in its `tenant` field (the field wins). ConfigError for no tenant name."""
+    from consumer.core.tenants import TENANT_HEADER, tenant_problem
+
+    if tenant is None:
+        return []
+    problem = tenant_problem(tenant)
+    if problem is not None:
+        raise ConfigError("--tenant", problem)
+    return [(TENANT_HEADER, tenant.encode())]
 
 
 def _key_of(value: bytes) -> bytes | None:
@@ -116,6 +131,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     configure_logging("WARNING", kafka_level="CRITICAL")
     # every job checked before Kafka is asked anything: a refused one leaves the topic untouched
+    headers = _tenant_header(args.tenant) if args.file else []
     jobs: Iterable[bytes]
     if args.file:
         path = Path(args.file)
@@ -147,7 +163,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         await ensure_topics(settings)
-        return await submit_jobs(settings, jobs, progress=progress, key_of=_key_of)
+        return await submit_jobs(settings, jobs, progress=progress, key_of=_key_of, headers=headers)
 
     n = asyncio.run(go())
     if args.file:
@@ -288,7 +304,9 @@ def _map_outcomes(
                 args.collect, args.total, since=args.since, timeout_s=args.timeout_s, on_progress=bar
             )
         inputs = read_inputs(args.inputs or args.inputs_jsonl, jsonl=bool(args.inputs_jsonl))
-        run = RunOptions(lane=args.lane, run_id=args.run_id, on_progress=bar, timeout_s=args.timeout_s)
+        run = RunOptions(
+            lane=args.lane, tenant=args.tenant, run_id=args.run_id, on_progress=bar, timeout_s=args.timeout_s
+        )
         if args.embed:
             # map_embed names any input that is not a string
             texts = cast(list[str], inputs)
@@ -321,6 +339,11 @@ def add_submit_command(sub: Any) -> None:
     submit.add_argument("--id", help="job id (default: random)")
     submit.add_argument("--file", help="JSONL file, one job per line")
     submit.add_argument("--lane", help="publish to this lane's topic (the tier file's lanes)")
+    submit.add_argument(
+        "--tenant",
+        help="the job's tenant (with --file: the promptbus-tenant header of each job, which a job's "
+        "own tenant field overrides)",
+    )
     submit.add_argument("--config", help="with --lane: the tier file (YAML); default PROMPTBUS_CONFIG")
     add_bootstrap(submit)
     submit.set_defaults(func=cmd_submit)
@@ -353,6 +376,7 @@ def add_map_command(sub: Any) -> None:
     m.add_argument("--options", metavar="JSON", help="provider options, e.g. '{\"max_tokens\": 8}'")
     m.add_argument("--mode", default="online", help="online (default) or offline (provider Batch API)")
     m.add_argument("--lane", help="publish to this lane's topic (the tier file's lanes)")
+    m.add_argument("--tenant", help="the tenant of every job of the run")
     m.add_argument("--config", help="with --lane: the tier file (YAML); default PROMPTBUS_CONFIG")
     m.add_argument("--run-id", help="run id (default: random, with the start time); job ids: RUN_ID-INDEX")
     m.add_argument("--timeout-s", type=float, help="stop waiting after S seconds (exit 3; nothing cancelled)")

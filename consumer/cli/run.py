@@ -34,8 +34,30 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         if embed_limits(tier.provider) is None:
             # valid for chat jobs; said here so an embed job's dead letter is no surprise
             print(f"note: {no_embeddings(name, tier.provider)}")
+    for line in tenant_lines(tier_file):
+        print(line)
     print(f"ok: {len(tier_file.tiers)} tier(s)")
     return 0
+
+
+def tenant_lines(tier_file: Any) -> list[str]:
+    """check-config's lines of the tier file's tenants, and a note per tier whose spend a USD
+    budget cannot see (no `pricing`: its requests count as costing nothing)."""
+    lines = []
+    for name, tenant in (tier_file.tenants or {}).items():
+        budget = tenant.budget
+        caps = []
+        if budget is not None and budget.usd_per_day is not None:
+            caps.append(f"${budget.usd_per_day:g}/day")
+        if budget is not None and budget.tokens_per_day is not None:
+            caps.append(f"{budget.tokens_per_day} tokens/day")
+        spent = f" budget {' and '.join(caps)}, then {tenant.on_exhausted}" if caps else ""
+        lines.append(f"tenant {name}: weight {tenant.weight:g}{spent}")
+    for tier in tier_file.unpriced_usd_budget():
+        lines.append(
+            f"note: tier '{tier}' has no pricing: its requests count as $0 against the tenants' USD budgets"
+        )
+    return lines
 
 
 def add_run_command(sub: Any) -> None:

@@ -100,6 +100,29 @@ def deployment_lines(tier: str, deployments: dict[str, dict[str, Any]]) -> list[
             f"{d.get('output_tokens', 0)} out; circuit {circuit}" + _budget_text(d)
         )
     return lines
+def _budget_left(t: dict[str, Any]) -> str:
+    """What a tenant's daily budgets have left (none: unlimited)."""
+    parts = []
+    budget_usd, budget_tokens = float(t.get("budget_usd", 0.0)), int(t.get("budget_tokens", 0))
+    if budget_usd:
+        left = max(budget_usd - float(t.get("spent_usd", 0.0)), 0.0)
+        parts.append(f"${left:.4f} of ${budget_usd:g}")
+    if budget_tokens:
+        left_tokens = max(budget_tokens - int(t.get("spent_tokens", 0)), 0)
+        parts.append(f"{left_tokens} of {budget_tokens} tokens")
+    return " budget left today: " + " and ".join(parts) if parts else " budget: unlimited"
+
+
+def format_tenants(merged: dict[str, Any], only: str | None = None) -> list[str]:
+    """`promptbus stats` lines of the merged snapshot's tenant accounts (named tenants,
+    `default`, `other`), one per account (`only`: that one's)."""
+    return [
+        f"tenant {name}: results={int(t.get('results', 0))} dead_letters={int(t.get('dead_letters', 0))} "
+        f"tokens in={int(t.get('input_tokens', 0))} out={int(t.get('output_tokens', 0))} "
+        f"cost=${float(t.get('cost_usd', 0.0)):.4f} held={int(t.get('held', 0))}" + _budget_left(t)
+        for name, t in sorted(merged.get("tenants", {}).items())
+        if only is None or name == only
+    ]
 
 
 def routing_lines(name: str, tier: dict[str, Any]) -> list[str]:
@@ -177,6 +200,7 @@ def format_stats(merged: dict[str, Any]) -> str:
         lines.extend(deployment_lines(name, merged.get("deployments", {})))
         lines.extend(routing_lines(name, t))
     lines.extend(format_lanes(merged))
+    lines.extend(format_tenants(merged))
     lines.extend(format_quotas(merged))
     for name, per_size in sorted(merged.get("agreement", {}).items()):
         parts = [
@@ -216,6 +240,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
             lag = asyncio.run(group_lag(settings, group, [settings.jobs_topic]))
             merged = with_group_lag(merged, records=lag.records, partitions=len(lag.per_partition))
         sections[group] = {"group": group or UNRECORDED_GROUP, **merged}
+    if args.tenant is not None:
+        return _print_tenant(args, sections)
     if args.json:
         shown: Any = {"groups": list(sections.values())} if args.all_groups else sections[wanted[0]]
         print(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode())
@@ -226,10 +252,35 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_tenant(args: argparse.Namespace, sections: dict[str, dict[str, Any]]) -> int:
+    """`stats --tenant NAME`: that tenant account's line (or JSON) per group; exit 1 when no
+    instance has counted it (an unnamed tenant is counted as `other`)."""
+    found = {g: m["tenants"][args.tenant] for g, m in sections.items() if args.tenant in m.get("tenants", {})}
+    if not found:
+        print(
+            f"promptbus stats: no instance has counted tenant {args.tenant!r} (a tenant the tier "
+            "file does not name is counted as 'other')",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        shown = found if args.all_groups else next(iter(found.values()))
+        print(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    for group, merged in sections.items():
+        if group in found:
+            header = [f"group {merged['group']}:"] if args.all_groups else []
+            print("\n".join(header + format_tenants(merged, args.tenant)))
+    return 0
+
+
 def add_stats_command(sub: Any) -> None:
     """`stats`."""
     stats = sub.add_parser("stats", help="items, requests, requests saved by batching, 429s, limits")
     stats.add_argument("--json", action="store_true")
+    stats.add_argument(
+        "--tenant", help="only this tenant's line: a named tenant, default, or other (the rest)"
+    )
     which = stats.add_mutually_exclusive_group()
     which.add_argument("--group", help="the consumer group shown (default: PROMPTBUS_GROUP_ID)")
     which.add_argument(

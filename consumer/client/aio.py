@@ -19,6 +19,7 @@ from consumer.client.jobs import (
     new_run_id,
     prompt_jobs,
     run_started_at,
+    with_tenant,
 )
 from consumer.client.outcomes import MapError, MapTimeout, Outcome, ProgressCallback, RunOptions
 from consumer.client.reader import OutcomeReader
@@ -100,7 +101,7 @@ class AsyncClient:
 
         `prompt`: a template whose one `${name}` each string input fills, or whose variables
         each dict input gives; without it each input is the whole prompt. `batch`: the jobs
-        may share a prompt (the template must be batchable). `run`: `lane`, `run_id`,
+        may share a prompt (the template must be batchable). `run`: `lane`, `tenant`, `run_id`,
         `on_progress`, `raise_on_error`, `timeout_s` (`RunOptions`). Raises ValueError for bad
         input (nothing produced), MapError with `raise_on_error` when any input failed,
         MapTimeout when `timeout_s` passes first.
@@ -134,8 +135,9 @@ class AsyncClient:
 
     async def map_jobs(self, jobs: Sequence[Mapping[str, Any]], **run: Unpack[RunOptions]) -> list[Outcome]:
         """Whole job dicts (each with its own tier, prompt + variables or messages, batch,
-        options, mode, deadline, metadata); job `i` gets the id `RUN_ID-i` (an `id` in the
-        dict is dropped). Outcomes in the jobs' order; `run` and raises as `map`."""
+        options, mode, deadline, metadata, tenant); job `i` gets the id `RUN_ID-i` (an `id` in
+        the dict is dropped); `tenant=` is the tenant of those that name none. Outcomes in the
+        jobs' order; `run` and raises as `map`."""
         return await self._run(check_jobs(jobs), **run)
 
     async def collect(
@@ -182,6 +184,7 @@ class AsyncClient:
         jobs: list[dict[str, Any]],
         *,
         lane: str | None = None,
+        tenant: str | None = None,
         run_id: str | None = None,
         on_progress: ProgressCallback | None = None,
         raise_on_error: bool = False,
@@ -189,6 +192,8 @@ class AsyncClient:
     ) -> list[Outcome]:
         from consumer.kafka.clients import submit_jobs
 
+        if tenant is not None:
+            with_tenant(jobs, tenant)
         submit_to = self.lane_settings(lane)
         started_at = time.time()
         started = time.monotonic()

@@ -15,6 +15,7 @@ from consumer.core.content import job_content
 from consumer.core.errors import JobError
 from consumer.core.jobs import Job, Message, validation_message
 from consumer.core.templates import placeholders, render, split_batchable
+from consumer.core.tenants import tenant_problem
 
 #: the variable that carries each input when `map` gets no template
 INPUT_VARIABLE = "input"
@@ -217,6 +218,15 @@ def check_jobs(jobs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             raise ValueError(f"job {i}: batch=True: a chat job (messages) cannot share a prompt")
         checked.append(job)
     return checked
+
+
+def with_tenant(jobs: list[dict[str, Any]], tenant: str) -> None:
+    """Every job that names no tenant gets `tenant` (ValueError when it is not a tenant name)."""
+    problem = tenant_problem(tenant)
+    if problem is not None:
+        raise ValueError(f"tenant: {problem}")
+    for job in jobs:
+        job.setdefault("tenant", tenant)
 
 
 def encode_jobs(run_id: str, jobs: Sequence[dict[str, Any]], max_bytes: int) -> list[bytes]:

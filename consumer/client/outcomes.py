@@ -15,6 +15,7 @@ class RunOptions(TypedDict, total=False):
     """How a run is submitted and waited for: the keywords every `map*` method takes.
 
     lane: its jobs go to that lane's topic (the tier file's `lanes`), else to the jobs topic;
+    tenant: the tenant of every job that names none (`map_jobs`' dicts may name their own);
     run_id: the run's id (job ids are `RUN_ID-INDEX`; default: a new one with the start time);
     on_progress: called with `Progress` as outcomes arrive and once at the end;
     raise_on_error: raise MapError when any input failed (default False);
@@ -22,6 +23,7 @@ class RunOptions(TypedDict, total=False):
     """
 
     lane: str | None
+    tenant: str | None
     run_id: str | None
     on_progress: ProgressCallback | None
     raise_on_error: bool

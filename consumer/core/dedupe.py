@@ -4,7 +4,8 @@ Two jobs are duplicates when the provider request each would send is the same an
 is deterministic:
 
     same     tier, model, options (merged over the tier's; canonical JSON, so key order does
-             not matter) and messages (roles and text, after the template is rendered);
+             not matter), messages (roles and text, after the template is rendered) and
+             tenant (a job is never answered from another tenant's request);
     never    a request whose temperature is above 0 (or unset: providers default to 1) without
              a fixed `seed`: two asks may rightly answer differently.
 
@@ -33,6 +34,8 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from consumer.core.tenants import DEFAULT_TENANT
+
 __all__ = ["DedupeTable", "Follow", "Lead", "Reuse", "dedupe_key", "is_deterministic"]
 
 T = TypeVar("T")
@@ -49,14 +52,19 @@ def is_deterministic(options: Mapping[str, Any]) -> bool:
 
 
 def dedupe_key(
-    tier: str, model: str, options: Mapping[str, Any], messages: Iterable[tuple[str, str]]
+    tier: str,
+    model: str,
+    options: Mapping[str, Any],
+    messages: Iterable[tuple[str, str]],
+    tenant: str = DEFAULT_TENANT,
 ) -> str | None:
-    """The key under which identical requests share an answer; None when the request is not
-    deterministic (`is_deterministic`), so it is never shared. `messages`: (role, content)."""
+    """The key under which identical requests of one tenant share an answer; None when the
+    request is not deterministic (`is_deterministic`), so it is never shared. `messages`:
+    (role, content)."""
     if not is_deterministic(options):
         return None
     canonical = orjson.dumps(
-        [tier, model, dict(options), [[role, content] for role, content in messages]],
+        [tier, model, dict(options), [[role, content] for role, content in messages], tenant],
         option=orjson.OPT_SORT_KEYS,
     )
     return hashlib.sha256(canonical).hexdigest()

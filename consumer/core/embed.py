@@ -37,6 +37,7 @@ from consumer.core.errors import ErrorKind, MalformedResponse, ProviderError
 from consumer.core.packing import PackedPrompt
 from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
 from consumer.core.retry import RetryPolicy
+from consumer.core.tenants import DEFAULT_TENANT
 from consumer.core.window import PackKey, WindowLimits, options_key
 
 __all__ = [
@@ -141,9 +142,10 @@ def embed_options(tier_options: Mapping[str, Any] | None, job_options: Mapping[s
     return {**tier, **job_options}
 
 
-def embed_pack_key(tier: str, options: Mapping[str, Any], mode: str) -> PackKey:
-    """The window key of an embed job: its tier, options and mode."""
-    return PackKey(tier, "", EMBED_VARIABLE, options_key(options), mode)
+def embed_pack_key(tier: str, options: Mapping[str, Any], mode: str, tenant: str = DEFAULT_TENANT) -> PackKey:
+    """The window key of an embed job: its tier, options, mode and tenant (an array request
+    never carries two tenants' inputs)."""
+    return PackKey(tier, "", EMBED_VARIABLE, options_key(options), mode, tenant)
 
 
 def embed_window_limits(batching: WindowLimits, limits: EmbedLimits) -> WindowLimits:
@@ -156,10 +158,13 @@ def embed_window_limits(batching: WindowLimits, limits: EmbedLimits) -> WindowLi
     )
 
 
-def embed_dedupe_key(tier: str, model: str, options: Mapping[str, Any], text: str) -> str:
-    """The key under which identical embed jobs share one vector: an embedding is a function
-    of the model, options and text, so every embed job can be deduped."""
-    canonical = orjson.dumps(["embed", tier, model, dict(options), text], option=orjson.OPT_SORT_KEYS)
+def embed_dedupe_key(
+    tier: str, model: str, options: Mapping[str, Any], text: str, tenant: str = DEFAULT_TENANT
+) -> str:
+    """The key under which identical embed jobs of one tenant share one vector: an embedding
+    is a function of the model, options and text, so every embed job can be deduped (never
+    across tenants: one tenant's job is not answered from another's)."""
+    canonical = orjson.dumps(["embed", tier, model, dict(options), text, tenant], option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()
 
 

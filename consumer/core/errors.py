@@ -46,6 +46,9 @@ class ErrorKind(StrEnum):
     BATCH_EXPIRED = "batch_expired"
     BATCH_FAILED = "batch_failed"
     OUTPUT_INVALID = "output_invalid"
+    #: the job's tenant spent its daily budget and its policy is `on_exhausted: dead_letter`
+    #: (not retryable today; `promptbus replay --kind budget_exhausted` sends it again later)
+    BUDGET_EXHAUSTED = "budget_exhausted"
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from pydantic import (
 from typing_extensions import TypedDict
 
 from consumer.core.errors import ErrorKind, JobError
+from consumer.core.tenants import DEFAULT_TENANT, TENANT_PATTERN
 
 __all__ = [
     "BatchInfo",
@@ -207,6 +208,14 @@ class Job(_Frozen):
         default="chat", description="chat: a prompt or messages; embed: the embedding of `input`."
     )
     input: StrictStr | None = Field(default=None, description="The text to embed (embed jobs only).")
+    tenant: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=TENANT_PATTERN,
+        description="Who the job belongs to (1-64 of A-Z a-z 0-9 . _ -); null: the record header "
+        "promptbus-tenant, else default.",
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> Job:
@@ -299,6 +308,10 @@ class Result(_Frozen):
         default=None,
         description="The tier's deployment that answered (its name); null for a tier without deployments.",
     )
+    tenant: StrictStr = Field(
+        default=DEFAULT_TENANT,
+        description="The job's tenant: its tenant field, else its promptbus-tenant header, else default.",
+    )
 
 
 class DeadLetter(_Frozen):
@@ -312,6 +325,11 @@ class DeadLetter(_Frozen):
     raw: StrictStr | None = Field(default=None, description="Base64 of the original bytes when unparsable.")
     source: SourceRef
     failed_at: UtcTime
+    tenant: StrictStr | None = Field(
+        default=None,
+        description="The job's tenant (as on its result); null when the record gave none that could be "
+        "read: not a job, or a tenant that is not a tenant name.",
+    )
 
 
 #: Field paths can hold user-chosen keys (variables, extra fields): keep them short.

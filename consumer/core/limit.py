@@ -7,7 +7,14 @@ Pure functions of samples, in the shape of Netflix/concurrency-limits: the async
 
 - `AIMDLimit`: additive increase, multiplicative decrease. For providers that say when they
   are overloaded (429/529): halve on a drop, +1 on a success while at least half the limit
-  was in use (an idle limit proves nothing), always within min..max.
+  was in use (an idle limit proves nothing), always within min..max. Against a server that
+  queues instead of refusing (a self-hosted vLLM or llama.cpp past its slots), latency is the
+  only overload signal: it grows only while the latest RTT stays within `rtt_tolerance` of
+  the lowest RTT measured since its last probe, and steps back down once per RTT while the
+  smoothed RTT is beyond it (latency alone never below `initial`); the way Netflix's concurrency-limits
+  combines AIMD with Vegas' no-load RTT. Every `probe_interval_s` it drops to that floor for
+  a moment and measures the no-load RTT afresh (the server's queue drains), so a genuine
+  change of it is learnt and queueing delay never is.
 - `GradientLimit`: for local servers that never send 429, in the spirit of Netflix's
   Gradient2. It compares the short-term RTT with a baseline (slow long-term average,
   anchored by the lowest RTT since a periodic probe): when latency grows (queueing on the
@@ -23,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["AIMDLimit", "ConcurrencyLimit", "FixedLimit", "GradientLimit", "limit_for"]
+__all__ = ["AIMD_RTT_TOLERANCE", "AIMDLimit", "ConcurrencyLimit", "FixedLimit", "GradientLimit", "limit_for"]
 
 
 class ConcurrencyLimit(Protocol):
@@ -58,10 +65,25 @@ class FixedLimit:
         return self._limit
 
 
-class AIMDLimit:
-    """Additive increase (+1), multiplicative decrease (x `backoff_ratio`) on drops.
+#: AIMD's default `rtt_tolerance`: how much slower than the no-load RTT answers may get before
+#: it stops growing (a server that queues past its capacity doubles it with as many waiting as
+#: served)
+AIMD_RTT_TOLERANCE = 2.0
 
-    timeout_ms: a success slower than this counts as a drop (None: never).
+
+class AIMDLimit:
+    """Additive increase (+1), multiplicative decrease (x `backoff_ratio`) on drops; no growth
+    while latency grows with concurrency.
+
+    timeout_ms: a success slower than this counts as a drop (None: never);
+    rtt_tolerance: grow only while the latest RTT is at most this multiple of the no-load RTT
+    (the lowest since the last probe); while the smoothed RTT is above it the limit steps down,
+    once per RTT, to the concurrency that RTT allows, never below `initial`; and from the first
+    time it is, growth is one step per RTT, not one per success (None: latency is ignored and
+    only drops shrink the limit);
+    smoothing: weight of a new sample in the smoothed RTT;
+    probe_interval_s: how often the limit drops to `initial` for a moment so the no-load RTT
+    is measured afresh (while latency is watched).
     """
 
     def __init__(
@@ -72,33 +94,120 @@ class AIMDLimit:
         max_limit: int = 64,
         backoff_ratio: float = 0.5,
         timeout_ms: float | None = None,
+        rtt_tolerance: float | None = AIMD_RTT_TOLERANCE,
+        smoothing: float = 0.1,
+        probe_interval_s: float = 60.0,
     ) -> None:
         _check_bounds(initial, min_limit, max_limit)
         if not 0.0 < backoff_ratio < 1.0:
             raise ValueError("backoff_ratio must be in (0, 1)")
+        if rtt_tolerance is not None and rtt_tolerance <= 1.0:
+            raise ValueError("rtt_tolerance must be > 1")
         self._limit = initial
         self._last_decrease_s = float("-inf")
         self.min_limit = min_limit
         self.max_limit = max_limit
         self.backoff_ratio = backoff_ratio
         self.timeout_ms = timeout_ms
+        self.rtt_tolerance = rtt_tolerance
+        self.smoothing = smoothing
+        self.probe_interval_s = probe_interval_s
+        #: latency alone never takes the limit below this (what the tier was configured to start at)
+        self._latency_floor = initial
+        self._no_load_rtt_ms = math.inf
+        self._smoothed_rtt_ms = 0.0
+        #: False once latency has grown past the tolerance: from then on, one step per RTT
+        self._per_success = True
+        self._last_increase_s = float("-inf")
+        self._last_step_down_s = float("-inf")
+        self._probed_s = float("-inf")  # the last probe; samples sent before it are not no-load
+        self._next_probe_s: float | None = None
 
     @property
     def limit(self) -> int:
         return self._limit
 
+    @property
+    def no_load_rtt_ms(self) -> float:
+        """The lowest RTT since the last probe (inf before any)."""
+        return self._no_load_rtt_ms
+
+    @property
+    def smoothed_rtt_ms(self) -> float:
+        """The smoothed RTT of the samples since the last probe (0 before any)."""
+        return self._smoothed_rtt_ms
+
     def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int:
         """Apply one finished request's sample; return the new limit."""
+        sent_s = now_s - rtt_ms / 1000.0
         if dropped or (self.timeout_ms is not None and rtt_ms > self.timeout_ms):
             # one decrease per overload event: requests sent before the last decrease went out
             # at the old limit and say nothing new (TCP halves once per loss window)
-            if now_s - rtt_ms / 1000.0 < self._last_decrease_s:
+            if sent_s < self._last_decrease_s:
                 return self._limit
             self._last_decrease_s = now_s
             self._limit = max(self.min_limit, int(self._limit * self.backoff_ratio))
-        elif inflight * 2 >= self._limit:
-            self._limit = min(self.max_limit, self._limit + 1)
+            return self._limit
+        if inflight * 2 < self._limit:
+            if self.rtt_tolerance is not None and sent_s >= self._probed_s:
+                self._latency_grew(rtt_ms, self.rtt_tolerance)  # an idle limit proves nothing
+            return self._limit
+        if self.rtt_tolerance is not None:
+            if sent_s < self._probed_s or self._probe(now_s):
+                return self._limit  # sent before the probe, at the higher limit: not no-load
+            smoothed_over, latest_over = self._latency_grew(rtt_ms, self.rtt_tolerance)
+            if smoothed_over:
+                self._step_down(inflight, self.rtt_tolerance, sent_s, now_s)
+            if latest_over or smoothed_over:
+                self._per_success = False
+                return self._limit
+            if not self._per_success:
+                # one step per RTT: requests sent before the last step say nothing of it yet
+                if sent_s < self._last_increase_s:
+                    return self._limit
+                self._last_increase_s = now_s
+        self._limit = min(self.max_limit, self._limit + 1)
         return self._limit
+
+    def _probe(self, now_s: float) -> bool:
+        """Start a probe when one is due: the limit drops to its latency floor, the server's
+        queue drains, and the no-load RTT is measured afresh from the requests sent from now."""
+        if self._next_probe_s is None:
+            self._next_probe_s = now_s + self.probe_interval_s
+            return False
+        if now_s < self._next_probe_s:
+            return False
+        self._next_probe_s = now_s + self.probe_interval_s
+        self._probed_s = now_s
+        self._limit = min(self._limit, self._latency_floor)
+        self._no_load_rtt_ms = math.inf
+        return True
+
+    def _latency_grew(self, rtt_ms: float, tolerance: float) -> tuple[bool, bool]:
+        """Feed one sample to the no-load and smoothed RTTs; whether the smoothed RTT, and the
+        sample itself, are more than `tolerance` times the no-load one (growth stops at the
+        first slow sample; a step down waits for the smoothed RTT, which one slow answer does
+        not move far)."""
+        rtt_ms = max(rtt_ms, 1e-3)
+        if self._no_load_rtt_ms == math.inf:
+            self._smoothed_rtt_ms = rtt_ms
+        else:
+            self._smoothed_rtt_ms += (rtt_ms - self._smoothed_rtt_ms) * self.smoothing
+        self._no_load_rtt_ms = min(self._no_load_rtt_ms, rtt_ms)
+        bound_ms = tolerance * self._no_load_rtt_ms
+        return self._smoothed_rtt_ms > bound_ms, rtt_ms > bound_ms
+
+    def _step_down(self, inflight: int, tolerance: float, sent_s: float, now_s: float) -> None:
+        """Down to the concurrency whose RTT the tolerance allows, at most once per RTT
+        (requests sent before the last step went out at the higher limit) and never below the
+        latency floor. A server that queues serves a fixed rate, so RTT grows in proportion to
+        the requests in flight: `inflight * tolerance * no_load / smoothed` is where it was
+        within the tolerance."""
+        if sent_s < self._last_step_down_s or self._limit <= self._latency_floor:
+            return
+        self._last_step_down_s = now_s
+        allowed = int(inflight * tolerance * self._no_load_rtt_ms / self._smoothed_rtt_ms)
+        self._limit = max(self._latency_floor, min(self._limit - 1, allowed))
 
 
 @dataclass(slots=True)
@@ -208,9 +317,11 @@ class GradientLimit:
 
 
 def limit_for(config: Any) -> ConcurrencyLimit:
-    """The algorithm a `consumer.settings.LimiterConfig` names (algorithm, initial, min, max)."""
+    """The algorithm a `consumer.settings.LimiterConfig` names (algorithm, initial, min, max,
+    and aimd's rtt_tolerance)."""
     if config.algorithm == "aimd":
-        return AIMDLimit(config.initial, min_limit=config.min, max_limit=config.max)
+        tolerance = getattr(config, "rtt_tolerance", AIMD_RTT_TOLERANCE)
+        return AIMDLimit(config.initial, min_limit=config.min, max_limit=config.max, rtt_tolerance=tolerance)
     if config.algorithm == "gradient":
         return GradientLimit(config.initial, min_limit=config.min, max_limit=config.max)
     if config.algorithm == "fixed":

@@ -57,6 +57,10 @@ __all__ = ["BudgetPacer", "TokenBudget"]
 FALLBACK_WAIT_S = 1.0
 #: hints kept for the rate estimate (a bound on memory at high rates)
 MAX_MARKS = 1024
+
+#: the shortest token reset a refill rate is learnt from once one is known: a header's reset is
+#: rounded (to 1 ms at OpenAI), so a 6 ms reset may be off by a sixth, a 100 ms one by 1%
+MIN_RATE_RESET_S = 0.1
 #: 429s remembered (their sequence numbers), so hints around them count requests right
 MAX_REJECTED = 4096
 #: requests refilled between two hints before `remaining` (an integer) is trusted for the rate
@@ -395,7 +399,10 @@ class TokenBudget:
         self._limit = limit
         reset_s = hint.reset_tokens_s
         if reset_s is not None and reset_s > 0 and remaining < limit:
-            self._rate_per_s = (limit - remaining) / reset_s
+            # headers round the reset (to milliseconds, or seconds): once a rate is known, a
+            # reset too short for that rounding to be small does not replace it
+            if self._rate_per_s is None or reset_s >= MIN_RATE_RESET_S:
+                self._rate_per_s = (limit - remaining) / reset_s
         self._newest_seq = seq
         # `remaining` is the level just after the provider counted `seq` (about its admission
         # time); the admissions after it are taken again from there, at their estimates

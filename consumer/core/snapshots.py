@@ -6,11 +6,11 @@ Each process run publishes under its own instance id, so lifetime totals are the
 snapshot ever published. Counters add up; gauges are read from live instances only (updated
 within `live_within_s`): summed for what each instance has of its own (its concurrency limit,
 its in-flight requests), the largest live value for what the instances share (a tier's batch
-size, its API key's budgets). Latency percentiles come from the live instances' histograms,
-merged bucket by bucket (`consumer.core.histogram`). A tier's deployment (`TIER/NAME`) merges
-as a tier does. A fleet quota shows how the live
-instances split it: each one's share and demand, and their sums. Pure: the caller passes
-`now_s`.
+size, its API key's budgets, a tenant's budget and the group's spend against it). Latency
+percentiles come from the live instances' histograms, merged bucket by bucket
+(`consumer.core.histogram`). A tier's deployment (`TIER/NAME`) merges as a tier does. A fleet
+quota shows how the live instances split it: each one's share and demand, and their sums.
+Pure: the caller passes `now_s`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ _GAUGE_TEXTS = {"batch_size_reason": "batch_size"}
 #: a lane's gauges are each instance's own (summed over live instances); its largest latency is
 #: the largest of any instance; its mean is worked out from the sums
 _LANE_GAUGES = {"inflight", "paused"}
+#: a tenant's gauges: each instance's own held jobs (summed over live instances); the day's
+#: budget and the group's spend against it, which every instance knows alike (the largest
+#: live value: the most recent)
+_TENANT_OWN_GAUGES = {"held"}
+_TENANT_SHARED_GAUGES = {"budget_usd", "spent_usd", "budget_tokens", "spent_tokens"}
 #: the instance counters that add up across every snapshot
 _COUNTERS = ("items_in", "results", "dropped_late", "skipped_done")
 
@@ -92,6 +97,7 @@ class _Snapshot(BaseModel):
     dead_letters: dict[str, int] = {}
     tiers: dict[str, dict[str, float | str]] = {}
     lanes: dict[str, dict[str, float]] = {}
+    tenants: dict[str, dict[str, float]] = {}
     agreement: dict[str, dict[str, _AgreementCount]] = {}
     histograms: dict[str, list[dict[str, Any]]] = {}
     lag: list[_PartitionLag] = []
@@ -134,6 +140,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         "inflight": 0,
         "tiers": {},
         "lanes": {},
+        "tenants": {},
         "agreement": {},
         "lag_records": 0,
         "lag_partitions": 0,
@@ -159,6 +166,8 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
             _merge_lane(total["lanes"].setdefault(name, {}), ls, live=live)
         for name, ds in snap.get("deployments", {}).items():  # "TIER/NAME": a tier's by its rules
             _merge_tier(total["deployments"].setdefault(name, {}), ds, live=live)
+        for name, tenant in snap.get("tenants", {}).items():
+            _merge_tenant(total["tenants"].setdefault(name, {}), tenant, live=live)
         for name, per_size in snap.get("agreement", {}).items():
             _add_agreement(total["agreement"].setdefault(name, {}), per_size)
     for per_size in total["agreement"].values():
@@ -236,6 +245,16 @@ def _merge_lane(agg: dict[str, float], ls: dict[str, float], *, live: bool) -> N
         if k == "latency_s_max":
             agg[k] = max(agg.get(k, 0.0), v)
         elif k in _LANE_GAUGES:
+            agg[k] = agg.get(k, 0) + (v if live else 0)
+        else:
+            agg[k] = agg.get(k, 0) + v
+
+
+def _merge_tenant(agg: dict[str, float], ts: dict[str, float], *, live: bool) -> None:
+    for k, v in ts.items():
+        if k in _TENANT_SHARED_GAUGES:
+            agg[k] = max(agg.get(k, 0), v) if live else agg.get(k, 0)
+        elif k in _TENANT_OWN_GAUGES:
             agg[k] = agg.get(k, 0) + (v if live else 0)
         else:
             agg[k] = agg.get(k, 0) + v

@@ -18,6 +18,10 @@ A flush of one item is an ordinary request (rule 5); the planner handles that.
 Items of revoked partitions are pulled out with `drain_partitions`; the rest of a mixed
 window stays and keeps its timers.
 
+Windows are per tenant (the tenant is part of the `PackKey`), so a packed prompt never mixes
+tenants; windows due at the same moment flush in fair order between their tenants
+(`consumer.core.fairshare.fair_order`), so one tenant's many windows do not all go first.
+
 `LaneWindows` keeps the windows of lanes (`consumer.core.lanes`) apart where sharing would
 delay a job: a window holding a job of a lane with `max_wait_ms` flushes at most that long
 after its first member (and waits at most that long for a next one). Jobs of different lanes
@@ -34,8 +38,10 @@ from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import orjson
 
+from consumer.core.fairshare import fair_order
 from consumer.core.lanes import Lane
 from consumer.core.templates import BatchablePrompt
+from consumer.core.tenants import DEFAULT_TENANT
 
 __all__ = [
     "CollectionWindows",
@@ -54,7 +60,8 @@ FlushReason = Literal["max_items", "max_input_chars", "window", "max_wait", "idl
 
 
 class PackKey(NamedTuple):
-    """Jobs share a request only when all of these are equal (DESIGN.md rule 2).
+    """Jobs share a request only when all of these are equal (DESIGN.md rule 2), and only jobs
+    of one tenant ever do (a model never sees one tenant's data beside another's).
 
     options_key is the canonical JSON (sorted keys) of the job's options. A NamedTuple: one
     is built per job and hashed several times, and a tuple does both in C.
@@ -65,6 +72,7 @@ class PackKey(NamedTuple):
     variable: str
     options_key: str
     mode: str
+    tenant: str = DEFAULT_TENANT
 
 
 def options_key(options: Mapping[str, Any]) -> str:
@@ -80,6 +88,7 @@ def pack_key_for(job: Any, batchable: BatchablePrompt) -> PackKey:
         variable=batchable.variable,
         options_key=options_key(job.options),
         mode=job.mode or "online",
+        tenant=job.tenant or DEFAULT_TENANT,
     )
 
 
@@ -226,11 +235,17 @@ class CollectionWindows(Generic[T]):
         return [self._close(key, "drain") for key in list(self._windows)]
 
 
+def _tenant_of(flush: Flush[Any]) -> str:
+    return flush.key.tenant
+
+
 class LaneWindows(Generic[T]):
     """Collection windows apart by lane wait (`Lane.max_wait_ms`): the same interface as
-    `CollectionWindows`, with each item's lane."""
+    `CollectionWindows`, with each item's lane. `weight_of`: a tenant's fair-share weight,
+    the order of windows due together."""
 
-    def __init__(self) -> None:
+    def __init__(self, weight_of: Callable[[str], float] = lambda _tenant: 1.0) -> None:
+        self._weight_of = weight_of
         self._by_wait: dict[float | None, CollectionWindows[T]] = {}
         #: a tier's limits capped by a lane's wait, made once per (limits, wait)
         self._capped: dict[tuple[WindowLimits, float], WindowLimits] = {}
@@ -266,8 +281,9 @@ class LaneWindows(Generic[T]):
         )
 
     def due(self, now_s: float, *, can_still_join: Callable[[PackKey], bool]) -> list[Flush[T]]:
-        """The windows due at `now_s` (`CollectionWindows.due`)."""
-        return [f for w in self._by_wait.values() for f in w.due(now_s, can_still_join=can_still_join)]
+        """The windows due at `now_s` (`CollectionWindows.due`), in fair order between tenants."""
+        due = [f for w in self._by_wait.values() for f in w.due(now_s, can_still_join=can_still_join)]
+        return fair_order(due, _tenant_of, self._weight_of) if len(due) > 1 else due
 
     def next_deadline_s(self) -> float | None:
         """The earliest time a window becomes due by time alone, or None without windows."""

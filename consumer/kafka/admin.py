@@ -22,6 +22,9 @@ TOPIC_ALREADY_EXISTS = 36
 #: a compacted topic rewritten several times a second (a group's board) rolls its segments
 #: this often, so compaction keeps what a starting instance reads to a few minutes of records
 BOARD_SEGMENT_MS = 10 * 60 * 1000
+#: the budgets topic keeps records this long (compacted too): a record of a day that ended
+#: counts nothing, and every process run writes under its own key
+BUDGETS_RETENTION_MS = 3 * 24 * 3600 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +37,15 @@ class TopicSpec:
     replication: int
     compacted: bool = False
     segment_ms: int | None = None
+    #: records older than this are deleted as well (None: kept while compaction keeps them)
+    retention_ms: int | None = None
 
     def configs(self) -> dict[str, str]:
         cfg = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
         if self.compacted:
-            cfg["cleanup.policy"] = "compact"
+            cfg["cleanup.policy"] = "compact" if self.retention_ms is None else "compact,delete"
+        if self.retention_ms is not None:
+            cfg["retention.ms"] = str(self.retention_ms)
         if self.segment_ms is not None:
             cfg["segment.ms"] = str(self.segment_ms)
         return cfg
@@ -46,9 +53,9 @@ class TopicSpec:
 
 def topic_specs(settings: Settings, lane_topics: Sequence[str] = ()) -> list[TopicSpec]:
     """Every topic promptbus reads or writes; `lane_topics`: the lanes' job topics, made like
-    the jobs topic. batches, stats, batching and quotas are compacted (latest per key); quotas,
-    a group's board of quota demands, is one partition so every instance reads its records in
-    the order they were written."""
+    the jobs topic. batches, stats, batching, quotas and budgets are compacted (latest per key);
+    quotas and budgets, groups' boards, are one partition so every instance reads their records
+    in the order they were written."""
     p, r = settings.topic_partitions, settings.topic_replication
     jobs = list(dict.fromkeys([settings.jobs_topic, *lane_topics]))
     return [
@@ -59,6 +66,7 @@ def topic_specs(settings: Settings, lane_topics: Sequence[str] = ()) -> list[Top
         TopicSpec(settings.stats_topic, 1, r, compacted=True),
         TopicSpec(settings.batching_topic, 1, r, compacted=True),
         TopicSpec(settings.quotas_topic, 1, r, compacted=True, segment_ms=BOARD_SEGMENT_MS),
+        TopicSpec(settings.budgets_topic, 1, r, compacted=True, retention_ms=BUDGETS_RETENTION_MS),
     ]
 
 

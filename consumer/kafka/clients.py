@@ -29,9 +29,15 @@ def job_producer(settings: Settings) -> AIOKafkaProducer:
 
 
 async def submit_jobs(
-    settings: Settings, jobs: Iterable[bytes], *, progress: Any = None, key_of: Any = None
+    settings: Settings,
+    jobs: Iterable[bytes],
+    *,
+    progress: Any = None,
+    key_of: Any = None,
+    headers: Sequence[tuple[str, bytes]] = (),
 ) -> int:
-    """Produce job records (key: the job id) and wait until all are acknowledged; return the count."""
+    """Produce job records (key: the job id; `headers` on each) and wait until all are
+    acknowledged; return the count."""
     producer = job_producer(settings)
     await producer.start()
     sent = 0
@@ -39,7 +45,7 @@ async def submit_jobs(
         pending: list[asyncio.Future[Any]] = []
         for value in jobs:
             key = key_of(value) if key_of else None
-            pending.append(await producer.send(settings.jobs_topic, value, key=key))
+            pending.append(await producer.send(settings.jobs_topic, value, key=key, headers=list(headers)))
             sent += 1
             if len(pending) >= 1000:
                 await asyncio.gather(*pending)
@@ -68,6 +74,17 @@ async def topic_partitions(settings: Settings, topic: str) -> list[int]:
     return []
 
 
+def committed_reader(settings: Settings) -> AIOKafkaConsumer:
+    """A consumer in no group that reads committed records only and never commits (the caller
+    assigns its partitions)."""
+    return AIOKafkaConsumer(
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        **client_kwargs(settings),
+    )
+
+
 async def read_topic(
     settings: Settings, topic: str, *, from_beginning: bool, follow: bool, idle_stop_s: float = 1.0
 ) -> AsyncIterator[tuple[bytes | None, bytes | None]]:
@@ -80,12 +97,7 @@ async def read_topic(
         # a topic not made yet holds nothing; and a consumer stopped straight after its start
         # has aiokafka's coordinator raise CancelledError from its clean-up
         return
-    consumer = AIOKafkaConsumer(
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-        **client_kwargs(settings),
-    )
+    consumer = committed_reader(settings)
     try:
         await consumer.start()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]

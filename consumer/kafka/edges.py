@@ -31,7 +31,7 @@ class ServiceIntake(JobIntake, Protocol):
 
 class ServiceEdges(Protocol):
     """The service's edges to Kafka: topics, the jobs intake, producers, the offline tracker's
-    reader."""
+    reader, the followers of compacted topics (the batches topic, the group's boards)."""
 
     async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]: ...
 
@@ -51,7 +51,7 @@ class ServiceEdges(Protocol):
 
     def follower(self, settings: Settings, client_id: str, topic: str) -> TopicFollower:
         """Every key's latest record of the compacted `topic`, read by every instance alike
-        (a group's board, `consumer.kafka.board`)."""
+        (a group's board, `consumer.kafka.board`: fleet quotas, tenants' budgets)."""
         ...
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
@@ -84,3 +84,4 @@ class KafkaEdges:
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         return await read_latest(settings, topic)
+

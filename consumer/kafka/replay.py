@@ -2,7 +2,8 @@
 
 Each dead letter picked by the filter (`ReplayFilter`: kinds, tier, failed at or after a time)
 becomes one job record: the dead letter's parsed `job` as JSON, or, when the job was never
-parsed, the original bytes from `raw`. Its key is the job id, and the header
+parsed, the original bytes from `raw`. Its key is the job id, its tenant the dead letter's
+(`promptbus-tenant`, which a tenant field of the job itself overrides), and the header
 `promptbus-replay-of: topic/partition/offset` names the dead letter it came from. A job
 that admission would refuse again for its own content (not a job, its template and variables
 do not fit: `consumer.core.content`) is skipped as `still_invalid`, with the dead letter's words.
@@ -38,6 +39,7 @@ from aiokafka import AIOKafkaConsumer
 
 from consumer.core.content import check_job
 from consumer.core.errors import JobError
+from consumer.core.tenants import TENANT_HEADER, tenant_problem
 from consumer.kafka.clients import job_producer, topic_partitions
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
@@ -168,7 +170,12 @@ def plan_replay(
     source = dead.get("source")
     topic = source.get("topic") if isinstance(source, dict) else None
     to_topic = topic if isinstance(topic, str) and topic else jobs_topic
-    record = OutRecord(to_topic, key, payload, ((REPLAY_HEADER, at.encode()),))
+    headers: tuple[tuple[str, bytes], ...] = ((REPLAY_HEADER, at.encode()),)
+    tenant = dead.get("tenant")
+    if isinstance(tenant, str) and tenant_problem(tenant) is None:
+        # the tenant its record's header named, when its job has no tenant field of its own
+        headers = (*headers, (TENANT_HEADER, tenant.encode()))
+    record = OutRecord(to_topic, key, payload, headers)
     return Replay(kind, job_id if isinstance(job_id, str) else None, at, record)
 
 

@@ -5,10 +5,12 @@ record's original bytes) and routes an admitted job. The checks, in order:
 
     1. the record is at most `max_job_bytes`;
     2. it decodes as a Job (UTF-8 JSON of the job schema: `invalid_job`);
-    3. its tier is configured (`unknown_tier`);
-    4. `mode: offline` only where the tier enables it and offline processing runs (`invalid_job`);
+    3. its tenant (its `tenant` field, else its `promptbus-tenant` header, else `default`) is a
+       tenant name (`invalid_job`; `consumer.core.tenants`);
+    4. its tier is configured (`unknown_tier`);
+    5. `mode: offline` only where the tier enables it and offline processing runs (`invalid_job`);
        `auto` (or no mode, by the tier's `default_mode`) is decided here (`core/routing.py`);
-    5. its own content can be asked: its template renders, its response_format can be
+    6. its own content can be asked: its template renders, its response_format can be
        checked (`template_error` / `invalid_job`; `consumer.core.content`, which the CLI
        checks too); an Anthropic tier's chat job has a message besides system ones
        (`invalid_job`); an embed job's tier has an embeddings endpoint (`invalid_job`).
@@ -16,9 +18,9 @@ record's original bytes) and routes an admitted job. The checks, in order:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -28,6 +30,7 @@ from consumer.core.embed import embed_limits, no_embeddings
 from consumer.core.errors import ErrorKind, JobError
 from consumer.core.jobs import Job, decode_job
 from consumer.core.lanes import Lane
+from consumer.core.tenants import DEFAULT_TENANT, TENANT_HEADER, tenant_problem
 from consumer.kafka.intake import InRecord
 from consumer.kafka.sink import Ticket
 from consumer.runtime.context import JobContext
@@ -40,13 +43,15 @@ MERGED_OPTIONS_KEPT = 4096
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """Why a record cannot become a job: dead-lettered with `raw`, the record's own bytes."""
+    """Why a record cannot become a job: dead-lettered with `raw`, the record's own bytes;
+    `tenant`: whose it is, when that could be read."""
 
     kind: ErrorKind
     message: str
     raw: bytes
     job: Job | None = None
     job_id: str | None = None
+    tenant: str | None = None
 
 
 class Admission:
@@ -71,6 +76,9 @@ class Admission:
         self._known = ", ".join(sorted(tiers))
         #: (tier, canonical job options) -> the merge: jobs of equal options share one dict
         self._merged: dict[tuple[str, str], MergedOptions] = {}
+        #: the clock reading of the current poll and the wall clock then (see `_wall_at`)
+        self._wall_now_s = float("nan")
+        self._wall_s = 0.0
 
     def admit(
         self, record: InRecord, ticket: Ticket, now_s: float, lane: Lane | None = None
@@ -83,21 +91,38 @@ class Admission:
         try:
             job = decode_job(raw)
         except JobError as exc:
-            return Rejection(exc.kind, str(exc), raw, job_id=job_id_hint(raw))
+            header = header_tenant(record.headers)
+            tenant = header if header is not None and tenant_problem(header) is None else None
+            return Rejection(exc.kind, str(exc), raw, job_id=job_id_hint(raw), tenant=tenant)
+        tenant = job.tenant
+        if tenant is None:
+            tenant = header_tenant(record.headers)
+            if tenant is None:
+                tenant = DEFAULT_TENANT
+            elif (problem := tenant_problem(tenant)) is not None:
+                message = f"header '{TENANT_HEADER}': {problem}"
+                return Rejection(ErrorKind.INVALID_JOB, message, raw, job=job)
         tier = self._tiers.get(job.tier)
         if tier is None:
             message = f"tier '{job.tier}' is not configured (known: {self._known})"
-            return Rejection(ErrorKind.UNKNOWN_TIER, message, raw, job=job)
+            return Rejection(ErrorKind.UNKNOWN_TIER, message, raw, job=job, tenant=tenant)
         if job.mode == "offline" and not (self._offline_runs and tier.config.offline.enabled):
             message = f"tier '{tier.name}' does not allow mode 'offline' (offline.enabled is false)"
-            return Rejection(ErrorKind.INVALID_JOB, message, raw, job=job)
+            return Rejection(ErrorKind.INVALID_JOB, message, raw, job=job, tenant=tenant)
         try:
-            return self._context(job, ticket, tier, record, now_s, lane)
+            return self._context(job, ticket, tier, record, now_s, lane, tenant)
         except JobError as exc:
-            return Rejection(exc.kind, str(exc), raw, job=job)
+            return Rejection(exc.kind, str(exc), raw, job=job, tenant=tenant)
 
     def _context(
-        self, job: Job, ticket: Ticket, tier: TierRuntime, record: InRecord, now_s: float, lane: Lane | None
+        self,
+        job: Job,
+        ticket: Ticket,
+        tier: TierRuntime,
+        record: InRecord,
+        now_s: float,
+        lane: Lane | None,
+        tenant: str,
     ) -> JobContext:
         options_key, merged = self._merge(job, tier)
         content = job_content(job, merged=merged)
@@ -114,7 +139,7 @@ class Admission:
                 )
         deadline_s = None
         if job.deadline is not None:
-            deadline_s = now_s + (job.deadline - datetime.now(UTC)).total_seconds()
+            deadline_s = now_s + job.deadline.timestamp() - self._wall_at(now_s)
         return JobContext(
             job,
             record.value if record.value is not None else b"",
@@ -132,7 +157,16 @@ class Admission:
             mode=tier.modes.mode_for(job.mode, None if deadline_s is None else deadline_s - now_s),
             lane=lane,
             timestamp_s=record.timestamp_ms / 1000.0,
+            tenant=tenant,
         )
+
+    def _wall_at(self, now_s: float) -> float:
+        """The wall clock (Unix seconds) when the clock read `now_s`: read once per `now_s`, so
+        every job of one poll has its deadline placed on the same instant (reading the wall
+        clock per job would move later jobs' deadlines earlier by the time taken before them)."""
+        if now_s != self._wall_now_s:
+            self._wall_now_s, self._wall_s = now_s, time.time()
+        return self._wall_s
 
     def _merge(self, job: Job, tier: TierRuntime) -> tuple[str, MergedOptions]:
         """The canonical JSON of the job's options and their merge over the tier's, shared with
@@ -144,6 +178,20 @@ class Admission:
             if len(self._merged) < MERGED_OPTIONS_KEPT:
                 self._merged[(tier.name, key)] = found
         return key, found
+
+
+def header_tenant(headers: tuple[tuple[str, bytes | None], ...]) -> str | None:
+    """The `promptbus-tenant` header's value as text (None: no such header); a value that is
+    not UTF-8 is returned as text that is no tenant name, so it is refused like any other."""
+    for name, value in headers:
+        if name == TENANT_HEADER:
+            if value is None:
+                return ""
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                return "\ufffd"
+    return None
 
 
 def key_text(key: bytes | None) -> str | None:

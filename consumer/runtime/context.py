@@ -10,6 +10,7 @@ from consumer.core.jobs import Job, decode_job
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
 from consumer.core.output import OutputFormat
 from consumer.core.templates import BatchablePrompt
+from consumer.core.tenants import DEFAULT_TENANT
 from consumer.kafka.records import SourceOffset
 from consumer.kafka.sink import Ticket
 from consumer.runtime.tiers import TierRuntime
@@ -42,7 +43,8 @@ class JobContext:
     done: an outcome was handed to the sink (or the job was abandoned): nothing more happens;
     lane: the lane whose topic the job was read from (None: a job not read from a lane);
     timestamp_s, sent: the job record's Kafka timestamp (s since the epoch; job latency counts
-    from it), and whether a request carrying it was sent yet (queue wait ends then).
+    from it), and whether a request carrying it was sent yet (queue wait ends then);
+    tenant: whose job it is (`consumer.core.tenants`: its field, its header, else `default`).
     """
 
     __slots__ = (
@@ -68,6 +70,7 @@ class JobContext:
         "requested_mode",
         "requested_tier",
         "sent",
+        "tenant",
         "ticket",
         "tier",
         "timestamp_s",
@@ -93,6 +96,7 @@ class JobContext:
         mode: str = "online",
         lane: Lane | None = None,
         timestamp_s: float = 0.0,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
         self.id = job.id
         self.requested_tier = job.tier
@@ -117,6 +121,7 @@ class JobContext:
         self.mode = mode
         self.lane = lane
         self.timestamp_s = timestamp_s
+        self.tenant = tenant
         self.dedupe_key: str | None = None
         self.fallback_from: str | None = None
         self.done = False

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from consumer.core.errors import ErrorKind, ProviderError
 from consumer.core.lanes import Lane
+from consumer.core.tenants import TenantPolicies
 from consumer.kafka.records import OutRecord
 from consumer.kafka.sink import OutcomeSink, Ticket
+from consumer.runtime.accounts import TenantLedger
 from consumer.runtime.admission import Rejection
 from consumer.runtime.context import JobContext
 from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATENCY, RESULT, Series
@@ -65,9 +67,13 @@ class OutcomeWriter:
         telemetry: Telemetry,
         limits: RecordLimits,
         *,
+        ledger: TenantLedger | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """ledger: where each job's end is counted per tenant (None: every tenant weight 1 and
+        no budget, as without a `tenants` section)."""
         self._settings = settings
+        self.ledger = ledger if ledger is not None else TenantLedger(TenantPolicies(), stats)
         self._sink = sink
         self._stats = stats
         self._telemetry = telemetry
@@ -105,10 +111,13 @@ class OutcomeWriter:
             job_id=rejection.job_id,
             raw=rejection.raw,
             max_bytes=self.limits.dead_letters,
+            tenant=rejection.tenant,
         )
         self._stats.dead_letters[rejection.kind.value] += 1
         if lane is not None:  # rejected as it is read: its outcome took no time after its read
             self._stats.lane(lane.name).ended(0.0, ok=False)
+        if rejection.tenant is not None:  # a record whose tenant cannot be read counts in none
+            self.ledger.stats_of(rejection.tenant).ended(ok=False)
         self._sink.deliver(ticket, [record])
 
     def fail(
@@ -138,6 +147,7 @@ class OutcomeWriter:
             provider=error.provider if error else None,
             traceparent=self._telemetry.traceparent(ctx.trace),
             max_bytes=self.limits.dead_letters,
+            tenant=ctx.tenant,
         )
         self._stats.dead_letters[kind.value] += 1
         self._end(ctx, record, kind.value)
@@ -178,6 +188,7 @@ class OutcomeWriter:
             tier=ctx.tier.name,
             mode=ctx.mode,
             embedding=embedding,
+            tenant=ctx.tenant,
         )
         problem = too_large_result(record, self.limits.results)
         if problem is not None:
@@ -263,6 +274,7 @@ class OutcomeWriter:
         lane_stats, series = self._ends_of(ctx)
         if lane_stats is not None:
             lane_stats.ended(self._clock() - ctx.received_s, ok=ok)
+        self.ledger.stats_of(ctx.tenant).ended(ok=ok)
         series[2 * (ctx.mode == "offline") + (not ok)].observe(time.time() - ctx.timestamp_s)
 
     def _ends_of(self, ctx: JobContext) -> tuple[LaneStats | None, tuple[Series, ...]]:

@@ -7,7 +7,8 @@ every `stats_interval_s` and once more at stop.
 
 Record key: ``<tier>/<digest>``, the digest a hash of what the measurements are about: the
 tier's provider, base URL, model and `batching.structured`, and the batch key (prompt
-prefix, variable, options, mode). Changing any of them starts that key afresh; the prompt
+prefix, variable, options, mode, and the tenant unless it is `default`: each tenant's jobs
+are batched, and measured, apart). Changing any of them starts that key afresh; the prompt
 itself is never written. Record value: ``{"tier", "instance", "written_at" (unix s),
 "state"}`` with `state` as `AdaptivePackSize.export` gives it. The last writer wins:
 instances measuring the same key replace each other's record, each one a sample of the
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 import orjson
 
 from consumer.core.adaptive import AdaptivePackSize, AdaptiveSizes
+from consumer.core.tenants import DEFAULT_TENANT
 from consumer.core.window import PackKey
 from consumer.settings import TierConfig
 
@@ -51,8 +53,11 @@ class MeasuredTier(Protocol):
 
 
 def evidence_key(tier: str, config: TierConfig, key: PackKey) -> bytes:
-    """The batching topic's record key of one tier's batch key (see the module docstring)."""
+    """The batching topic's record key of one tier's batch key (see the module docstring); a
+    tenant's key names it, the default tenant's is the key it had before tenants existed."""
     about = [config.provider, config.resolved_base_url, config.model, config.batching.structured, *key]
+    if key.tenant == DEFAULT_TENANT:
+        about.pop()
     digest = hashlib.sha256(orjson.dumps(about)).hexdigest()[:24]
     return f"{tier}/{digest}".encode()
 

@@ -4,6 +4,7 @@ by Prometheus `/metrics` (`consumer.runtime.metrics`), OpenTelemetry and the sta
     promptbus_job_latency_seconds{tier,lane,outcome}          record timestamp -> outcome
     promptbus_offline_job_latency_seconds{tier,lane,outcome}  the same for offline jobs
     promptbus_queue_wait_seconds{tier,lane}                   record read -> first send
+    promptbus_tenant_queue_wait_seconds{tenant}               the same, per tenant account
     promptbus_provider_request_seconds{tier,outcome,deployment}  one provider call
 
 A series (one combination of label values) is created on first use and kept. The hot paths
@@ -59,13 +60,26 @@ QUEUE_WAIT = HistogramSpec(
     ("tier", "lane"),
     ONLINE_BOUNDS_S,
 )
+TENANT_QUEUE_WAIT = HistogramSpec(
+    "tenant_queue_wait_seconds",
+    "The job record read to the first send of a request carrying it, per tenant (named ones, "
+    "default, other)",
+    ("tenant",),
+    ONLINE_BOUNDS_S,
+)
 PROVIDER_REQUEST = HistogramSpec(
     "provider_request_seconds",
     "One provider call, by outcome (ok, rate_limited, error) and the tier's deployment",
     ("tier", "outcome", "deployment"),
     ONLINE_BOUNDS_S,
 )
-HISTOGRAMS: tuple[HistogramSpec, ...] = (JOB_LATENCY, OFFLINE_JOB_LATENCY, QUEUE_WAIT, PROVIDER_REQUEST)
+HISTOGRAMS: tuple[HistogramSpec, ...] = (
+    JOB_LATENCY,
+    OFFLINE_JOB_LATENCY,
+    QUEUE_WAIT,
+    TENANT_QUEUE_WAIT,
+    PROVIDER_REQUEST,
+)
 
 
 class Series:

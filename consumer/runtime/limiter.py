@@ -15,8 +15,9 @@ about load, e.g. a 400). `async with limiter.slot(tokens) as token:` guarantees 
 token the block did not end (it raised, or forgot) ends as `ignore`, so no exception can
 leak a slot and wedge the tier. A free slot goes to the waiter the lane scheduler names
 (`consumer.core.scheduling`): the highest lane with a request waiting, unless a lower lane is owed
-its `min_share`; within a lane the nearest deadline first, then first come, first served (a
-waiter that names no lane waits in the one default lane: first-in first-out).
+its `min_share`; within a lane the tenant with the least weighted service so far; within a
+tenant the nearest deadline first, then first come, first served (a waiter that names no lane
+waits in the one default lane, one that names no tenant as the `default` tenant).
 
 Three things bound admission: the concurrency limit (AIMD, gradient or fixed) and, once a
 provider has sent rate-limit headers, mirrors of its request bucket (`BudgetPacer`) and of
@@ -54,6 +55,7 @@ from consumer.core.limit import ConcurrencyLimit
 from consumer.core.pacing import BudgetPacer, TokenBudget
 from consumer.core.quota import NOTHING_USED, QuotaCost, Reservation
 from consumer.core.scheduling import LaneScheduler
+from consumer.core.tenants import DEFAULT_TENANT
 from consumer.runtime.gates import Gate, NoDeploymentUp
 from consumer.runtime.quotas import FleetQuota
 
@@ -132,7 +134,14 @@ class Slot:
     """
 
     __slots__ = (
-        "_deadline_s", "_estimated_tokens", "_lane", "_limiter", "_output_tokens", "_probe", "_token"
+        "_deadline_s",
+        "_estimated_tokens",
+        "_lane",
+        "_limiter",
+        "_output_tokens",
+        "_probe",
+        "_tenant",
+        "_token",
     )
 
     def __init__(
@@ -143,6 +152,7 @@ class Slot:
         deadline_s: float | None,
         output_tokens: int | None = None,
         probe: Gate | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
         self._limiter = limiter
         self._estimated_tokens = estimated_tokens
@@ -150,6 +160,7 @@ class Slot:
         self._deadline_s = deadline_s
         self._output_tokens = output_tokens
         self._probe = probe
+        self._tenant = tenant
         self._token: Token | None = None
 
     async def __aenter__(self) -> Token:
@@ -159,6 +170,7 @@ class Slot:
             deadline_s=self._deadline_s,
             output_tokens=self._output_tokens,
             probe=self._probe,
+            tenant=self._tenant,
         )
         return self._token
 
@@ -185,7 +197,9 @@ class AsyncLimiter:
         quota: FleetQuota | None = None,
         *,
         gates: Sequence[Gate] | None = None,
+        weight_of: Callable[[str], float] | None = None,
     ) -> None:
+        """weight_of: a tenant's fair-share weight (None: every tenant weighs 1)."""
         if gates is None:
             assert algorithm is not None, "an algorithm or gates"
             gates = [Gate(algorithm, pacer=pacer, tokens=tokens, quota=quota)]
@@ -201,8 +215,10 @@ class AsyncLimiter:
         self._only = self._gates[0] if len(self._gates) == 1 else None
         #: the gates that take from a fleet quota
         self._quota_gates = tuple(g for g in self._gates if g.quota is not None)
-        #: the waiters, by lane (`consumer.core.scheduling`)
-        self._waiters: LaneScheduler[_Waiter] = LaneScheduler()
+        #: the waiters, by lane and tenant (`consumer.core.scheduling`)
+        self._waiters: LaneScheduler[_Waiter] = (
+            LaneScheduler(weight_of=weight_of) if weight_of is not None else LaneScheduler()
+        )
         self._wake_timer: asyncio.TimerHandle | None = None
         self._wake_at_s = 0.0  # loop time the pending timer fires
 
@@ -346,9 +362,10 @@ class AsyncLimiter:
         deadline_s: float | None = None,
         output_tokens: int | None = None,
         probe: Gate | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Slot:
         """An async context manager around `acquire` that always ends its token (see `Slot`)."""
-        return Slot(self, estimated_tokens, lane, deadline_s, output_tokens, probe)
+        return Slot(self, estimated_tokens, lane, deadline_s, output_tokens, probe, tenant)
 
     async def acquire(
         self,
@@ -358,6 +375,7 @@ class AsyncLimiter:
         deadline_s: float | None = None,
         output_tokens: int | None = None,
         probe: Gate | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Token:
         """Wait for a slot; a released slot is handed to the waiter the lane scheduler names,
         on the deployment `choose_deployment` names.
@@ -368,6 +386,7 @@ class AsyncLimiter:
         output_tokens: its max_tokens (what a fleet quota reserves for its output; None:
         unknown); probe: the request is the probe of this deployment's open circuit: it is
         granted there only. Raises NoDeploymentUp when every deployment's circuit is open.
+        tenant: whose request it is (fair share within the lane).
         """
         if not self._waiters:
             gate = self._only
@@ -387,7 +406,7 @@ class AsyncLimiter:
                     return self._admit(gate, estimated_tokens, output_tokens)
         fut: asyncio.Future[Token] = asyncio.get_running_loop().create_future()
         waiter: _Waiter = (fut, estimated_tokens, output_tokens, probe)
-        self._waiters.push(waiter, lane if lane is not None else UNLANED, deadline_s)
+        self._waiters.push(waiter, lane if lane is not None else UNLANED, deadline_s, tenant)
         self._wake()  # a slot may be free with nothing in flight to release it (after a pause)
         try:
             return await fut

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from consumer.core.deployments import DEFAULT_DEPLOYMENT
 from consumer.core.errors import ConfigError
 from consumer.runtime.latency import HISTOGRAMS
-from consumer.runtime.stats import ServiceStats
+from consumer.runtime.stats import ServiceStats, budget_left
 
 log = logging.getLogger(__name__)
 
@@ -126,41 +126,128 @@ def _tier_metric(name: str, text: str, counter: bool) -> _Metric:
     return _Metric(("tier", name), text, counter, ("tier",), _per_tier(name))
 
 
-def _per_lane(field: str) -> Samples:
-    return lambda s: [((lane,), getattr(ls, field)) for lane, ls in sorted(s.lanes.items())]
+def _per(group: str, field: str) -> Samples:
+    """One sample per member of `group` (the stats' `lanes`, `tenants`): its `field`."""
+    return lambda s: [((name,), getattr(st, field)) for name, st in sorted(getattr(s, group).items())]
 
 
-def _lane_outcomes(s: ServiceStats) -> list[tuple[tuple[str, ...], float]]:
-    return [
-        ((lane, outcome), n)
-        for lane, ls in sorted(s.lanes.items())
-        for outcome, n in (("result", ls.results), ("dead_letter", ls.dead_letters))
+def _each(group: str, parts: tuple[tuple[str, str], ...]) -> Samples:
+    """Per member of `group` and per (label value, field) of `parts`: one sample."""
+    return lambda s: [
+        ((name, label), getattr(st, field))
+        for name, st in sorted(getattr(s, group).items())
+        for label, field in parts
     ]
+
+
+#: a lane's or a tenant's jobs by outcome
+_OUTCOMES = (("result", "results"), ("dead_letter", "dead_letters"))
 
 
 #: per lane (`consumer.core.lanes`), beside the per-tier figures
 LANE_METRICS: tuple[_Metric, ...] = (
-    _Metric(("lane", "jobs"), "Jobs of the lane with an outcome", True, ("lane", "outcome"), _lane_outcomes),
+    _Metric(
+        ("lane", "jobs"),
+        "Jobs of the lane with an outcome",
+        True,
+        ("lane", "outcome"),
+        _each("lanes", _OUTCOMES),
+    ),
     _Metric(
         ("lane", "latency_seconds"),
         "Seconds from read to outcome, summed over the lane's jobs (over lane_jobs_total: the mean)",
         True,
         ("lane",),
-        _per_lane("latency_s_total"),
+        _per("lanes", "latency_s_total"),
     ),
     _Metric(
         ("lane", "inflight"),
         "Input records of the lane not yet committable",
         False,
         ("lane",),
-        _per_lane("inflight"),
+        _per("lanes", "inflight"),
     ),
     _Metric(
         ("lane", "paused"),
         "1 while the lane's partitions are paused by its max_inflight",
         False,
         ("lane",),
-        _per_lane("paused"),
+        _per("lanes", "paused"),
+    ),
+)
+
+
+def _tenant_budget(budget: str, spent: str | None = None) -> Samples:
+    """The day's budget (`spent` None) or what it has left, of the accounts a budget limits."""
+
+    def samples(s: ServiceStats) -> list[tuple[tuple[str, ...], float]]:
+        out: list[tuple[tuple[str, ...], float]] = []
+        for tenant, ts in sorted(s.tenants.items()):
+            total = getattr(ts, budget)
+            if total:
+                out.append(((tenant,), total if spent is None else budget_left(total, getattr(ts, spent))))
+        return out
+
+    return samples
+
+
+#: per tenant account (`consumer.core.tenants`): a named tenant, `default` or `other`
+TENANT_METRICS: tuple[_Metric, ...] = (
+    _Metric(
+        ("tenant", "jobs"),
+        "Jobs of the tenant with an outcome (tenants the tier file does not name: other)",
+        True,
+        ("tenant", "outcome"),
+        _each("tenants", _OUTCOMES),
+    ),
+    _Metric(
+        ("tenant", "tokens"),
+        "Tokens of the tenant's answered requests, by kind (input, output)",
+        True,
+        ("tenant", "kind"),
+        _each("tenants", (("input", "input_tokens"), ("output", "output_tokens"))),
+    ),
+    _Metric(
+        ("tenant", "cost_usd"),
+        "Cost of the tenant's answered requests at the tiers' pricing",
+        True,
+        ("tenant",),
+        _per("tenants", "cost_usd"),
+    ),
+    _Metric(
+        ("tenant", "budget_usd"),
+        "The tenant's USD budget for the UTC day (tenants with one)",
+        False,
+        ("tenant",),
+        _tenant_budget("budget_usd"),
+    ),
+    _Metric(
+        ("tenant", "budget_remaining_usd"),
+        "What the tenant's USD budget has left today, every instance's spend and leases counted",
+        False,
+        ("tenant",),
+        _tenant_budget("budget_usd", "spent_usd"),
+    ),
+    _Metric(
+        ("tenant", "budget_tokens"),
+        "The tenant's token budget for the UTC day (tenants with one)",
+        False,
+        ("tenant",),
+        _tenant_budget("budget_tokens"),
+    ),
+    _Metric(
+        ("tenant", "budget_remaining_tokens"),
+        "What the tenant's token budget has left today, every instance's spend and leases counted",
+        False,
+        ("tenant",),
+        _tenant_budget("budget_tokens", "spent_tokens"),
+    ),
+    _Metric(
+        ("tenant", "held"),
+        "Jobs of the tenant held until its budget allows them (on_exhausted: hold)",
+        False,
+        ("tenant",),
+        _per("tenants", "held"),
     ),
 )
 
@@ -254,6 +341,7 @@ METRICS: tuple[_Metric, ...] = (
     ),
     *(_tier_metric(name, text, False) for name, text in _TIER_GAUGES.items()),
     *LANE_METRICS,
+    *TENANT_METRICS,
     *QUOTA_METRICS,
     _Metric(
         ("consumer_lag_records",),

@@ -14,6 +14,7 @@ from consumer.core.completion import Completion
 from consumer.core.embed import Embeddings
 from consumer.core.errors import ErrorKind
 from consumer.core.jobs import DeadLetter, ErrorInfo, Job, SourceRef, encode
+from consumer.core.tenants import DEFAULT_TENANT
 from consumer.kafka.connection import MAX_MESSAGE_BYTES
 from consumer.kafka.records import (
     ERROR_KIND_HEADER,
@@ -143,8 +144,9 @@ class AnswerResults:
         tier: str | None = None,
         mode: str = "online",
         embedding: Sequence[float] | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> OutRecord:
-        """One job's Result record (`job_id`, `requested_tier`, `metadata`: the job's own);
+        """One job's Result record (`job_id`, `requested_tier`, `metadata`, `tenant`: the job's own);
         `dedupe_of`: the job whose request answered it (dedupe):
         such a job's usage is zero, since no request of its own was sent; `lane`: the lane it
         was read from; tier: the tier that answered, when not the one the job asked for (its
@@ -166,6 +168,7 @@ class AnswerResults:
                 "lane": lane,
                 "mode": mode,
                 "fallback_from": requested_tier if tier is not None and tier != requested_tier else None,
+                "tenant": tenant,
             }
         )
         value = own[:-1] + (self._shared if dedupe_of is None else self._shared_no_usage)
@@ -196,9 +199,10 @@ def dead_letter_record(
     provider: str | None = None,
     traceparent: str | None = None,
     max_bytes: int = MAX_VALUE_BYTES,
+    tenant: str | None = None,
 ) -> OutRecord:
     """A DeadLetter. `raw` (the original bytes) is kept whenever the caller has it and the
-    dead letter stays within `max_bytes` (see `_within`)."""
+    dead letter stays within `max_bytes` (see `_within`); `tenant`: the job's, when known."""
     jid = job.id if job is not None else job_id
     dead = DeadLetter(
         id=jid,
@@ -210,6 +214,7 @@ def dead_letter_record(
         raw=base64.b64encode(raw).decode("ascii") if raw is not None else None,
         source=_source_ref(source),
         failed_at=datetime.now(UTC),
+        tenant=tenant,
     )
     headers = (*_headers(source, traceparent), (ERROR_KIND_HEADER, kind.value.encode()))
     return OutRecord(topic, jid.encode() if jid else None, _within(dead, source, max_bytes), headers)

@@ -33,6 +33,7 @@ from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
+from consumer.core.tenants import TenantPolicies
 from consumer.core.window import Flush, LaneWindows, PackKey
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
@@ -45,6 +46,7 @@ from consumer.runtime.embed_runner import EmbedRunner
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.stats import ServiceStats
+from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings
 from consumer.telemetry import Telemetry
@@ -57,6 +59,10 @@ POLL_INTERVAL_S = 0.05
 #: adaptive batch sizes of batch keys unused this long are forgotten (checked this often)
 SIZES_IDLE_S = 3600.0
 SIZES_EXPIRE_EVERY_S = 60.0
+
+
+def _unweighted(_tenant: str) -> float:
+    return 1.0
 
 
 class OfflineJobs(Protocol):
@@ -88,9 +94,14 @@ class Pipeline:
         *,
         offline: OfflineJobs | None = None,
         lanes: tuple[Lane, ...] = (),
+        tenants: TenantPolicies | None = None,
+        gate: TenantGate | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """tenants: their fair-share weights order the windows due together and the queued
+        plans (None: every tenant weighs 1); gate: the tenants' budgets, when some account has
+        one (their spent tenants' jobs are held or dead-lettered before they go further)."""
         self._settings = settings
         self._tiers = tiers
         self._intake = intake
@@ -99,6 +110,7 @@ class Pipeline:
         self._stats = stats
         self._offline = offline
         self._clock = clock
+        self._tenant_gate = gate
         self._admission = Admission(
             tiers,
             max_job_bytes=settings.max_job_bytes,
@@ -111,20 +123,23 @@ class Pipeline:
         self._runners = {
             name: EmbedRunner(
                 tier, outcomes, stats, telemetry,
-                rng=rng, clock=clock, spawn=self._spawn, fallback=self._fallback,
+                rng=rng, clock=clock, spawn=self._spawn, fallback=self._fallback, gate=gate,
             )
             for name, tier in tiers.items()
         }
-        self._windows: LaneWindows[JobContext] = LaneWindows()
+        weight_of = tenants.weight if tenants is not None else _unweighted
+        self._windows: LaneWindows[JobContext] = LaneWindows(weight_of)
         self._plans: set[asyncio.Task[None]] = set()
         # each lane pauses its own partitions at its own bound (no lanes: one on the jobs topic)
         lanes = lanes or (Lane(DEFAULT_LANE_NAME, settings.jobs_topic, max_inflight=settings.max_inflight),)
         self._lanes = LaneGate(lanes, intake, sink, stats, max_poll_records=MAX_POLL_RECORDS)
-        # plans start per (tier, lane): a lane's queued plans never wait behind another lane's
-        self._gate: PlanGate[tuple[str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
+        # plans start per (tier, lane, tenant account): a lane's or an account's queued plans
+        # never wait behind another's running ones (within a key: fair between tenants)
+        self._gate: PlanGate[tuple[str, str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
             lambda key: running_plan_limit(tiers[key[0]].config.limiter.max),
             self._run_plan,
             self._task,
+            weight_of,
         )
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
@@ -197,6 +212,8 @@ class Pipeline:
         # no new plan starts now: jobs still to be routed again are left to a restart
         for ctx in self._outcomes.take_rerouted():
             self._outcomes.abandon(ctx)
+        for ctx in self._tenant_gate.drain() if self._tenant_gate is not None else ():
+            self._outcomes.abandon(ctx)  # held for budget: read again after a restart
         await self._sink.flush(timeout_s=min(timeout_s, 10.0))
 
     # ------------------------------------------------------------------ rebalance
@@ -205,6 +222,8 @@ class Pipeline:
         abandoned = self._windows.drain_partitions(partitions)
         for members, _ in self._gate.drop(lambda plan: all(c.source.tp in partitions for c in plan[0])):
             abandoned += members
+        if self._tenant_gate is not None:
+            abandoned += self._tenant_gate.drop_partitions(partitions)
         for ctx in abandoned:
             self._outcomes.abandon(ctx)
         if self._offline is not None:
@@ -253,6 +272,8 @@ class Pipeline:
                 ctx, ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the job was read", attempts=0
             )
             return
+        if self._tenant_gate is not None and not self._tenant_gate.admits(ctx):
+            return  # its tenant's budget is spent: held, or dead-lettered budget_exhausted
         if self._fallback is not None:
             self._fallback.route_new(ctx, now_s)  # its tier in trouble: the fallback tier's job now
         tier = ctx.tier
@@ -264,7 +285,9 @@ class Pipeline:
             return
         batchable = ctx.batchable if ctx.batch and tier.config.batching.enabled else None
         # embed jobs share a window whenever the tier windows: an array request changes no vector
-        embedding = tier.embed_window(ctx.options_key, ctx.options, ctx.mode) if ctx.kind == "embed" else None
+        embedding = None
+        if ctx.kind == "embed":
+            embedding = tier.embed_window(ctx.options_key, ctx.options, ctx.mode, ctx.tenant)
         if batchable is None and embedding is None:
             self._start_plan([ctx], key=None)
             return
@@ -278,6 +301,7 @@ class Pipeline:
                 batchable.variable,
                 ctx.options_key,
                 ctx.requested_mode or "online",
+                ctx.tenant,
             )
             limits = tier.limits_for(key, now_s)
         if ctx.fallback_from is not None:
@@ -295,9 +319,13 @@ class Pipeline:
 
     def _route_again(self, now_s: float) -> None:
         """Route the jobs the outcome writer handed back (deduped to a leader whose deadline
-        passed): each under its own deadline."""
+        passed), each under its own deadline, and the jobs held for budget whose tenant has
+        room again."""
         for ctx in self._outcomes.take_rerouted():
             self._route(ctx, now_s, counted=True)
+        if self._tenant_gate is not None:
+            for ctx in self._tenant_gate.take_released():
+                self._route(ctx, now_s, counted=True)
 
     def _lead_or_share(self, ctx: JobContext, table: DedupeTable[Any, Any], now_s: float) -> bool:
         """Dedupe: True when the job's own request is to go out (it leads, or it cannot be
@@ -310,9 +338,10 @@ class Pipeline:
         """
         options, model = ctx.options, ctx.tier.config.model
         if ctx.kind == "embed":
-            key: str | None = embed_dedupe_key(ctx.tier.name, model, options, ctx.input)
+            key: str | None = embed_dedupe_key(ctx.tier.name, model, options, ctx.input, ctx.tenant)
         else:
-            key = dedupe_key(ctx.tier.name, model, options, ((m.role, m.content) for m in ctx.messages))
+            messages = ((m.role, m.content) for m in ctx.messages)
+            key = dedupe_key(ctx.tier.name, model, options, messages, ctx.tenant)
         if key is None:
             return True
         claim = table.claim(key, ctx.id, ctx, now_s)
@@ -331,11 +360,20 @@ class Pipeline:
                 self._start_plan(members, key=flush.key)
 
     def _start_plan(self, members: list[JobContext], *, key: PackKey | None) -> None:
-        # a request waits in its most urgent member's lane (the limiter's too)
-        lane = min(members, key=lambda c: c.lane.rank if c.lane is not None else 0).lane_name
-        self._gate.submit((members[0].tier.name, lane), (members, key))
+        # a request waits in its most urgent member's lane (the limiter's too), as its tenant's
+        # (a plan's members are of one tenant: windows are per tenant)
+        first = members[0]
+        if len(members) == 1:
+            lane, deadline_s = first.lane_name, first.deadline_s
+        else:
+            lane = min(members, key=lambda c: c.lane.rank if c.lane is not None else 0).lane_name
+            deadline_s = min((d for c in members if (d := c.deadline_s) is not None), default=None)
+        account = self._outcomes.ledger.account(first.tenant)
+        self._gate.submit((first.tier.name, lane, account), (members, key), first.tenant, deadline_s)
 
-    async def _run_plan(self, key: tuple[str, str], plan: tuple[list[JobContext], PackKey | None]) -> None:
+    async def _run_plan(
+        self, key: tuple[str, str, str], plan: tuple[list[JobContext], PackKey | None]
+    ) -> None:
         runner = self._runners[key[0]]
         members, pack_key = plan
         if members[0].kind == "embed":  # a window holds jobs of one kind
@@ -373,3 +411,5 @@ class Pipeline:
         self._stats.skipped_done = self._intake.skipped_done
         for tier in self._tiers.values():
             tier.refresh_gauges(now_s)
+        if self._tenant_gate is not None:
+            self._tenant_gate.refresh_gauges()

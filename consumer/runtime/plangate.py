@@ -3,20 +3,26 @@
 A plan is a task with its request plan, task group and limiter wait: several KB. Past the
 tier's concurrency limit a started plan only waits for a limiter slot, so with a slow
 provider and `max_inflight` jobs held, a task per held unbatched job would be most of the
-memory a held job costs. `PlanGate` runs at most `limit` plans per key (a tier and a lane:
-a lane's plans never queue behind another lane's, so the limiter's lane priority sees them)
-and keeps the rest as (members, key) in arrival order. A running plan's task, once its plan
-ends, runs the next queued plan of its key itself: under a backlog the same tasks run plan
-after plan, and a task is made only when a key has room and nothing queued. The limit is a
-multiple of the limiter's highest limit: plans sleeping out a retry backoff hold no slot, and
-the limiter must still find work whenever it opens one.
+memory a held job costs. `PlanGate` runs at most `limit` plans per key (a tier, a lane and a
+tenant account: a lane's or an account's plans never queue behind another's running ones, so
+the limiter's lane priority and fair share see them) and keeps the rest as (members, key). A
+running plan's task, once its plan ends, runs the next queued plan of its key itself: the plan
+of the tenant with the least weighted service so far (the tenants the tier file does not name
+share one account), and within a tenant the nearest deadline, then the first come
+(`consumer.core.fairshare`), so one tenant's flood never fills the queue ahead of another
+tenant's few. Under a backlog the same tasks run plan after plan, and a task is made only when
+a key has room and nothing queued. The limit is a multiple of the limiter's highest limit:
+plans sleeping out a retry backoff hold no slot, and the limiter must still find work whenever
+it opens one.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
+
+from consumer.core.fairshare import FairQueue
+from consumer.core.tenants import DEFAULT_TENANT
 
 __all__ = ["MIN_RUNNING_PLANS", "PLANS_PER_SLOT", "PlanGate", "running_plan_limit"]
 
@@ -35,11 +41,11 @@ def running_plan_limit(limiter_max: int) -> int:
 
 
 class PlanGate(Generic[K, T]):
-    """Per key: at most `limit_of(key)` plans running, the rest queued in arrival order.
+    """Per key: at most `limit_of(key)` plans running, the rest queued by tenant.
 
     run: runs one plan (a plan that fails has logged why and left its jobs uncommitted; the
     task goes on with the next); spawn: makes a task of a coroutine (one the service's drain
-    waits for).
+    waits for); weight_of: a tenant's fair-share weight.
     """
 
     def __init__(
@@ -47,25 +53,29 @@ class PlanGate(Generic[K, T]):
         limit_of: Callable[[K], int],
         run: Callable[[K, T], Awaitable[None]],
         spawn: Callable[[Coroutine[Any, Any, None]], object],
+        weight_of: Callable[[str], float] = lambda _tenant: 1.0,
     ) -> None:
         self._limit_of = limit_of
         self._run = run
         self._spawn = spawn
+        self._weight_of = weight_of
         self._limits: dict[K, int] = {}
         self._running: dict[K, int] = {}
-        self._queued: dict[K, deque[T]] = {}
+        self._queued: dict[K, FairQueue[T]] = {}
 
-    def submit(self, key: K, plan: T) -> None:
-        """Start the plan now when its key has room, else queue it."""
+    def submit(
+        self, key: K, plan: T, tenant: str = DEFAULT_TENANT, deadline_s: float | None = None
+    ) -> None:
+        """Start the plan now when its key has room, else queue it as `tenant`'s."""
         limit = self._limits.get(key)
         if limit is None:
             limit = self._limits[key] = self._limit_of(key)
-            self._running[key], self._queued[key] = 0, deque()
+            self._running[key], self._queued[key] = 0, FairQueue(self._weight_of)
         if self._running[key] < limit:
             self._running[key] += 1
             self._spawn(self._drive(key, plan))
         else:
-            self._queued[key].append(plan)
+            self._queued[key].push(plan, tenant, deadline_s)
 
     async def _drive(self, key: K, plan: T) -> None:
         """Run `plan`, then the queued plans of its key one after another until none is left."""
@@ -76,9 +86,10 @@ class PlanGate(Generic[K, T]):
                     await self._run(key, plan)
                 except Exception:
                     pass
-                if not queue:
+                following = queue.pop()
+                if following is None:
                     return
-                plan = queue.popleft()
+                plan = following
         finally:
             self._running[key] -= 1
 
@@ -88,10 +99,4 @@ class PlanGate(Generic[K, T]):
 
     def drop(self, matches: Callable[[T], bool]) -> list[T]:
         """Remove the queued plans `matches` selects (revoked partitions, shutdown); return them."""
-        dropped: list[T] = []
-        for queue in self._queued.values():
-            kept = [plan for plan in queue if not matches(plan)]
-            dropped += [plan for plan in queue if matches(plan)]
-            queue.clear()
-            queue.extend(kept)
-        return dropped
+        return [plan for queue in self._queued.values() for plan in queue.remove_where(matches)]

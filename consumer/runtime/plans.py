@@ -37,12 +37,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from consumer.core.adaptive import answers_agree, choose_verified
+from consumer.core.budgets import Exhausted
 from consumer.core.circuit import Admit, is_outage
 from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted, RateLimited, ServerError
 from consumer.core.lanes import Lane, pack_lane
 from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
+from consumer.core.tenants import DEFAULT_TENANT
 from consumer.core.window import PackKey
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.runtime.accounting import RequestCounts
@@ -54,7 +56,9 @@ from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, QUEUE_WAIT, RA
 from consumer.runtime.limiter import NoDeploymentUp, Token
 from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.requests import build_request, ordinary_request
+from consumer.runtime.spending import TierSpending
 from consumer.runtime.stats import ServiceStats
+from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
 from consumer.telemetry import Telemetry
 from consumer.waits import wait_at_most
@@ -68,7 +72,8 @@ AnyRequest = TypeVar("AnyRequest", CompletionRequest, EmbeddingRequest)
 class PlanRunner:
     """Runs the request plans of one tier.
 
-    spawn: starts a task the service waits for when it drains (verification requests).
+    spawn: starts a task the service waits for when it drains (verification requests);
+    gate: the tenants' budgets, when some account has one.
     """
 
     def __init__(
@@ -82,13 +87,16 @@ class PlanRunner:
         clock: Callable[[], float],
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         fallback: FallbackRouter | None = None,
+        gate: TenantGate | None = None,
     ) -> None:
         self.tier = tier
         self._fallback = fallback
-        pricing = tier.config.pricing
+        pricing = tier.config.pricing.pricing() if tier.config.pricing is not None else None
         #: what this tier's requests are counted in
-        self.counts = RequestCounts(tier.stats, pricing.pricing() if pricing is not None else None)
+        self.counts = RequestCounts(tier.stats, pricing)
         self._outcomes = outcomes
+        #: each request's tokens and cost per tenant, and its reservation under budgets
+        self._spending = TierSpending(pricing, outcomes.ledger, gate)
         self._stats = stats
         latency = stats.latency
         self._deployments = tier.deployments
@@ -214,8 +222,14 @@ class PlanRunner:
             await asyncio.sleep(req.delay_s)
         request: AnyRequest | None = None
         traces = [_ctx(m).trace for m in req.members]
+        tenant = _ctx(req.members[0]).tenant  # a request carries the jobs of one tenant
+        gate = self._spending.gate
         while True:
             if self._expire(plan, req):
+                return None
+            if gate is not None and gate.exhausted(tenant):
+                # its tenant's budget is spent: no slot, no place in the limiter's queue
+                self._refuse(plan, req, gate.budgets.exhausted_message(gate.account(tenant)))
                 return None
             admitted = await self._through_circuit(plan, req)
             if isinstance(admitted, PlannedRequest):  # some members moved to the fallback tier
@@ -229,9 +243,15 @@ class PlanRunner:
             # while waiting for a slot the deadline may pass or the circuit open
             wanted = functools.partial(self._still_wanted, plan, req)
             lane, deadline_s = _schedule_of(req)
-            answer: Completion | Embeddings | ProviderError | None = await self.call(
-                request, traces, still_wanted=wanted, probe=probe, lane=lane, deadline_s=deadline_s
+            answer: Completion | Embeddings | ProviderError | Exhausted | None = await self.call(
+                request, traces, still_wanted=wanted, probe=probe, lane=lane, deadline_s=deadline_s,
+                tenant=tenant,
             )
+            if isinstance(answer, Exhausted):
+                if probe is not None:
+                    probe.circuit.probe_abandoned()
+                self._refuse(plan, req, answer.message)
+                return None
             if answer is None:
                 if probe is not None:
                     probe.circuit.probe_abandoned()
@@ -259,7 +279,8 @@ class PlanRunner:
         probe: Deployment | None = None,
         lane: Lane | None = None,
         deadline_s: float | None = None,
-    ) -> Completion | ProviderError | None: ...
+        tenant: str = DEFAULT_TENANT,
+    ) -> Completion | ProviderError | Exhausted | None: ...
 
     @overload
     async def call(
@@ -271,7 +292,8 @@ class PlanRunner:
         probe: Deployment | None = None,
         lane: Lane | None = None,
         deadline_s: float | None = None,
-    ) -> Embeddings | ProviderError | None: ...
+        tenant: str = DEFAULT_TENANT,
+    ) -> Embeddings | ProviderError | Exhausted | None: ...
 
     async def call(
         self,
@@ -282,17 +304,22 @@ class PlanRunner:
         probe: Deployment | None = None,
         lane: Lane | None = None,
         deadline_s: float | None = None,
-    ) -> Completion | Embeddings | ProviderError | None:
+        tenant: str = DEFAULT_TENANT,
+    ) -> Completion | Embeddings | ProviderError | Exhausted | None:
         """One provider call under the tier's limiter: the answer or the ProviderError; an
-        embeddings request (`consumer.core.embed`) goes to the provider's `embed`.
+        embeddings request (`consumer.core.embed`) goes to the provider's `embed`. With
+        budgets, the request holds its estimated cost from its tenant's budget while it is in
+        flight (`consumer.runtime.spending`); `Exhausted`: the budget does not hold it and it
+        was not sent.
 
         An unexpected exception from an adapter is a bug there; it must not lose jobs, so it
         becomes a retryable ServerError (which says nothing to the circuit). None:
         `still_wanted` said no once the slot was granted, or no deployment's circuit is closed
         (the caller holds the request). The limiter token ends exactly once whatever happens
         (`AsyncLimiter.slot`); its gate names the deployment the call goes to. probe: this call
-        is that deployment's open circuit's probe. lane, deadline_s: where the request waits for
-        its slot (`consumer.core.lanes`).
+        is that deployment's open circuit's probe. lane, deadline_s, tenant: where the request
+        waits for its slot (`consumer.core.lanes`, `consumer.core.scheduling`): a request carries
+        the jobs of one tenant.
         """
         tier = self.tier
         limiter = tier.limiter
@@ -304,6 +331,7 @@ class PlanRunner:
             deadline_s=deadline_s,
             output_tokens=output_tokens,
             probe=probe.gate if probe is not None else None,
+            tenant=tenant,
         )
         try:
             async with slot as token:
@@ -313,9 +341,19 @@ class PlanRunner:
                 ):
                     limiter.note_budget(None, token, rejected=True)  # never sent: the provider counts nothing
                     return None
+                spending = self._spending
+                held = await spending.reserve(request, tenant) if spending.gate is not None else None
+                if isinstance(held, Exhausted):
+                    limiter.note_budget(None, token, rejected=True)  # never sent
+                    return held  # its slot goes to the next waiter; its jobs wait or fail
                 if deployment.name is not None and deployment.config.model != request.model:
                     request = dataclasses.replace(request, model=deployment.config.model)
-                return await self._send_to(deployment, request, traces, token, probe is not None)
+                answer: Completion | Embeddings | ProviderError | None = None
+                try:
+                    answer = await self._send_to(deployment, request, traces, token, probe is not None)
+                    return answer
+                finally:
+                    self._spending.ended(held, tenant, answer)
         except NoDeploymentUp:
             return None
 
@@ -396,6 +434,7 @@ class PlanRunner:
         wanted = not self._expire(plan, req)
         if wanted:
             now_s = self._clock()
+            tenant_wait: Series | None = None
             for member in req.members:
                 ctx = _ctx(member)
                 if not ctx.sent:
@@ -406,6 +445,9 @@ class PlanRunner:
                             QUEUE_WAIT, (self.tier.name, ctx.lane_name)
                         )
                     series.observe(now_s - ctx.received_s)
+                    if tenant_wait is None:  # the members are of one tenant
+                        tenant_wait = self._outcomes.ledger.queue_wait(ctx.tenant)
+                    tenant_wait.observe(now_s - ctx.received_s)
         return wanted
 
     def _circuit_saw(self, error: ProviderError | None, deployment: Deployment, *, probe: bool) -> None:
@@ -493,6 +535,15 @@ class PlanRunner:
             if self._expire(plan, req):
                 return None
 
+    def _refuse(self, plan: RequestPlan, req: PlannedRequest, message: str) -> None:
+        """The unsent `req`'s tenant has spent its budget: its open members leave the plan, held
+        or dead-lettered `budget_exhausted` by the tenant's `on_exhausted` (`TenantGate`)."""
+        gate = self._spending.gate
+        assert gate is not None
+        members = [m for m in req.members if not _ctx(m).done]
+        plan.release(req, members)
+        gate.refuse([_ctx(m) for m in members], message)
+
     def build_request(self, req: PlannedRequest, pack_key: PackKey | None = None) -> CompletionRequest:
         """The provider request of a planned one (`consumer.runtime.requests.build_request`)."""
         return build_request(self.tier, req, pack_key)
@@ -567,7 +618,7 @@ class PlanRunner:
         if all(d.circuit.open for d in tier.deployments):
             return  # while the provider is down only the probe goes out
         request = ordinary_request(self.tier, ctx)
-        answer = await self.call(request, [ctx.trace], lane=ctx.lane)
+        answer = await self.call(request, [ctx.trace], lane=ctx.lane, tenant=ctx.tenant)
         self.counts.verification()
         if not isinstance(answer, Completion):
             return  # a failed verification says nothing about agreement

@@ -166,6 +166,38 @@ class LaneStats:
 
 
 @dataclass
+class TenantStats:
+    """Counters and gauges of one tenant account (`consumer.core.tenants`: a named tenant,
+    `default` or `other`): its jobs' outcomes, the tokens and cost of its answered requests,
+    its held jobs and, with a budget, the day's budget and the group's spend against it."""
+
+    results: int = 0
+    dead_letters: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    # gauges
+    #: jobs waiting for budget (`on_exhausted: hold`)
+    held: int = 0
+    #: the day's budgets (0: none) and the group's spend today against them, as this instance
+    #: knows it (every instance's leases included)
+    budget_usd: float = 0.0
+    spent_usd: float = 0.0
+    budget_tokens: int = 0
+    spent_tokens: int = 0
+
+    def ended(self, *, ok: bool) -> None:
+        """One of the account's jobs has its outcome."""
+        if ok:
+            self.results += 1
+        else:
+            self.dead_letters += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
 class QuotaStats:
     """One fleet quota on this instance (`consumer.runtime.quotas`): the quota's figures, this
     instance's share of it, its demand and the tokens its requests in flight hold."""
@@ -185,6 +217,11 @@ class QuotaStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def budget_left(budget: float, spent: float) -> float:
+    """What a budget has left (0 once spent; 0 also for no budget: callers check `budget`)."""
+    return max(budget - spent, 0.0)
 
 
 @dataclass
@@ -207,6 +244,8 @@ class ServiceStats:
     paused_partitions: int = 0
     tiers: dict[str, TierStats] = field(default_factory=dict)
     lanes: dict[str, LaneStats] = field(default_factory=dict)
+    #: per tenant account (`consumer.core.tenants`)
+    tenants: dict[str, TenantStats] = field(default_factory=dict)
     #: this instance's share of each fleet quota (`quotas:` of the tier file), by name
     quotas: dict[str, QuotaStats] = field(default_factory=dict)
     #: batched answers compared with the same job asked alone, per tier and batch size
@@ -228,6 +267,12 @@ class ServiceStats:
             ls = self.lanes[name] = LaneStats()
         return ls
 
+    def tenant(self, account: str) -> TenantStats:
+        found = self.tenants.get(account)
+        if found is None:
+            found = self.tenants[account] = TenantStats()
+        return found
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "instance": self.instance,
@@ -244,6 +289,7 @@ class ServiceStats:
             "paused_partitions": self.paused_partitions,
             "tiers": {name: ts.as_dict() for name, ts in sorted(self.tiers.items())},
             "lanes": {name: ls.as_dict() for name, ls in sorted(self.lanes.items())},
+            "tenants": {name: ts.as_dict() for name, ts in sorted(self.tenants.items())},
             "quotas": {name: qs.as_dict() for name, qs in sorted(self.quotas.items())},
             # the deployments of tiers that configure them ("TIER/NAME"); a tier's own one is the tier
             "deployments": {

@@ -18,6 +18,7 @@ from consumer.core.fallback import FallbackRule, QuotaWatch, TierCondition
 from consumer.core.limit import limit_for
 from consumer.core.retry import RetryPolicy
 from consumer.core.routing import ModePolicy
+from consumer.core.tenants import DEFAULT_TENANT, TenantPolicies
 from consumer.core.window import PackKey, WindowLimits
 from consumer.providers.base import CompletionProvider
 from consumer.runtime.deployments import Deployment
@@ -119,7 +120,7 @@ class TierRuntime:
         """How long every deployment has been down (0: some deployment's circuit is closed)."""
         return min(d.circuit.outage_s(now_s) for d in self.deployments)
     #: the embed window key of each (job options, mode) seen
-    _embed_keys: dict[tuple[str, str], PackKey] = field(default_factory=dict, init=False, repr=False)
+    _embed_keys: dict[tuple[str, str, str], PackKey] = field(default_factory=dict, init=False, repr=False)
 
     @cached_property
     def fallback(self) -> FallbackRule | None:
@@ -156,19 +157,19 @@ class TierRuntime:
         return embed_window_limits(self.window_limits, limits)
 
     def embed_window(
-        self, options_key: str, options: dict[str, Any], mode: str
+        self, options_key: str, options: dict[str, Any], mode: str, tenant: str = DEFAULT_TENANT
     ) -> tuple[PackKey, WindowLimits] | None:
         """The window an embed job of these options (`options_key`: the job's own, canonical;
-        `options`: merged over this tier's) waits in, and its limits; None: it goes alone.
-        The key of each option set is made once."""
+        `options`: merged over this tier's) and of `tenant` waits in, and its limits; None: it
+        goes alone. The key of each option set and tenant is made once."""
         limits = self.embed_window_limits
         if limits is None:
             return None
-        key = self._embed_keys.get((options_key, mode))
+        key = self._embed_keys.get((options_key, mode, tenant))
         if key is None:
-            key = embed_pack_key(self.name, options, mode)
+            key = embed_pack_key(self.name, options, mode, tenant)
             if len(self._embed_keys) < EMBED_KEYS_KEPT:
-                self._embed_keys[(options_key, mode)] = key
+                self._embed_keys[(options_key, mode, tenant)] = key
         return key, limits
 
     def limits_for(self, key: PackKey, now_s: float) -> WindowLimits:
@@ -216,11 +217,13 @@ class TierRuntime:
         fleet_quota: FleetQuota | None = None,
         *,
         deployments: Sequence[tuple[CompletionProvider, FleetQuota | None]] | None = None,
+        tenants: TenantPolicies | None = None,
     ) -> TierRuntime:
         """remembered: what earlier runs measured; each new batch key starts from it;
         fleet_quota: the quota the tier names (`quota:`), shared with every tier naming it;
         deployments: per entry of `config.deployment_configs`, its provider and fleet quota
-        (None: `provider` and `fleet_quota` are the tier's own one deployment)."""
+        (None: `provider` and `fleet_quota` are the tier's own one deployment); tenants: their
+        weights share the limiter's slots within a lane (None: every tenant weighs 1)."""
         b, r = config.batching, config.retry
         if deployments is None:
             deployments = [(provider, fleet_quota)]
@@ -249,7 +252,9 @@ class TierRuntime:
             name=name,
             config=config,
             provider=parts[0].provider,
-            limiter=AsyncLimiter(gates=[d.gate for d in parts]),
+            limiter=AsyncLimiter(
+                gates=[d.gate for d in parts], weight_of=tenants.weight if tenants is not None else None
+            ),
             retry_policy=RetryPolicy.from_config(r),
             window_limits=WindowLimits.from_config(b),
             stats=stats,

@@ -10,6 +10,7 @@ here (`from consumer.settings import X` is the public path):
     tiers.py        `TierConfig` and its sections (batching, limiter, retry, offline, fallback,
                     pricing)
     lanes.py        `LaneConfig` and the core's `Lane`s made from the `lanes` section
+    tenants.py      `TenantConfig` and the core's `TenantPolicies` made from the `tenants` section
     quotas.py       `QuotaConfig`: one fleet quota of the `quotas` section
     base.py         `StrictModel`, the base of every tier-file model
 """
@@ -17,6 +18,7 @@ here (`from consumer.settings import X` is the public path):
 from consumer.settings.environment import KafkaSecurity, Settings, load_settings
 from consumer.settings.lanes import LaneConfig
 from consumer.settings.quotas import QuotaConfig
+from consumer.settings.tenants import TenantBudgetConfig, TenantConfig
 from consumer.settings.tierfile import KeyedProblem, TierFile, lane_topic, load_tier_file, parse_tier_file
 from consumer.settings.tiers import (
     DEFAULT_BASE_URLS,
@@ -46,6 +48,8 @@ __all__ = [
     "QuotaConfig",
     "RetryConfig",
     "Settings",
+    "TenantBudgetConfig",
+    "TenantConfig",
     "TierConfig",
     "TierFile",
     "lane_topic",

@@ -53,6 +53,13 @@ class Settings(BaseSettings):
             " from it (a new name: every tier learns afresh)"
         ),
     )
+    budgets_topic: str = Field(
+        "promptbus.budgets",
+        description=(
+            "compacted: each instance's claims on the tenants' daily budgets today, read at start so "
+            "the group's spend survives restarts (only used when a tenant has a budget)"
+        ),
+    )
     quotas_topic: str = Field(
         "promptbus.quotas",
         description="compacted: each instance's demand on the tier file's quotas, from which the group "

@@ -13,9 +13,11 @@ from pydantic import Field, ValidationError, model_validator
 from consumer.core.errors import ConfigError
 from consumer.core.fallback import chain_problem
 from consumer.core.lanes import Lane
+from consumer.core.tenants import TenantPolicies
 from consumer.settings.base import StrictModel
 from consumer.settings.lanes import LaneConfig, lane_list, lanes_problem
 from consumer.settings.quotas import QuotaConfig
+from consumer.settings.tenants import TenantConfig, tenant_policies, tenants_problem
 from consumer.settings.tiers import TierConfig
 from consumer.yaml12 import YAMLError, load_yaml
 
@@ -38,6 +40,11 @@ class TierFile(StrictModel):
         description="lane name -> its job topic and share, highest priority first; unset: one lane "
         "on PROMPTBUS_JOBS_TOPIC",
     )
+    tenants: dict[str, TenantConfig] | None = Field(
+        None,
+        description="tenant name -> its weight, daily budget and on_exhausted; 'default' is the policy of "
+        "jobs without a tenant and of tenants not named; unset: every tenant weight 1, no budget",
+    )
     quotas: dict[str, QuotaConfig] | None = Field(
         None,
         min_length=1,
@@ -50,6 +57,13 @@ class TierFile(StrictModel):
         problem = lanes_problem(self.lanes) if self.lanes else None
         if problem is not None:
             raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _check_tenants(self) -> TierFile:
+        problem = tenants_problem(self.tenants) if self.tenants else None
+        if problem is not None:
+            raise KeyedProblem(*problem)
         return self
 
     @model_validator(mode="after")
@@ -104,6 +118,17 @@ class TierFile(StrictModel):
     def lane_list(self, jobs_topic: str, max_inflight: int) -> tuple[Lane, ...]:
         """The service's lanes, highest first (`consumer.settings.lanes.lane_list`)."""
         return lane_list(self.lanes, jobs_topic, max_inflight)
+
+    def tenant_policies(self) -> TenantPolicies:
+        """The service's tenants (`consumer.settings.tenants.tenant_policies`)."""
+        return tenant_policies(self.tenants)
+
+    def unpriced_usd_budget(self) -> list[str]:
+        """The tiers without `pricing` while some tenant has a USD budget: their spend counts as
+        0 against it (check-config says so)."""
+        if not any(p.usd_per_day is not None for p in self.tenant_policies().budgeted):
+            return []
+        return [name for name, tier in self.tiers.items() if tier.pricing is None]
 
 
 def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) -> str:

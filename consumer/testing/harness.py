@@ -11,7 +11,7 @@ import os
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ def service_env(
         "PROMPTBUS_BATCHES_TOPIC": f"batches-{sfx}",
         "PROMPTBUS_STATS_TOPIC": f"stats-{sfx}",
         "PROMPTBUS_BATCHING_TOPIC": f"batching-{sfx}",
+        "PROMPTBUS_BUDGETS_TOPIC": f"budgets-{sfx}",
         "PROMPTBUS_QUOTAS_TOPIC": f"quotas-{sfx}",
         "PROMPTBUS_TOPIC_PARTITIONS": str(partitions),
         "PROMPTBUS_PROCESSING_GUARANTEE": guarantee,
@@ -100,6 +101,16 @@ def tier_file_dict(
     }
 
 
+async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Wait (bounded, polling) until `condition()` holds; whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return condition()
+
+
 #: two requests in flight at most: a backlog of a few hundred jobs lasts seconds
 SLOW_LIMITER = {"algorithm": "fixed", "initial": 2, "min": 1, "max": 2}
 
@@ -126,7 +137,9 @@ def job(i: int, *, batch: bool, tier: str = "small", text: str | None = None, **
     }
 
 
-async def produce(settings: Settings, jobs: Iterable[dict[str, Any] | bytes]) -> int:
+async def produce(
+    settings: Settings, jobs: Iterable[dict[str, Any] | bytes], headers: Sequence[tuple[str, bytes]] = ()
+) -> int:
     def encode(j: dict[str, Any] | bytes) -> bytes:
         return j if isinstance(j, bytes) else orjson.dumps(j)
 
@@ -137,7 +150,7 @@ async def produce(settings: Settings, jobs: Iterable[dict[str, Any] | bytes]) ->
                 return jid.encode()
         return None
 
-    return await submit_jobs(settings, (encode(j) for j in jobs), key_of=key_of)
+    return await submit_jobs(settings, (encode(j) for j in jobs), key_of=key_of, headers=headers)
 
 
 def mixed_jobs(count: int, *, batch_every: int = 2) -> list[dict[str, Any]]:
@@ -335,10 +348,16 @@ class KafkaBus:
     def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
         return InProcessService(self.settings, tier_file, **kwargs)
 
-    async def produce(self, jobs: Iterable[dict[str, Any] | bytes], *, topic: str | None = None) -> int:
-        """Produce to the jobs topic, or to `topic` (a lane's)."""
+    async def produce(
+        self,
+        jobs: Iterable[dict[str, Any] | bytes],
+        *,
+        topic: str | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> int:
+        """Produce to the jobs topic, or to `topic` (a lane's), with `headers` on each record."""
         settings = self.settings if topic is None else self.settings.model_copy(update={"jobs_topic": topic})
-        return await produce(settings, jobs)
+        return await produce(settings, jobs, headers)
 
     async def outcomes(self) -> Outcomes:
         return await read_outcomes(self.settings)
@@ -388,8 +407,14 @@ class MemoryBus:
     def service(self, tier_file: dict[str, Any], **kwargs: Any) -> InProcessService:
         return InProcessService(self.settings, tier_file, edges=self.edges, **kwargs)
 
-    async def produce(self, jobs: Iterable[dict[str, Any] | bytes], *, topic: str | None = None) -> int:
-        """Append to the jobs topic, or to `topic` (a lane's)."""
+    async def produce(
+        self,
+        jobs: Iterable[dict[str, Any] | bytes],
+        *,
+        topic: str | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> int:
+        """Append to the jobs topic, or to `topic` (a lane's), with `headers` on each record."""
         n = 0
         for j in jobs:
             value = j if isinstance(j, bytes) else orjson.dumps(j)
@@ -397,7 +422,7 @@ class MemoryBus:
             with contextlib.suppress(Exception):
                 jid = orjson.loads(value).get("id")
                 key = jid.encode() if isinstance(jid, str) else None
-            self.broker.append(topic or self.settings.jobs_topic, key, value)
+            self.broker.append(topic or self.settings.jobs_topic, key, value, headers)
             n += 1
         return n
 

@@ -301,6 +301,18 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "replay bad --kind": (["replay", "--dlq", "--kind", "nope"], "--kind: unknown error kind 'nope'"),
         "replay bad --since": (["replay", "--dlq", "--since", "yesterday"], "--since: not an RFC 3339 time"),
         "stats unknown flag": (["stats", "--bogus"], "unrecognized arguments: --bogus"),
+        "submit bad --tenant": (
+            ["submit", "--tier", "t", "--prompt", "x", "--tenant", "two words"],
+            "submit: invalid_job: field 'tenant'",
+        ),
+        "submit --file bad --tenant": (
+            ["submit", "--file", str(bad_template), "--tenant", "x" * 65],
+            "--tenant: must be 1-64 characters",
+        ),
+        "map bad --tenant": (
+            ["map", "--tier", "t", "--inputs", str(inputs), "--tenant", "a/b"],
+            "tenant: must be 1-64 characters",
+        ),
         "results bad flag value": (
             ["results", "--follow=yes"],
             "argument --follow: ignored explicit argument",
@@ -437,6 +449,76 @@ def test_submit_run_results_stats_through_the_cli(kafka_bootstrap: str, tmp_path
             assert other["tiers"] == {}
             every = orjson.loads(run_cli("stats", "--json", "--all-groups", env=env).stdout)["groups"]
             assert [g["items_in"] for g in every if g["group"] == group] == [13]
+        finally:
+            code = service.terminate(timeout_s=60) if service.alive() else None
+            service.ensure_stopped()
+    assert code == 0, service.log_tail()
+
+
+def test_check_config_lists_the_tenants_and_notes_a_tier_without_pricing(tmp_path: Path) -> None:
+    path = tmp_path / "tiers.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tiers": {"a": {"provider": "openai_compat", "base_url": "http://127.0.0.1:1/v1",
+                                "model": "m"}},
+                "tenants": {"reports": {"budget": {"usd_per_day": 20}, "on_exhausted": "dead_letter"}},
+            }
+        )
+    )
+    ok = run_cli("check-config", "--config", str(path))
+    assert ok.returncode == 0, ok.stderr
+    assert "tenant reports: weight 1 budget $20/day, then dead_letter" in ok.stdout
+    assert "note: tier 'a' has no pricing: its requests count as $0" in ok.stdout
+    tiers = {"tiers": {"a": {"provider": "openai", "model": "m"}}, "tenants": {"t": {"weight": 0}}}
+    path.write_text(yaml.safe_dump(tiers))
+    bad = run_cli("check-config", "--config", str(path))
+    assert bad.returncode == 2
+    assert "config error: tenants.t.weight: Input should be greater than 0" in bad.stderr
+
+
+@pytest.mark.integration
+def test_submit_names_tenants_and_stats_prints_a_line_per_tenant(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    env = service_env(kafka_bootstrap, partitions=2)
+    jobs_file = tmp_path / "jobs.jsonl"
+    lines = [{"id": f"file-{i}", "tier": "small", "prompt": "Label it.\nTEXT:\n${t}", "variables": {"t": "x"}}
+             for i in range(3)]
+    lines[0]["tenant"] = "alpha"  # its own field wins over the header
+    jobs_file.write_bytes(b"\n".join(orjson.dumps(line) for line in lines))
+    with run_simulator(SimulatorConfig(latency_ms=5)) as base_url:
+        tiers = tier_file_dict(base_url + "/v1")
+        tiers["tenants"] = {"alpha": {}, "beta": {"weight": 2}}
+        service = ServiceProcess(env, tiers, tmp_path)
+        service.start()
+        try:
+            one = run_cli(
+                "submit", "--tier", "small", "--prompt", "hello", "--id", "one", "--tenant", "alpha", env=env
+            )
+            assert one.returncode == 0, one.stderr
+            assert run_cli("submit", "--file", str(jobs_file), "--tenant", "beta", env=env).returncode == 0
+            deadline = time.monotonic() + 60
+            results: dict[str, dict] = {}
+            while time.monotonic() < deadline and len(results) < 4:
+                lines = run_cli("results", env=env).stdout.splitlines()
+                results = {r["id"]: r for r in map(orjson.loads, lines)}
+                time.sleep(0.5)
+            assert {i: r["tenant"] for i, r in results.items()} == {
+                "one": "alpha", "file-0": "alpha", "file-1": "beta", "file-2": "beta",
+            }, service.log_tail()
+            stats_text = ""
+            while time.monotonic() < deadline and "tenant beta: results=2" not in stats_text:
+                time.sleep(0.5)  # until a stats interval has counted them
+                stats_text = run_cli("stats", env=env).stdout
+            assert "tenant alpha: results=2" in stats_text and "budget: unlimited" in stats_text
+            only = run_cli("stats", "--tenant", "beta", env=env)
+            assert only.returncode == 0 and only.stdout.strip().startswith("tenant beta: results=2")
+            assert len(only.stdout.strip().splitlines()) == 1
+            alpha = run_cli("stats", "--json", "--tenant", "alpha", env=env)
+            assert orjson.loads(alpha.stdout)["results"] == 2
+            nobody = run_cli("stats", "--tenant", "nobody", env=env)
+            assert nobody.returncode == 1 and "counted as 'other'" in nobody.stderr
         finally:
             code = service.terminate(timeout_s=60) if service.alive() else None
             service.ensure_stopped()

@@ -127,6 +127,8 @@ NO_BROKER = "127.0.0.1:1"  # nothing listens: a check that passed would hang or 
         (lambda c: c.map_embed("small", ["a", 3]), "text 1: expected a string, got int"),
         (lambda c: c.map_embed("small", ["a"], options={"dimensions": 0}), "options.dimensions"),
         (lambda c: c.map_jobs([{"tier": "s", "kind": "embed"}]), "job 0: job: an embed job needs 'input'"),
+        (lambda c: c.map("small", ["a"], tenant="two words"), "tenant: must be 1-64 characters"),
+        (lambda c: c.map_jobs([{"tier": "s", "prompt": "p", "tenant": ""}]), "job 0: field 'tenant'"),
     ],
 )
 def test_bad_input_fails_before_anything_is_produced(call: Any, message: str) -> None:
@@ -447,6 +449,33 @@ def test_cli_map_prints_outcomes_in_order_and_exits_by_outcome(
         "map", "--tier", "small", "--prompt", "${a} ${b}", "--inputs", str(plain), "--batch", env=shared
     )
     assert bad.returncode == 2 and "not batchable" in bad.stderr and not bad.stdout
+
+
+@pytest.mark.integration
+async def test_a_runs_tenant_is_every_jobs_that_names_none_in_the_client_and_the_cli(
+    shared: dict[str, str], tmp_path: Path
+) -> None:
+    settings = settings_from_env(shared)
+    inputs = texts("tenant", 6)
+    jobs = [{"tier": "small", "prompt": TEMPLATE, "variables": {"text": t}} for t in inputs]
+    jobs[0]["tenant"] = "its-own"
+    async with AsyncClient(settings) as client:
+        mapped = await client.map("small", inputs, prompt=TEMPLATE, tenant="reports", timeout_s=MAP_TIMEOUT_S)
+        whole = await client.map_jobs(jobs, tenant="search", timeout_s=MAP_TIMEOUT_S)
+        chats = await client.map_chat(
+            "small", [[{"role": "user", "content": t}] for t in inputs[:2]], timeout_s=MAP_TIMEOUT_S
+        )
+    assert {o.result["tenant"] for o in mapped if o.result} == {"reports"} and all(o.ok for o in mapped)
+    assert [o.result["tenant"] for o in whole if o.result] == ["its-own"] + ["search"] * 5
+    assert {o.result["tenant"] for o in chats if o.result} == {"default"}
+    plain = tmp_path / "inputs.txt"
+    plain.write_text("\n".join(inputs) + "\n", encoding="utf-8")
+    args = ("--tier", "small", "--prompt", TEMPLATE, "--inputs", str(plain), "--tenant", "cli-team")
+    out = run_cli("map", *args, env=shared)
+    assert out.returncode == 0, out.stderr
+    assert {line["result"]["tenant"] for line in lines_of(out.stdout)} == {"cli-team"}
+    bad = run_cli("map", "--tier", "small", "--inputs", str(plain), "--tenant", "no/slash", env=shared)
+    assert bad.returncode == 2 and "tenant: must be 1-64 characters" in bad.stderr
 
 
 @pytest.mark.integration

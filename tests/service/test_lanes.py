@@ -4,12 +4,11 @@ own lane, interactive jobs overtake it, results carry their lane, stats count pe
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from consumer.testing.harness import job, tier_file_dict
+from consumer.testing.harness import job, tier_file_dict, until
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 
 BULK_JOBS = 300
@@ -36,15 +35,6 @@ def _at(result: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(result["completed_at"].replace("Z", "+00:00"))
 
 
-async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        await asyncio.sleep(0.02)
-    return condition()
-
-
 async def test_a_bulk_backlog_pauses_only_its_lane_and_interactive_jobs_overtake_it(
     make_bus: Callable[..., Any],
 ) -> None:
@@ -63,7 +53,7 @@ async def test_a_bulk_backlog_pauses_only_its_lane_and_interactive_jobs_overtake
                 peak_bulk = max(peak_bulk, lanes["bulk"].inflight)
                 return lanes["bulk"].paused == 1
 
-            assert await _until(bulk_paused, 30), svc.stats_snapshot()["lanes"]
+            assert await until(bulk_paused, 30), svc.stats_snapshot()["lanes"]
             await bus.produce(interactive, topic=jobs_topic + ".interactive")
             int_ids = {j["id"] for j in interactive}
             # while the interactive jobs are served: is the bulk lane paused, the interactive not?
@@ -86,7 +76,7 @@ async def test_a_bulk_backlog_pauses_only_its_lane_and_interactive_jobs_overtake
             all_ids = {j["id"] for j in bulk} | int_ids
             outcomes = await bus.wait_for_outcomes(all_ids, timeout_s=90)
             # the gauges follow the acks (an outcome is readable before its ack is counted)
-            settled = await _until(lambda: lanes["bulk"].paused == 0 and lanes["bulk"].inflight == 0, 10)
+            settled = await until(lambda: lanes["bulk"].paused == 0 and lanes["bulk"].inflight == 0, 10)
             snapshot = svc.stats_snapshot()
             assert settled, snapshot["lanes"]
     assert set(outcomes.results) == all_ids and not outcomes.dead

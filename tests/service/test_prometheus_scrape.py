@@ -41,7 +41,7 @@ FUNCTIONS = {"histogram_quantile", "rate", "sum", "max", "deriv", "vector"}
 
 def dashboard_expressions() -> list[str]:
     panels = json.loads(DASHBOARD.read_text())["panels"]
-    return [t["expr"] for p in panels for t in p["targets"]]
+    return [t["expr"] for p in panels for t in p.get("targets", [])]  # a row has no targets
 
 
 def alert_expressions() -> list[str]:
@@ -132,7 +132,10 @@ async def test_prometheus_scrapes_promptbus_and_every_dashboard_and_alert_expres
     settings = settings_from_env(env)
     deadline = time.monotonic() + 50  # the whole test, bounded
     async with SimulatorServer(SimulatorConfig(latency_ms=20)) as base_url:
-        service = ServiceProcess(env, tier_file_dict(base_url + "/v1"), tmp_path)
+        tiers = tier_file_dict(base_url + "/v1", pricing={"input_per_mtok": 1.0, "output_per_mtok": 2.0})
+        # a budgeted tenant: the budget gauges the tenant alert and the dashboard read have series
+        tiers["tenants"] = {"default": {"budget": {"usd_per_day": 1000.0, "tokens_per_day": 10**9}}}
+        service = ServiceProcess(env, tiers, tmp_path)
         prometheus: subprocess.Popen[bytes] | None = None
         stop = asyncio.Event()
         producer: asyncio.Task[None] | None = None

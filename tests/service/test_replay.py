@@ -77,6 +77,19 @@ def test_a_never_parsed_job_is_replayed_as_its_original_bytes() -> None:
     assert decision.record.headers == ((REPLAY_HEADER, b"dlq/0/7"),)
 
 
+def test_a_replayed_job_keeps_the_tenant_its_dead_letter_names() -> None:
+    """A budget_exhausted job whose tenant came in its record's header: the replayed record
+    names it again (the job's own tenant field, when it has one, still wins at admission)."""
+    value = orjson.loads(dead_letter("budget_exhausted", job_value=job(1, batch=False)))
+    value["tenant"] = "reports"
+    decision = plan(orjson.dumps(value))
+    assert isinstance(decision, Replay)
+    assert decision.record.headers == ((REPLAY_HEADER, b"dlq/0/7"), ("promptbus-tenant", b"reports"))
+    value["tenant"] = None  # a record whose tenant could not be read: no header
+    decision = plan(orjson.dumps(value))
+    assert isinstance(decision, Replay) and decision.record.headers == ((REPLAY_HEADER, b"dlq/0/7"),)
+
+
 def test_a_job_goes_back_to_the_topic_it_was_read_from_its_lanes() -> None:
     value = orjson.loads(dead_letter("retries_exhausted", job_value=job(1, batch=False)))
     value["source"]["topic"] = "promptbus.jobs.interactive"

@@ -6,8 +6,9 @@ FILE`).
 
 A block that is not a whole tier file is completed the same way every time (`complete`):
   - a block with `tiers:` is checked as written;
-  - a block of top-level `lanes:` only gets one minimal tier appended (`MINIMAL_TIER`);
-  - a block of one tier's keys (no `tiers:`, no `lanes:`) is indented under `tiers: example:`,
+  - a block of top-level sections only (`lanes:`, `tenants:`: `SECTIONS`) gets one minimal
+    tier appended (`MINIMAL_TIER`);
+  - a block of one tier's keys (no `tiers:`, no section) is indented under `tiers: example:`,
     with `provider`, `base_url` and `model` from `MINIMAL_TIER` where it names none.
 The block's own text is kept verbatim in each case, so it is read exactly as written. The
 environment variables the example names in `api_key_env` are set (to a placeholder) for the
@@ -29,6 +30,7 @@ import pytest
 import yaml
 
 from consumer.cli import main
+from consumer.settings import TierFile
 from consumer.testing.paths import REPO_ROOT
 from consumer.yaml12 import load_yaml
 
@@ -38,6 +40,8 @@ TIER_FILES = sorted((ROOT / "examples").glob("*.yaml"))
 K8S = ROOT / "deploy" / "k8s" / "promptbus.yaml"
 #: the tier a fragment is completed with (its keys fill what a one-tier fragment leaves out)
 MINIMAL_TIER = {"provider": "openai_compat", "base_url": "http://127.0.0.1:8080/v1", "model": "example-model"}
+#: the tier file's top-level sections beside `tiers`
+SECTIONS = set(TierFile.model_fields) - {"tiers"}
 REFUSED = re.compile(r"^\s*# check-config refuses this: (.+?)\s*$", re.M)
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
 _TIER_FILE_START = re.compile(r"^(tiers|lanes):", re.M)
@@ -91,7 +95,7 @@ def complete(text: str) -> str:
     assert isinstance(data, dict), "a tier-file example is a mapping"
     if "tiers" in data:
         return text
-    if set(data) == {"lanes"}:
+    if set(data) <= SECTIONS:
         tier = ", ".join(f"{k}: {v}" for k, v in MINIMAL_TIER.items())
         return f"{text.rstrip()}\ntiers:\n  example: {{{tier}}}\n"
     missing = "".join(f"    {k}: {v}\n" for k, v in MINIMAL_TIER.items() if k not in data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from types import SimpleNamespace
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumer.core.limit import AIMDLimit, FixedLimit, GradientLimit, limit_for
+from consumer.core.limit import AIMDLimit, ConcurrencyLimit, FixedLimit, GradientLimit, limit_for
 
 
 def test_aimd_grows_by_one_only_while_busy() -> None:
@@ -57,13 +58,82 @@ def test_fixed_never_moves() -> None:
         FixedLimit(0)
 
 
-def _drive(limit: GradientLimit, rtt_of: object, steps: int, rng: random.Random) -> list[int]:
+def _drive(
+    limit: ConcurrencyLimit, rtt_of: object, steps: int, rng: random.Random, step_s: float = 1.0
+) -> list[int]:
     seen = []
     for i in range(steps):
         current = limit.limit
         rtt = rtt_of(current)  # type: ignore[operator]
-        seen.append(limit.update(rtt * rng.uniform(0.95, 1.05), inflight=current, dropped=False, now_s=i))
+        seen.append(
+            limit.update(rtt * rng.uniform(0.95, 1.05), inflight=current, dropped=False, now_s=i * step_s)
+        )
     return seen
+
+
+def _queueing(slots: int, service_ms: float = 100.0) -> object:
+    """A server with `slots` that queues what is over them: latency grows with concurrency."""
+    return lambda concurrency: service_ms * max(1.0, concurrency / slots)
+
+
+def test_aimd_stops_growing_at_the_knee_of_a_queueing_server() -> None:
+    limit = AIMDLimit(4, max_limit=64)
+    seen = _drive(limit, _queueing(16), 3000, random.Random(2), step_s=0.05)
+    tail = sorted(seen[-1000:])
+    assert 16 <= tail[len(tail) // 2] <= 16 * 2  # at the knee, within the RTT tolerance of it
+    assert max(seen) <= 16 * 2 + 1  # never grew to max: the queueing showed as latency
+    assert limit.no_load_rtt_ms < 110
+
+
+def test_aimd_grows_to_max_while_latency_is_flat() -> None:
+    limit = AIMDLimit(4, max_limit=64)
+    seen = _drive(limit, lambda _c: 100.0, 200, random.Random(1), step_s=0.05)
+    assert seen[-1] == 64 and seen == sorted(seen)
+
+
+def test_aimd_without_rtt_tolerance_grows_through_queueing() -> None:
+    limit = AIMDLimit(4, max_limit=64, rtt_tolerance=None)
+    seen = _drive(limit, _queueing(16), 500, random.Random(2), step_s=0.05)
+    assert seen[-1] == 64
+
+
+def test_aimd_latency_never_takes_the_limit_below_initial() -> None:
+    limit = AIMDLimit(8, min_limit=1, max_limit=64)
+    _drive(limit, lambda _c: 100.0, 20, random.Random(1), step_s=0.05)  # grows a little
+    for i in range(400):  # 10x slower within one probe interval: no drop, only latency
+        limit.update(1000.0, inflight=limit.limit, dropped=False, now_s=2 + i * 0.1)
+    assert limit.limit == 8
+    assert limit.update(1000.0, inflight=8, dropped=True, now_s=45) == 4  # a drop still halves
+
+
+def test_aimd_steps_down_once_per_rtt() -> None:
+    limit = AIMDLimit(4, max_limit=64)
+    for i in range(10):
+        limit.update(100.0, inflight=limit.limit, dropped=False, now_s=i * 0.1)
+    seen = [limit.limit]
+    # eight answers 1 s slow, all sent together: one step down (to where such a latency is within
+    # the tolerance), not one per answer
+    for _ in range(8):
+        seen.append(limit.update(1000.0, inflight=limit.limit, dropped=False, now_s=2.0))
+    steps = [b for a, b in itertools.pairwise(seen) if b != a]
+    assert len(steps) == 1 and 4 <= steps[0] < seen[0]
+    # answers sent after that step, as slow: the next step
+    assert limit.update(1000.0, inflight=limit.limit, dropped=False, now_s=4.0) < steps[0]
+
+
+def test_aimd_relearns_a_changed_no_load_latency_at_its_probe() -> None:
+    # The server becomes 3x slower for good (a bigger model): not queueing, the new normal.
+    limit = AIMDLimit(4, max_limit=64, probe_interval_s=60.0)
+    rng = random.Random(5)
+    seen = []
+    for i in range(6000):
+        c, now_s = limit.limit, i * 0.05
+        service_ms = 100.0 if now_s < 100 else 300.0
+        rtt = service_ms * max(1.0, c / 16) * rng.uniform(0.95, 1.05)
+        seen.append(limit.update(rtt, inflight=c, dropped=False, now_s=now_s))
+    assert 250 < limit.no_load_rtt_ms < 320  # measured afresh after the change
+    tail = sorted(seen[-1000:])
+    assert 16 <= tail[len(tail) // 2] <= 16 * 2  # back at the knee
 
 
 def test_gradient_grows_while_latency_is_flat() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from consumer.core.budgets import Reservation
 from consumer.core.errors import ErrorKind, ProviderError
 from consumer.core.offline import (
     BatchRequest,
@@ -33,6 +34,8 @@ from consumer.runtime.offline.records import (
     offline_request,
     provider_key,
 )
+from consumer.runtime.spending import TierSpending, reserve_offline, tier_spending
+from consumer.runtime.tenancy import TenantGate
 from consumer.settings import Settings
 from consumer.waits import cancel_and_wait
 
@@ -59,7 +62,10 @@ class OfflineCollector:
     `offline.max_enqueued_tokens`; None: no tier has one); batch_providers: by `provider_key`;
     deployments: per tier with `deployments`, each one's name and model: each provider batch
     goes to the one with the most room for enqueued work (without a limit, or without the
-    batches topic followed: the one this instance gave the fewest tokens).
+    batches topic followed: the one this instance gave the fewest tokens); gate: the tenants' budgets, when
+    some account has one: each job's estimate (at the batch price) is spent once the provider
+    took its batch (its answer comes hours later, to whichever instance tracks it); a job its
+    tenant's budget does not hold is held or dead-lettered before it is submitted.
     """
 
     def __init__(
@@ -71,6 +77,7 @@ class OfflineCollector:
         clock: Callable[[], float] = time.monotonic,
         batches: TopicFollower | None = None,
         deployments: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+        gate: TenantGate | None = None,
     ) -> None:
         self._deployments = dict(deployments or {})
         #: tokens this instance submitted per (tier, deployment), for the choice without a limit
@@ -81,6 +88,8 @@ class OfflineCollector:
         self._outcomes = outcomes
         self._clock = clock
         self._batches = batches
+        self._gate = gate
+        self._spending: dict[str, TierSpending] = {}
         self._pending: dict[str, _Pending] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
@@ -152,6 +161,45 @@ class OfflineCollector:
         # embed jobs after chat jobs: a provider batch has one endpoint, so each kind is one run
         ctxs = sorted(ctxs, key=lambda c: c.kind == "embed")
         requests = [BatchRequest(f"pb-{i}", offline_request(c, model)) for i, c in enumerate(ctxs)]
+        #: each job's reservation from its tenant's budget until the provider takes its batch
+        held: dict[int, Reservation] = {}
+        if self._gate is not None:
+            requests, ctxs, held = await self._reserve(tier, requests, ctxs)
+            if not ctxs:
+                return
+        try:
+            await self._submit_collection(tier, ctxs, requests, held)
+        finally:
+            self._spend_held(tier, held, ctxs, taken=False)  # what no provider took goes back
+
+    async def _reserve(
+        self, tier: str, requests: list[BatchRequest], ctxs: list[JobContext]
+    ) -> tuple[list[BatchRequest], list[JobContext], dict[int, Reservation]]:
+        """Each job's estimate held from its tenant's budget; the jobs it does not hold are left
+        out (held or dead-lettered by the gate)."""
+        assert self._gate is not None
+        spending = self._spending.get(tier)
+        if spending is None:
+            config, ledger = ctxs[0].tier.config, self._outcomes.ledger
+            spending = self._spending[tier] = tier_spending(config, ledger, self._gate)
+        requests, ctxs, reservations = await reserve_offline(spending, self._gate, requests, ctxs)
+        return requests, ctxs, {id(c): r for r, c in reservations if r is not None}
+
+    def _spend_held(
+        self, tier: str, held: dict[int, Reservation], ctxs: list[JobContext], *, taken: bool
+    ) -> None:
+        """The reservations of `ctxs`: spent at their estimate when the provider took their batch
+        (`taken`), else given back."""
+        spending = self._spending.get(tier)
+        for c in ctxs:
+            reservation = held.pop(id(c), None)
+            if reservation is not None and spending is not None:
+                spending.spent_as_estimated(reservation, recorded=taken)
+
+    async def _submit_collection(
+        self, tier: str, ctxs: list[JobContext], requests: list[BatchRequest], held: dict[int, Reservation]
+    ) -> None:
+        model = ctxs[0].tier.config.model
         tokens = [r.request.estimated_tokens() for r in requests]
         limit = ctxs[0].tier.config.offline.max_enqueued_tokens
         if limit is None or self._batches is None:
@@ -161,7 +209,7 @@ class OfflineCollector:
                     BatchRequest(r.custom_id, offline_request(c, own_model))
                     for r, c in zip(requests, ctxs, strict=True)
                 ]
-            await self._submit_shard(tier, deployment, ctxs, requests, tokens)
+            await self._submit_shard(tier, deployment, ctxs, requests, tokens, held)
             return
         try:
             for shard in token_shards(tokens, limit):
@@ -181,7 +229,7 @@ class OfflineCollector:
                     ]
                 try:
                     await self._submit_shard(
-                        tier, deployment, shard_ctxs, shard_requests, tokens[shard.start : shard.stop]
+                        tier, deployment, shard_ctxs, shard_requests, tokens[shard.start : shard.stop], held
                     )
                 finally:
                     self._submitting[place] -= shard_tokens
@@ -251,16 +299,19 @@ class OfflineCollector:
         ctxs: list[JobContext],
         requests: list[BatchRequest],
         tokens: list[int],
+        held: dict[int, Reservation],
     ) -> None:
         """Submit one provider batch (or the several the provider's size limits make) to the
         tier's deployment and record each, with the deployment and its members' estimated
-        tokens; then its members' offsets may commit."""
+        tokens; then its members' offsets may commit. Once the provider took it, its members'
+        reservations (`held`) are spent."""
         provider = self._providers[provider_key(tier, deployment)]
         self._given[(tier, deployment)] += sum(tokens)
         delay_s = 1.0
         while True:
             try:
                 jobs = await provider.submit(requests)
+                self._spend_held(tier, held, ctxs, taken=True)
                 break
             except ProviderError as exc:
                 if not exc.retryable:

@@ -24,6 +24,7 @@ from consumer.core.offline import (
     Failed,
     item_outcome,
 )
+from consumer.core.tenants import DEFAULT_TENANT, tenant_problem
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.runtime.context import JobContext
 from consumer.runtime.latency import DEAD_LETTER, DEFAULT_LANE, OFFLINE_JOB_LATENCY, RESULT
@@ -119,6 +120,7 @@ def batch_record(
                 "job": c.parsed_job().model_dump(mode="json"),
                 "timestamp": c.timestamp_s,
                 "lane": c.lane_name,
+                "tenant": c.tenant,
                 "source": {
                     "topic": c.source.topic,
                     "partition": c.source.partition,
@@ -201,6 +203,7 @@ def outcome_records(
                 tier=record.get("tier"),
                 mode="offline",
                 embedding=outcome.embedding,
+                tenant=member_tenant(member),
             )
             problem = too_large_result(result, limits.results)
             if problem is None:
@@ -218,6 +221,17 @@ def outcome_records(
                 status_code=outcome.status_code,
                 provider=record.get("provider"),
                 max_bytes=limits.dead_letters,
+                tenant=member_tenant(member),
             )
         )
     return out
+
+
+def member_tenant(member: dict[str, Any]) -> str:
+    """A batch member's tenant: as recorded with it (its header's, when the job named none),
+    else its job's own."""
+    job = member.get("job")
+    for value in (member.get("tenant"), job.get("tenant") if isinstance(job, dict) else None):
+        if isinstance(value, str) and tenant_problem(value) is None:
+            return value
+    return DEFAULT_TENANT

@@ -27,15 +27,18 @@ from consumer.core.offline import (
 from consumer.kafka.records import OutRecord
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchProvider
+from consumer.runtime.accounts import TenantLedger
 from consumer.runtime.offline.records import (
     batch_key,
     count_offline_usage,
+    member_tenant,
     observe_offline_latency,
     outcome_records,
     provider_key,
     read_batch_record,
 )
 from consumer.runtime.outcomes import RecordLimits
+from consumer.runtime.spending import count_tenant_usage
 from consumer.runtime.stats import ServiceStats
 from consumer.settings import Settings
 from consumer.waits import cancel_and_wait
@@ -73,6 +76,7 @@ class BatchTracker:
         stats: ServiceStats | None = None,
         pricing_by_tier: dict[str, Pricing] | None = None,
         max_enqueued_tokens_by_tier: dict[str, int] | None = None,
+        ledger: TenantLedger | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
@@ -84,6 +88,7 @@ class BatchTracker:
         self._ended: Counter[str] = Counter()
         self._limits = limits
         self._stats = stats
+        self._ledger = ledger
         self._pricing_by_tier = pricing_by_tier or {}
         self._providers = batch_providers
         self._producer = producer
@@ -173,6 +178,9 @@ class BatchTracker:
             tier = record["tier"]
             count_offline_usage(self._stats.tier(tier), items, self._pricing_by_tier.get(tier))
             observe_offline_latency(self._stats, self._settings.results_topic, record, records)
+        if self._ledger is not None:
+            tenants = {m["custom_id"]: member_tenant(m) for m in record["members"]}
+            count_tenant_usage(self._ledger, tenants, items, self._pricing_by_tier.get(record["tier"]))
         self._open.pop(key, None)
         self._next_poll_s.pop(key, None)
         self._ended[record["tier"]] += 1
