@@ -69,6 +69,10 @@ class FixedLimit:
 #: it stops growing (a server that queues past its capacity doubles it with as many waiting as
 #: served)
 AIMD_RTT_TOLERANCE = 2.0
+#: latency growth smaller than this is not a server's queue: the client's own event loop, busy
+#: with other work, reads an answer milliseconds late, which doubles a sub-millisecond RTT
+#: (a server that queues adds at least one of its service times, far more than this)
+RTT_NOISE_MS = 20.0
 
 
 class AIMDLimit:
@@ -77,7 +81,8 @@ class AIMDLimit:
 
     timeout_ms: a success slower than this counts as a drop (None: never);
     rtt_tolerance: grow only while the latest RTT is at most this multiple of the no-load RTT
-    (the lowest since the last probe); while the smoothed RTT is above it the limit steps down,
+    (the lowest since the last probe), and at least `RTT_NOISE_MS` above it; while the smoothed
+    RTT is above that the limit steps down,
     once per RTT, to the concurrency that RTT allows, never below `initial`; and from the first
     time it is, growth is one step per RTT, not one per success (None: latency is ignored and
     only drops shrink the limit);
@@ -194,7 +199,7 @@ class AIMDLimit:
         else:
             self._smoothed_rtt_ms += (rtt_ms - self._smoothed_rtt_ms) * self.smoothing
         self._no_load_rtt_ms = min(self._no_load_rtt_ms, rtt_ms)
-        bound_ms = tolerance * self._no_load_rtt_ms
+        bound_ms = max(tolerance * self._no_load_rtt_ms, self._no_load_rtt_ms + RTT_NOISE_MS)
         return self._smoothed_rtt_ms > bound_ms, rtt_ms > bound_ms
 
     def _step_down(self, inflight: int, tolerance: float, sent_s: float, now_s: float) -> None:

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumer.core.limit import AIMDLimit, ConcurrencyLimit, FixedLimit, GradientLimit, limit_for
+from consumer.core.limit import (
+    RTT_NOISE_MS,
+    AIMDLimit,
+    ConcurrencyLimit,
+    FixedLimit,
+    GradientLimit,
+    limit_for,
+)
 
 
 def test_aimd_grows_by_one_only_while_busy() -> None:
@@ -229,3 +236,23 @@ def test_aimd_decreases_once_per_overload_event() -> None:
     assert limit.update(1000, inflight=30, dropped=True, now_s=1.0) == 16
     # a request sent after the decrease that is dropped again is a new event
     assert limit.update(100, inflight=16, dropped=True, now_s=1.2) == 8
+
+
+def test_aimd_grows_through_a_fast_servers_client_side_jitter() -> None:
+    """A sub-millisecond server whose answers the client reads a few ms late (its own event loop
+    busy): the RTT doubles, but by less than RTT_NOISE_MS, so it is not a queue and AIMD grows."""
+    limit = AIMDLimit(4, max_limit=64)
+    rng = random.Random(3)
+    for i in range(400):
+        rtt_ms = 0.5 + rng.uniform(0.0, RTT_NOISE_MS / 2)
+        limit.update(rtt_ms, inflight=limit.limit, dropped=False, now_s=i * 0.01)
+    assert limit.limit == 64
+
+
+def test_aimd_stops_growing_once_a_fast_server_queues_past_the_noise() -> None:
+    limit = AIMDLimit(4, max_limit=64)
+    for i in range(400):
+        # the server serves 8 at once in 1 ms: beyond that, requests wait in its queue
+        rtt_ms = 1.0 * max(1.0, limit.limit / 8) + (RTT_NOISE_MS * 2 if limit.limit > 8 else 0.0)
+        limit.update(rtt_ms, inflight=limit.limit, dropped=False, now_s=i * 0.01)
+    assert limit.limit <= 12
