@@ -4,7 +4,6 @@ offsets (`JobIntake.partition_offsets`, the real broker's or the in-memory fake'
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from typing import Protocol
 from consumer.core.lag import LagTracker, PartitionOffsets
 from consumer.kafka.records import TopicPartition
 from consumer.runtime.stats import ServiceStats
+from consumer.waits import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,5 @@ class LagMonitor:
         self._task = asyncio.create_task(self._loop(), name="promptbus-lag")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

@@ -11,7 +11,6 @@ bounded and returns False instead of raising, so the caller can print the servic
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
@@ -25,6 +24,7 @@ from consumer.kafka.clients import topic_partitions
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
+from consumer.waits import cancel_and_wait
 
 __all__ = ["Outcome", "OutcomeFollower", "duplicate_count"]
 
@@ -124,11 +124,8 @@ class OutcomeFollower:
                         self.outcomes.append(_outcome(dead, tp.partition, r.offset, r.timestamp, value))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
