@@ -18,7 +18,11 @@ without knowing the limit, and without the rounding of `remaining` (an integer).
 reset is measured from the answer's arrival (Anthropic sends a time of day), that estimate
 jitters with the round trip; `remaining` over the admissions' own times gives a second one
 (refilled = remaining_j - remaining_i + k over a_j - a_i), and the smaller of the two is
-taken: a rate too low only keeps a reserve in the bucket, one too high costs 429s. The level
+taken: a rate too low only keeps a reserve in the bucket, one too high costs 429s. Both are
+timed by the client's clock, which drifts against the provider's when sends or answers wait
+behind other work; where the answers name the limit, (limit - remaining) / reset bounds the
+rate from above in the provider's own time (the level is at most one above `remaining`), and
+the tightest bound of the newest few hints caps the estimate. The level
 is taken from `remaining` (rounded down: a reserve of less than one request) and replayed
 from the hinted request's admission: requests admitted after it were not yet counted by the
 provider when it answered, so they are subtracted. A request is admitted once the mirror
@@ -68,6 +72,8 @@ MIN_REFILLED = 10
 #: resets come rounded (OpenAI: to the millisecond); a TAT this close to an admission may
 #: still have been in the future
 RESET_ROUNDING_S = 0.002
+#: hints whose upper bounds on the refill rate are kept (a changed limit is followed after these)
+RATE_BOUNDS = 32
 #: a 429 for a request the mirror admitted scales the rate estimate by this
 RATE_CUT_ON_429 = 0.9
 #: the resets of two hints must be this many round-trip jitters apart to give a rate
@@ -126,6 +132,8 @@ class BudgetPacer:
         self._rejected_horizon = 0  # 429s up to this sequence number were forgotten
         self._rtt_s: float | None = None  # smoothed round trip of answers with a budget
         self._rtt_jitter_s = 0.0  # its smoothed absolute deviation
+        #: upper bounds on the refill rate from the newest hints that named the limit
+        self._rate_bounds: collections.deque[float] = collections.deque(maxlen=RATE_BOUNDS)
 
     @property
     def active(self) -> bool:
@@ -212,6 +220,7 @@ class BudgetPacer:
         if reset_s is not None and reset_s > 0:
             remaining_now = 0 if rejected else max(0, hint.remaining_requests)
             self._learn_rate(_Mark(seq, admitted_s, admitted_s + reset_s, remaining_now))
+            self._cap_rate_by_limit(hint, reset_s)
         if seq <= self._newest_seq:
             return False
         if rejected and self._rate_per_s is not None:
@@ -245,6 +254,26 @@ class BudgetPacer:
         self._level = self._refilled(level, at_s, now_s)
         self._level_s = now_s
         return True
+
+    def _cap_rate_by_limit(self, hint: RateLimitHint, reset_s: float) -> None:
+        """Hold the learnt rate under what the provider's own numbers allow.
+
+        A hint that names the bucket's size bounds its refill rate from above, all in the
+        provider's time: the (limit - remaining) requests missing refill in reset_s, and the
+        level may be up to one more than `remaining` (rounded down), so the rate is at most
+        (limit - remaining) / reset_s. The tightest of the newest RATE_BOUNDS such bounds caps
+        the rate learnt from the hints' timing, which is measured by the client's clock and so
+        runs high when sends or answers wait behind a busy event loop (three requests whose
+        resets seem 20 ms too close together read 55/s from a 40/s bucket).
+        """
+        if hint.limit_requests is None or hint.remaining_requests is None:
+            return
+        missing = hint.limit_requests - max(0, hint.remaining_requests)
+        if missing < 1 or reset_s <= RESET_ROUNDING_S:
+            return
+        self._rate_bounds.append(missing / (reset_s - RESET_ROUNDING_S))
+        if self._rate_per_s is not None:
+            self._rate_per_s = min(self._rate_per_s, min(self._rate_bounds))
 
     def _note_rtt(self, rtt_s: float) -> None:
         """Track the answers' round trip and how much it varies (mean absolute deviation)."""

@@ -25,6 +25,7 @@ class Bucket:
     rate_per_s: float
     level: float = -1.0
     at_s: float = 0.0
+    names_limit: bool = False  # the hints carry the limit (x-ratelimit-limit-requests)
 
     def __post_init__(self) -> None:
         self.level = float(self.limit)
@@ -41,6 +42,7 @@ class Bucket:
             retry_after_s=retry_s,
             remaining_requests=math.floor(self.level),
             reset_requests_s=reset_s,
+            limit_requests=self.limit if self.names_limit else None,
         )
 
 
@@ -261,6 +263,49 @@ def test_pacing_never_runs_away_into_429s(
         # (a bucket of a few requests that refills within about a round trip may leave the
         # rate unlearnt or low: slower, never 429s; see the module docstring)
         assert answered >= 0.85 * min(rate_per_s, 64 / latency_s) * 7.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_busy_loop_that_delays_sends_and_answers_cannot_lift_the_rate_over_the_limit(seed: int) -> None:
+    """One send or answer in twenty waits up to 300 ms behind other work, so the client's
+    admission times (and the resets it places from them) drift against the provider's clock;
+    the limit the hints name keeps the learnt rate at the bucket's."""
+    rng = random.Random(seed)
+    bucket = Bucket(limit=40, rate_per_s=40.0, names_limit=True)
+    pacer = BudgetPacer()
+
+    def stall_s() -> float:
+        return rng.uniform(0.0, 0.3) if rng.random() < 0.05 else 0.0
+
+    sends: list[tuple[float, int, float]] = []  # (sent, seq, admitted), heap by send time
+    answers: list[tuple[float, int, float, bool, RateLimitHint]] = []  # heap by arrival
+    now_s, seq, inflight, answered, highest = 0.0, 0, 0, 0, 0.0
+    for _ in range(100_000):  # bounded
+        if now_s >= 20.0:
+            break
+        wait_s = pacer.wait_s(now_s)
+        if wait_s <= 0 and inflight < 64:
+            seq += 1
+            inflight += 1
+            pacer.admit(seq, now_s)
+            heapq.heappush(sends, (now_s + stall_s(), seq, now_s))
+            continue
+        next_s = min(now_s + wait_s if wait_s > 0 else math.inf,
+                     sends[0][0] if sends else math.inf, answers[0][0] if answers else math.inf)
+        now_s = next_s
+        if sends and sends[0][0] <= now_s:
+            sent_s, s, admitted_s = heapq.heappop(sends)
+            ok, hint = bucket.request(sent_s)
+            heapq.heappush(answers, (sent_s + 0.005 + stall_s(), s, admitted_s, ok, hint))
+        elif answers and answers[0][0] <= now_s:
+            _, s, admitted_s, ok, hint = heapq.heappop(answers)
+            inflight -= 1
+            pacer.observe(hint, s, admitted_s, now_s, rejected=not ok)
+            answered += ok
+            highest = max(highest, pacer.rate_per_s or 0.0)
+    assert pacer.rate_per_s is not None
+    assert 0.9 * 40.0 <= pacer.rate_per_s <= highest <= 1.05 * 40.0
+    assert answered >= 0.9 * 40.0 * 20.0
 
 
 def test_a_429_the_mirror_did_not_expect_lowers_the_rate() -> None:
