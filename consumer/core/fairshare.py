@@ -37,13 +37,16 @@ T = TypeVar("T")
 _IDLE_FLOWS_KEPT = 64
 
 
-@dataclass(order=True, slots=True)
+@dataclass(slots=True)
 class _Entry(Generic[T]):
-    deadline_s: float
-    seq: int
-    item: T = field(compare=False)
-    flow: _Flow[T] = field(compare=False)
-    alive: bool = field(default=True, compare=False)
+    item: T
+    flow: _Flow[T]
+    alive: bool = True
+
+
+#: a flow's heap holds (deadline, sequence number, entry): tuples compare in C, and the
+#: sequence numbers are unique, so entries themselves are never compared
+_Queued = tuple[float, int, _Entry[T]]
 
 
 @dataclass(slots=True)
@@ -54,14 +57,14 @@ class _Flow(Generic[T]):
     tag: float = 0.0
     #: when the flow last became active (ties of equal tags go to the earlier one)
     since: int = 0
-    heap: list[_Entry[T]] = field(default_factory=list)
+    heap: list[_Queued[T]] = field(default_factory=list)
     live: int = 0
     active: bool = False
 
     def head(self) -> _Entry[T]:
-        while not self.heap[0].alive:
+        while not self.heap[0][2].alive:
             heapq.heappop(self.heap)
-        return self.heap[0]
+        return self.heap[0][2]
 
 
 class FairQueue(Generic[T]):
@@ -105,8 +108,8 @@ class FairQueue(Generic[T]):
             found.tag = max(found.tag, self._vtime)  # an idle flow banks no credit
             found.since = self._seq
             self._active.append(found)
-        entry = _Entry(math.inf if deadline_s is None else deadline_s, self._seq, item, found)
-        heapq.heappush(found.heap, entry)
+        entry = _Entry(item, found)
+        heapq.heappush(found.heap, (math.inf if deadline_s is None else deadline_s, self._seq, entry))
         found.live += 1
         self._entries[id(item)] = entry
 

@@ -91,7 +91,7 @@ class AnswerResults:
     holds this encoding equal to `encode(Result(...))`.
     """
 
-    __slots__ = ("_shared", "_shared_no_usage", "_topic")
+    __slots__ = ("_shared", "_shared_members", "_shared_no_usage", "_topic")
 
     def __init__(
         self,
@@ -124,9 +124,10 @@ class AnswerResults:
         }
         #: the shared members, opening comma included: '{"id":...' + this ends a record
         self._shared = b"," + orjson.dumps(shared, option=orjson.OPT_UTC_Z)[1:]
-        #: the same for a job answered by another job's identical request (no usage of its own)
-        no_usage = {**shared, "usage": _NO_USAGE}
-        self._shared_no_usage = b"," + orjson.dumps(no_usage, option=orjson.OPT_UTC_Z)[1:]
+        self._shared_members = shared
+        #: the same for a job answered by another job's identical request (no usage of its
+        #: own), rendered when the first such job is
+        self._shared_no_usage: bytes | None = None
 
     def record(
         self,
@@ -171,8 +172,15 @@ class AnswerResults:
                 "tenant": tenant,
             }
         )
-        value = own[:-1] + (self._shared if dedupe_of is None else self._shared_no_usage)
+        value = own[:-1] + (self._shared if dedupe_of is None else self._no_usage())
         return OutRecord(self._topic, job_id.encode(), value, _headers(source, traceparent))
+
+
+    def _no_usage(self) -> bytes:
+        if self._shared_no_usage is None:
+            no_usage = {**self._shared_members, "usage": _NO_USAGE}
+            self._shared_no_usage = b"," + orjson.dumps(no_usage, option=orjson.OPT_UTC_Z)[1:]
+        return self._shared_no_usage
 
 
 def too_large_result(record: OutRecord, max_bytes: int) -> str | None:

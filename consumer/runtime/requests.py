@@ -4,7 +4,6 @@ answer schema, each with its shared prefix marked for prompt caching."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, cast
 
 from consumer.core.completion import ChatMessage, CompletionRequest, prompt_cache_key
@@ -21,18 +20,18 @@ __all__ = ["build_request", "ordinary_request"]
 def ordinary_request(tier: TierRuntime, ctx: JobContext) -> CompletionRequest:
     """A job's own request (unbatched), its shared prefix marked for prompt caching: the
     template's text before its trailing variable, or every message before the last."""
-    request = CompletionRequest(ctx.messages, tier.config.model, ctx.options)
-    if tier.config.prompt_cache == "off" or not ctx.messages:
-        return request
-    last = ctx.messages[-1].content
-    if ctx.batchable is not None and ctx.batchable.prefix and last.startswith(ctx.batchable.prefix):
-        prefix_chars, shared = len(ctx.batchable.prefix), ctx.batchable.prefix
-    elif len(ctx.messages) > 1:
-        prefix_chars, shared = 0, "\0".join(m.content for m in ctx.messages[:-1])
+    messages, model = ctx.messages, tier.config.model
+    if tier.config.prompt_cache == "off" or not messages:
+        return CompletionRequest(messages, model, ctx.options)
+    batchable = ctx.batchable
+    if batchable is not None and batchable.prefix and messages[-1].content.startswith(batchable.prefix):
+        prefix_chars, shared = len(batchable.prefix), batchable.prefix
+    elif len(messages) > 1:
+        prefix_chars, shared = 0, "\0".join(m.content for m in messages[:-1])
     else:
-        return request  # one message with no known shared part: nothing to cache
-    key = prompt_cache_key(tier.name, tier.config.model, "ordinary", shared)
-    return replace(request, cache_prefix_chars=prefix_chars, cache_key=key)
+        return CompletionRequest(messages, model, ctx.options)  # no known shared part: nothing to cache
+    key = prompt_cache_key(tier.name, model, "ordinary", shared)
+    return CompletionRequest(messages, model, ctx.options, cache_prefix_chars=prefix_chars, cache_key=key)
 
 
 def build_request(
@@ -58,15 +57,16 @@ def build_request(
         else:
             schema = answer_schema(req.packed.aliases, item_schema)
     messages = (ChatMessage("user", req.packed.text),)
-    request = CompletionRequest(messages, tier.config.model, options, schema)
     if not caching:
-        return request
+        return CompletionRequest(messages, tier.config.model, options, schema)
     # the packed prompt is the shared head (template text and batch instruction, the same
     # bytes for every request of one batch key) and then the items, one JSON line
     text = req.packed.text
     head_chars = text.rfind("\n") + 1
     key = prompt_cache_key(tier.name, tier.config.model, "batched", *(pack_key or ()))
-    return replace(request, cache_prefix_chars=head_chars, cache_key=key)
+    return CompletionRequest(
+        messages, tier.config.model, options, schema, cache_prefix_chars=head_chars, cache_key=key
+    )
 
 
 def _alias_free_answer_schema(item_schema: Mapping[str, Any] | None) -> dict[str, Any]:

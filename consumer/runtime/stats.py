@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,9 @@ class TierStats:
     outage_s: float = 0.0
     #: why the batch size is what it is (`AdaptiveSizes.explain`), "" before any batch key
     batch_size_reason: str = ""
+    #: makes `batch_size_reason` when a snapshot asks for it (the text changes with every
+    #: answer and only a snapshot reads it); None: the field as it stands
+    size_reason: Callable[[], str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def requests_saved(self) -> int:
@@ -124,8 +128,10 @@ class TierStats:
         return ds
 
     def as_dict(self) -> dict[str, Any]:
-        nested = ("fallback_jobs", "deployments")
+        nested = ("fallback_jobs", "deployments", "size_reason")
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in nested}
+        if self.size_reason is not None:
+            d["batch_size_reason"] = self.size_reason()
         d["requests_saved"] = self.requests_saved
         # flat, so snapshots add up like every other counter
         for source, n in sorted(self.fallback_jobs.items()):

@@ -60,6 +60,7 @@ class TierRuntime:
     _circuit_changed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.stats.size_reason = self.sizes.explain
         if not self.deployments:
             gate = self.limiter.gates[0]
             own = Deployment(
@@ -201,8 +202,7 @@ class TierRuntime:
 
     def current_batch_size(self) -> int:
         """The largest current adaptive size over this tier's keys (the trusted size before
-        any job); also refreshes `stats.batch_size_reason`, which says why."""
-        self.stats.batch_size_reason = self.sizes.explain()
+        any job); `stats.batch_size_reason` says why (made when a snapshot reads it)."""
         sizes = self.sizes.snapshot().values()
         return max(sizes, default=trusted_items(self.config.batching))
 
