@@ -2,7 +2,8 @@
 
 `EmbedRunner` is the tier's `PlanRunner` that also runs embed plans (`consumer.core.embed`):
 each planned request becomes one `EmbeddingRequest` whose `input` is its members' texts and
-goes through the runner's one provider call path (`PlanRunner.send_planned` and `call`: the
+goes through the runner's one provider call path (`PlanRunner.send_planned`, then
+`ProviderCalls.call` in `runtime/provider_calls.py`: the
 limiter, pacing by tokens, the circuit, the error taxonomy, usage and cost counters), so an
 embed job is held, retried, paced and counted as a chat job is. Answered members become
 results carrying their vector; the plan's splits and retries run as tasks of the same plan.
