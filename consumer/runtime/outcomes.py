@@ -125,9 +125,7 @@ class AnswerResults:
         #: the shared members, opening comma included: '{"id":...' + this ends a record
         self._shared = b"," + orjson.dumps(shared, option=orjson.OPT_UTC_Z)[1:]
         self._shared_members = shared
-        #: the same for a job answered by another job's identical request (no usage of its
-        #: own), rendered when the first such job is
-        self._shared_no_usage: bytes | None = None
+        self._shared_no_usage: bytes | None = None  # see `_no_usage`
 
     def record(
         self,
@@ -175,13 +173,13 @@ class AnswerResults:
         value = own[:-1] + (self._shared if dedupe_of is None else self._no_usage())
         return OutRecord(self._topic, job_id.encode(), value, _headers(source, traceparent))
 
-
     def _no_usage(self) -> bytes:
+        """The shared members of a job answered by another job's identical request (no usage
+        of its own), rendered once, when the first such job is."""
         if self._shared_no_usage is None:
             no_usage = {**self._shared_members, "usage": _NO_USAGE}
             self._shared_no_usage = b"," + orjson.dumps(no_usage, option=orjson.OPT_UTC_Z)[1:]
         return self._shared_no_usage
-
 
 def too_large_result(record: OutRecord, max_bytes: int) -> str | None:
     """Why a result cannot be published (None: it can): over the results topic's record size,

@@ -103,10 +103,9 @@ class TierStats:
     #: 1 while the tier's circuit is open; for how long its provider has been unreachable
     circuit_open: int = 0
     outage_s: float = 0.0
-    #: why the batch size is what it is (`AdaptiveSizes.explain`), "" before any batch key
-    batch_size_reason: str = ""
-    #: makes `batch_size_reason` when a snapshot asks for it (the text changes with every
-    #: answer and only a snapshot reads it); None: the field as it stands
+    #: says why the batch size is what it is (`AdaptiveSizes.explain`; "" before any batch
+    #: key): the snapshot's `batch_size_reason`, made when a snapshot asks (the text changes
+    #: with every answer and only a snapshot reads it); None: no reason to give
     size_reason: Callable[[], str] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -130,8 +129,7 @@ class TierStats:
     def as_dict(self) -> dict[str, Any]:
         nested = ("fallback_jobs", "deployments", "size_reason")
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in nested}
-        if self.size_reason is not None:
-            d["batch_size_reason"] = self.size_reason()
+        d["batch_size_reason"] = self.size_reason() if self.size_reason is not None else ""
         d["requests_saved"] = self.requests_saved
         # flat, so snapshots add up like every other counter
         for source, n in sorted(self.fallback_jobs.items()):

@@ -202,7 +202,7 @@ class TierRuntime:
 
     def current_batch_size(self) -> int:
         """The largest current adaptive size over this tier's keys (the trusted size before
-        any job); `stats.batch_size_reason` says why (made when a snapshot reads it)."""
+        any job); `stats.size_reason` says why."""
         sizes = self.sizes.snapshot().values()
         return max(sizes, default=trusted_items(self.config.batching))
 

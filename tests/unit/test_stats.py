@@ -21,7 +21,10 @@ def snapshot(instance: str, updated_at: float, **tier: Any) -> dict[str, Any]:
     stats = ServiceStats(instance=instance)
     ts = stats.tier("small")
     for key, value in tier.items():
-        setattr(ts, key, value)
+        if key == "batch_size_reason":  # made when a snapshot asks (`TierStats.size_reason`)
+            ts.size_reason = lambda text=value: text
+        else:
+            setattr(ts, key, value)
     snap = dict(stats.snapshot())
     snap["updated_at"] = updated_at
     return snap
