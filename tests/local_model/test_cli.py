@@ -83,13 +83,14 @@ def test_foreground_serve_stops_on_sigterm(model_path: Path, tmp_path: Path) -> 
         while time.monotonic() < deadline and not localmodel.status(port, tmp_path).answering:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.2)
-        st = localmodel.status(port, tmp_path)
-        assert st.answering and st.info is not None
-        server_pid = st.info.pid
-        # the server answers a moment before `serve` prints "ready": signal only after that line
+        # /v1/models answers before `serve` has run its test completion and printed "ready"; while that
+        # completion runs the server may be too busy to answer a status probe, so read status after the line
         assert proc.stdout is not None
         ready_line = proc.stdout.readline()
         assert "ready" in ready_line, ready_line
+        st = localmodel.status(port, tmp_path)
+        assert st.answering and st.info is not None
+        server_pid = st.info.pid
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
