@@ -62,6 +62,14 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
+    def observe_all(self, values: Sequence[float]) -> None:
+        """`observe` each of `values` (the members of one request, in one call)."""
+        counts, bounds, total = self.counts, self.bounds, self.sum
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+            total += value
+        self.sum = total
+
     @property
     def count(self) -> int:
         return sum(self.counts)

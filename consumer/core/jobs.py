@@ -366,6 +366,10 @@ def checked_json_object(value: bytes, model: type[BaseModel], *, what: str) -> d
     return checked
 
 
+#: `Job.model_validate_json` without its wrapper's per-call work (one call per record read)
+_job_from_json = Job.__pydantic_validator__.validate_json
+
+
 def decode_job(raw: bytes) -> Job:
     """Parse one record value into a Job.
 
@@ -375,7 +379,7 @@ def decode_job(raw: bytes) -> Job:
     try:
         # the common case in one pass (pydantic parses the JSON itself); anything wrong is
         # explained by the checks below, which name the problem as the user sees it
-        return Job.model_validate_json(raw)
+        return _job_from_json(raw)
     except ValidationError:
         pass
     try:

@@ -4,14 +4,12 @@ the tokens' cost at the tier's `pricing` (`consumer.core.cost`) and batching's s
 
 from __future__ import annotations
 
-from typing import cast
-
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.core.cost import Pricing, alone_input_estimate, alone_output_estimate, cost_usd
 from consumer.core.embed import Embeddings
 from consumer.core.errors import ProviderError
 from consumer.core.plan import PlannedRequest
-from consumer.runtime.context import JobContext
+from consumer.runtime.context import as_contexts
 from consumer.runtime.stats import DeploymentStats, TierStats
 
 
@@ -55,7 +53,7 @@ class RequestCounts:
         from the ordinary prompts' lengths at the batched prompt's own tokens per character."""
         usage, size = completion.usage, len(req.members)
         batched_chars = sum(len(m.content) for m in request.messages) if request is not None else 0
-        alone_chars = sum(cast(JobContext, member).alone_chars for member in req.members)
+        alone_chars = sum(ctx.alone_chars for ctx in as_contexts(req.members))
         stats = self._stats
         stats.batched_tokens += usage.input_tokens + usage.output_tokens
         stats.alone_tokens_estimate += alone_input_estimate(

@@ -182,7 +182,7 @@ class OutcomeWriter:
             output=output,
             attempts=attempts,
             latency_ms=(now_s - ctx.received_s) * 1000.0,
-            traceparent=self._telemetry.traceparent(ctx.trace),
+            traceparent=self._telemetry.traceparent(ctx.trace) if ctx.trace is not None else None,
             dedupe_of=dedupe_of,
             lane=ctx.lane.name if ctx.lane is not None else None,
             tier=ctx.tier.name,
@@ -194,18 +194,26 @@ class OutcomeWriter:
         if problem is not None:
             self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts, answer=shared)
             return
-        self.succeed(ctx, record, shared)
+        self.succeed(ctx, record, shared, now_s=now_s)
 
-    def succeed(self, ctx: JobContext, record: OutRecord, answer: SharedAnswer | None = None) -> None:
+    def succeed(
+        self,
+        ctx: JobContext,
+        record: OutRecord,
+        answer: SharedAnswer | None = None,
+        *,
+        now_s: float | None = None,
+    ) -> None:
         """The job's result record; `answer`, what it was built from, answers the jobs deduped
-        to this one."""
+        to this one (`now_s`: the clock's reading, when the caller has it)."""
         if ctx.done:
             return
         self._stats.results += 1
         if ctx.fallback_from is not None:
             ctx.tier.stats.fallback_jobs[ctx.fallback_from] += 1
-        self._end(ctx, record, None)
-        self._settle(ctx, answer, None)
+        self._end(ctx, record, None, now_s)
+        if ctx.dedupe_key is not None:
+            self._settle(ctx, answer, None)
 
     def share(
         self, ctx: JobContext, leader_id: str, answer: SharedAnswer | None, failure: SharedFailure | None
@@ -265,15 +273,17 @@ class OutcomeWriter:
             for follower in table.abandon(key):
                 self.abandon(follower)
 
-    def _end(self, ctx: JobContext, record: OutRecord, error: str | None) -> None:
-        """Hand the job's outcome record to the sink (`error`: its dead letter's kind)."""
+    def _end(self, ctx: JobContext, record: OutRecord, error: str | None, now_s: float | None = None) -> None:
+        """Hand the job's outcome record to the sink (`error`: its dead letter's kind; `now_s`:
+        the clock's reading, when the caller has it)."""
         ok = error is None
         ctx.done = True
-        self._telemetry.end_job(ctx.trace, record, error=error)
+        if ctx.trace is not None:  # a job without a span has none to end
+            self._telemetry.end_job(ctx.trace, record, error=error)
         self._sink.deliver(ctx.ticket, [record])
         lane_stats, series = self._ends_of(ctx)
         if lane_stats is not None:
-            lane_stats.ended(self._clock() - ctx.received_s, ok=ok)
+            lane_stats.ended((self._clock() if now_s is None else now_s) - ctx.received_s, ok=ok)
         self.ledger.stats_of(ctx.tenant).ended(ok=ok)
         series[2 * (ctx.mode == "offline") + (not ok)].observe(time.time() - ctx.timestamp_s)
 

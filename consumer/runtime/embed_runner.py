@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import cast
 
 from consumer.core.embed import (
     EmbeddingRequest,
@@ -22,8 +21,8 @@ from consumer.core.embed import (
     embed_limits,
 )
 from consumer.core.errors import ProviderError
-from consumer.core.plan import PlanMember, PlannedRequest, Step
-from consumer.runtime.context import JobContext
+from consumer.core.plan import PlannedRequest, Step
+from consumer.runtime.context import JobContext, as_context
 from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.plans import PlanRunner
 
@@ -59,7 +58,7 @@ class EmbedRunner(PlanRunner):
 
     def embedding_request(self, req: PlannedRequest) -> EmbeddingRequest:
         """The provider request of a planned one: its members' inputs, in order."""
-        first = _ctx(req.members[0])
+        first = as_context(req.members[0])
         return EmbeddingRequest(tuple(m.input for m in req.members), self.tier.config.model, first.options)
 
     async def _send_embed(
@@ -90,7 +89,7 @@ class EmbedRunner(PlanRunner):
             if results is None:
                 results = AnswerResults(self._outcomes.results_topic, answer, len(answered_by.members))
             self._outcomes.answered(
-                _ctx(member),
+                as_context(member),
                 results,
                 None,
                 attempts=plan.attempts(member),
@@ -99,7 +98,3 @@ class EmbedRunner(PlanRunner):
             )
         step.answered = []
         self._apply(plan, step, None)
-
-
-def _ctx(member: PlanMember) -> JobContext:
-    return cast(JobContext, member)  # a runner's plan members are its jobs' contexts

@@ -17,6 +17,7 @@ series' attributes made once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,13 @@ class Series:
         self.histogram.observe(seconds)
         if self.instrument is not None:
             self.instrument.record(seconds, self.attributes)
+
+    def observe_all(self, seconds: Sequence[float]) -> None:
+        """`observe` each of `seconds`, in one call."""
+        self.histogram.observe_all(seconds)
+        if self.instrument is not None:
+            for value in seconds:
+                self.instrument.record(value, self.attributes)
 
 
 class LatencyHistograms:

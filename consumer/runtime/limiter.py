@@ -232,6 +232,14 @@ class AsyncLimiter:
         return sum(g.limit for g in self._gates)
 
     @property
+    def request_limited(self) -> bool:
+        """Some deployment's pacer has learnt a request budget (asked once per routed job)."""
+        for gate in self._gates:
+            if gate.pacer.rate_per_s:
+                return True
+        return False
+
+    @property
     def inflight(self) -> int:
         return sum(g.inflight for g in self._gates)
 

@@ -33,8 +33,8 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.budgets import Exhausted
@@ -43,10 +43,10 @@ from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted
 from consumer.core.lanes import Lane, pack_lane
-from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
+from consumer.core.plan import PlannedRequest, RequestPlan, Step
 from consumer.core.window import PackKey
 from consumer.runtime.accounting import RequestCounts
-from consumer.runtime.context import JobContext
+from consumer.runtime.context import JobContext, as_context, as_contexts
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.deployments import Deployment
 from consumer.runtime.fallback import FallbackRouter
@@ -205,8 +205,8 @@ class PlanRunner:
         if req.delay_s > 0 and not (req.quota_waited_s > 0 and self.tier.any_up(self._clock())):
             await asyncio.sleep(req.delay_s)
         request: AnyRequest | None = None
-        traces = [_ctx(m).trace for m in req.members]
-        tenant = _ctx(req.members[0]).tenant  # a request carries the jobs of one tenant
+        traces = [as_context(m).trace for m in req.members]
+        tenant = as_context(req.members[0]).tenant  # a request carries the jobs of one tenant
         gate = self._spending.gate
         while True:
             if self._expire(plan, req):
@@ -217,7 +217,7 @@ class PlanRunner:
                 return None
             admitted = await self._through_circuit(plan, req)
             if isinstance(admitted, PlannedRequest):  # some members moved to the fallback tier
-                req, request, traces = admitted, None, [_ctx(m).trace for m in admitted.members]
+                req, request, traces = admitted, None, [as_context(m).trace for m in admitted.members]
                 continue
             if admitted is None:
                 return None
@@ -259,22 +259,31 @@ class PlanRunner:
         time ends its queue wait here (window, limiter and circuit are behind it)."""
         wanted = not self._expire(plan, req)
         if wanted:
-            now_s = self._clock()
-            tenant_wait: Series | None = None
-            for member in req.members:
-                ctx = _ctx(member)
-                if not ctx.sent:
-                    ctx.sent = True
-                    series = self._queue_wait_s.get(ctx.lane_name)
-                    if series is None:
-                        series = self._queue_wait_s[ctx.lane_name] = self._latency.child(
-                            QUEUE_WAIT, (self.tier.name, ctx.lane_name)
-                        )
-                    series.observe(now_s - ctx.received_s)
-                    if tenant_wait is None:  # the members are of one tenant
-                        tenant_wait = self._outcomes.ledger.queue_wait(ctx.tenant)
-                    tenant_wait.observe(now_s - ctx.received_s)
+            self._end_queue_waits(as_contexts(req.members), self._clock())
         return wanted
+
+    def _end_queue_waits(self, members: Sequence[JobContext], now_s: float) -> None:
+        """The members sent for the first time end their queue wait now: observed per lane,
+        and per tenant (the members are of one tenant), one call per series."""
+        by_lane: dict[str, list[float]] = {}
+        for ctx in members:
+            if not ctx.sent:
+                ctx.sent = True
+                lane = ctx.lane_name
+                waits = by_lane.get(lane)
+                if waits is None:
+                    waits = by_lane[lane] = []
+                waits.append(now_s - ctx.received_s)
+        if not by_lane:
+            return
+        for lane, waits in by_lane.items():
+            series = self._queue_wait_s.get(lane)
+            if series is None:
+                series = self._queue_wait_s[lane] = self._latency.child(QUEUE_WAIT, (self.tier.name, lane))
+            series.observe_all(waits)
+        tenant_wait = self._outcomes.ledger.queue_wait(members[0].tenant)
+        for waits in by_lane.values():
+            tenant_wait.observe_all(waits)
 
 
     def _moved(self, plan: RequestPlan, req: PlannedRequest) -> PlannedRequest | None:
@@ -282,12 +291,13 @@ class PlanRunner:
         itself when none moved, else the request for those that stay (None: none stays)."""
         assert self._fallback is not None
         now_s = self._clock()
-        going = [m for m in req.members if not _ctx(m).done and self._fallback.move(_ctx(m), now_s)]
+        fallback = self._fallback
+        going = [m for m in req.members if not as_context(m).done and fallback.move(as_context(m), now_s)]
         if not going:
             return req
         rest = plan.release(req, going)
         for m in going:
-            self._fallback.send(_ctx(m))
+            self._fallback.send(as_context(m))
         return rest
 
     async def _through_circuit(
@@ -323,12 +333,12 @@ class PlanRunner:
                     step = plan.cancel(
                         ErrorKind.RETRIES_EXHAUSTED,
                         f"provider unreachable for {outage_s:.0f} s: {last}",
-                        [m for m in req.members if not _ctx(m).done],
+                        [m for m in req.members if not as_context(m).done],
                     )
                     self._apply(plan, step, None)
                     return None
                 wait_s = min(wait_s, max_outage_s - outage_s)
-            deadlines = [d for m in req.members if (d := _ctx(m).deadline_s) is not None]
+            deadlines = [d for m in req.members if (d := as_context(m).deadline_s) is not None]
             if deadlines:
                 wait_s = min(wait_s, max(0.0, min(deadlines) - now_s))
             changed = tier.circuit_change
@@ -341,9 +351,9 @@ class PlanRunner:
         or dead-lettered `budget_exhausted` by the tenant's `on_exhausted` (`TenantGate`)."""
         gate = self._spending.gate
         assert gate is not None
-        members = [m for m in req.members if not _ctx(m).done]
+        members = [m for m in req.members if not as_context(m).done]
         plan.release(req, members)
-        gate.refuse([_ctx(m) for m in members], message)
+        gate.refuse([as_context(m) for m in members], message)
 
     def build_request(self, req: PlannedRequest, pack_key: PackKey | None = None) -> CompletionRequest:
         """The provider request of a planned one (`consumer.runtime.requests.build_request`)."""
@@ -353,7 +363,7 @@ class PlanRunner:
     def _expire(self, plan: RequestPlan, req: PlannedRequest) -> bool:
         """Dead-letter members whose deadline passed before `req` goes out; True: nothing left to send."""
         now_s = self._clock()
-        expired = [m for m in req.members if _ctx(m).past_deadline(now_s)]
+        expired = [m for m in req.members if as_context(m).past_deadline(now_s)]
         if not expired:
             return False
         step = plan.cancel(
@@ -374,12 +384,11 @@ class PlanRunner:
                 results_of = answered_by
                 results = AnswerResults(self._outcomes.results_topic, completion, len(answered_by.members))
             self._outcomes.answered(
-                _ctx(member), results, answer, attempts=plan.attempts(member), now_s=now_s
+                as_context(member), results, answer, attempts=plan.attempts(member), now_s=now_s
             )
         for member, kind, message in step.failed:
-            self._outcomes.fail(
-                _ctx(member), kind, message, attempts=plan.attempts(member), error=plan.last_error(member)
-            )
+            ctx, error = as_context(member), plan.last_error(member)
+            self._outcomes.fail(ctx, kind, message, attempts=plan.attempts(member), error=error)
 
     # ------------------------------------------------------------------ adaptive size and verification
     def _learn(self, key: PackKey, step: Step, size: int, share: Usage | None) -> None:
@@ -394,7 +403,7 @@ class PlanRunner:
             answered = [(m, answer, by) for m, answer, by in step.answered if len(by.members) > 1]
             chosen = choose_verified(answered, tier.config.batching.verify_fraction, self._rng)
             for member, answer, by in chosen:
-                self._spawn(self._verify(key, _ctx(member), answer, len(by.members), share))
+                self._spawn(self._verify(key, as_context(member), answer, len(by.members), share))
 
     def _learn_speed(
         self, key: PackKey, req: PlannedRequest | None, step: Step | None, completion: Completion
@@ -435,14 +444,10 @@ class PlanRunner:
         tier.stats.batch_size = tier.current_batch_size()
 
 
-def _ctx(member: PlanMember) -> JobContext:
-    return cast(JobContext, member)  # a runner's plan members are its jobs' contexts
-
-
 def _schedule_of(req: PlannedRequest) -> tuple[Lane | None, float | None]:
     """Where a request waits for its tier's slot: the lane of its most urgent job (a request
     is as urgent as its most urgent member) and its members' nearest deadline."""
-    ctxs = [_ctx(m) for m in req.members]
+    ctxs = as_contexts(req.members)
     lanes = [c.lane for c in ctxs if c.lane is not None]
     deadlines = [c.deadline_s for c in ctxs if c.deadline_s is not None]
     return (pack_lane(lanes) if lanes else None), (min(deadlines) if deadlines else None)

@@ -160,7 +160,8 @@ class LaneStats:
         else:
             self.dead_letters += 1
         self.latency_s_total += latency_s
-        self.latency_s_max = max(self.latency_s_max, latency_s)
+        if latency_s > self.latency_s_max:
+            self.latency_s_max = latency_s
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -177,8 +177,7 @@ class TierRuntime:
         """The window limits for a job routed to `key`'s window: max_items follows the key's
         adaptive batch size (asked once per job, as `AdaptivePackSize.size_at` wants)."""
         # a learnt request budget means the provider is paid in requests: batching saves them
-        request_limited = any(g.pacer.rate_per_s for g in self.limiter.gates)
-        size = self.sizes.size_at(key, now_s, request_limited=request_limited)
+        size = self.sizes.size_at(key, now_s, request_limited=self.limiter.request_limited)
         if size == self.window_limits.max_items:
             return self.window_limits
         limits = self._limits_by_size.get(size)

@@ -35,6 +35,17 @@ def test_a_value_on_a_bound_counts_in_that_bucket_like_prometheus_le() -> None:
     assert h.cumulative()[-1] == (float("inf"), 3)
 
 
+@given(values, values)
+def test_observing_a_request_s_values_at_once_equals_observing_them_one_by_one(
+    before: list[float], batch: list[float]
+) -> None:
+    at_once = filled(before)
+    at_once.observe_all(batch)
+    one_by_one = filled(before + batch)
+    assert at_once.counts == one_by_one.counts
+    assert at_once.sum == one_by_one.sum  # the same additions in the same order
+
+
 @given(st.lists(values, max_size=5))
 def test_merging_instances_equals_one_histogram_of_all_their_observations(parts: list[list[float]]) -> None:
     merged = merge_histograms(filled(p) for p in parts)

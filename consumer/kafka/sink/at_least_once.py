@@ -71,8 +71,21 @@ class AtLeastOnceSink(SinkBase):
         self._queued.set()
 
     def _complete(self, ticket: Ticket) -> None:
-        if self.owned.epoch(ticket.source.tp) == ticket.epoch:
-            self._completed(ticket.source.tp, ticket.source.offset)
+        self._complete_all([ticket])
+
+    def _complete_all(self, tickets: list[Ticket]) -> None:
+        """These outcomes are durable: their offsets may commit (a revoked partition's are
+        late, and dropped)."""
+        epoch_of, complete = self.owned.epoch, self._tracker.complete
+        current = progressed = False
+        for ticket in tickets:
+            source = ticket.source
+            if epoch_of(source.tp) == ticket.epoch:
+                current = True
+                progressed |= complete(source.tp, source.offset)
+        if progressed:
+            self._progress.set()
+        if current:
             # an acked outcome is committed (or named in the metadata) at once: until then a
             # crash would produce it again
             self._commit_soon()
@@ -115,9 +128,21 @@ class AtLeastOnceSink(SinkBase):
         delivered.add_done_callback(lambda fut: self._batch_done(fut, members))
 
     def _batch_done(self, fut: asyncio.Future[Any], members: list[_Outgoing]) -> None:
-        ok = not fut.cancelled() and fut.exception() is None
+        """A record batch was acknowledged (or failed): the outcomes whose last record it
+        carried complete their tickets, in one pass (a batch carries hundreds)."""
+        if fut.cancelled() or fut.exception() is not None:
+            for outgoing in members:
+                self._record_done(outgoing, ok=False)
+            return
+        acked: list[Ticket] = []
         for outgoing in members:
-            self._record_done(outgoing, ok=ok)
+            outgoing.remaining -= 1
+            if outgoing.remaining == 0:
+                if outgoing.failed:
+                    self._send_again(outgoing)
+                else:
+                    acked.append(outgoing.ticket)
+        self._complete_all(acked)
 
     def _record_done(self, outgoing: _Outgoing, *, ok: bool) -> None:
         """Complete the ticket when every record is acked; send the outcome again if any failed."""
@@ -126,12 +151,15 @@ class AtLeastOnceSink(SinkBase):
         if outgoing.remaining:
             return
         if outgoing.failed:
-            # the idempotent producer already retried up to its delivery timeout: try again
-            log.warning("outcome for %s was not acknowledged; sending it again", outgoing.ticket.source)
-            self._queue.append((outgoing.ticket, outgoing.records))
-            self._queued.set()
+            self._send_again(outgoing)
         else:
             self._complete(outgoing.ticket)
+
+    def _send_again(self, outgoing: _Outgoing) -> None:
+        # the idempotent producer already retried up to its delivery timeout: try again
+        log.warning("outcome for %s was not acknowledged; sending it again", outgoing.ticket.source)
+        self._queue.append((outgoing.ticket, outgoing.records))
+        self._queued.set()
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
         # A partition is committed again when its watermark stays put but outcomes above it
