@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
 
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.settings import Settings
@@ -84,34 +87,69 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], timeo
     log.warning("topics %s still have partitions without a leader after %.0f s", topics, timeout_s)
 
 
+T = TypeVar("T")
+
+#: an admin request meeting a retriable broker error (a broker down, a leader moving) is sent
+#: again, to whichever broker the client picks next, for at most this long
+ADMIN_RETRY_S = 30.0
+
+
+async def with_admin(
+    settings: Settings, use: Callable[[AIOKafkaAdminClient], Awaitable[T]], *, retry_s: float = ADMIN_RETRY_S
+) -> T:
+    """`use(admin)` on a started admin client, closed after it.
+
+    The admin client sends metadata requests to any broker it knows: while one of a cluster's
+    brokers is down (a restart, a crash) a request may go to it and fail, though the others
+    answer. A retriable KafkaError therefore tries `use` again after a short pause, until
+    `retry_s` has passed; any other error, and a bootstrap that fails, raise at once.
+    """
+    admin = AIOKafkaAdminClient(**client_kwargs(settings))
+    await admin.start()
+    try:
+        deadline_s = time.monotonic() + retry_s
+        pause_s = 0.2
+        while True:
+            try:
+                return await use(admin)
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() + pause_s > deadline_s:
+                    raise
+                log.info("an admin request met %s; sending it again in %.1f s", type(exc).__name__, pause_s)
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, 2.0)
+    finally:
+        await admin.close()
+
+
 async def ensure_topics(
     settings: Settings, specs: list[TopicSpec] | None = None, *, lane_topics: Sequence[str] = ()
 ) -> dict[str, str]:
     """Create missing topics (`topic_specs` unless `specs` are given); return
     {topic: "created" | "exists"} for the startup report."""
     specs = specs if specs is not None else topic_specs(settings, lane_topics)
-    admin = AIOKafkaAdminClient(**client_kwargs(settings))
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        report = {s.name: "exists" for s in specs if s.name in existing}
-        missing = [s for s in specs if s.name not in existing]
-        if missing:
-            response = await admin.create_topics(
-                [NewTopic(s.name, s.partitions, s.replication, topic_configs=s.configs()) for s in missing]
-            )
-            for name, code, *rest in response.topic_errors:
-                if code == 0:
-                    report[name] = "created"
-                elif code == TOPIC_ALREADY_EXISTS:
-                    report[name] = "exists"
-                else:
-                    message = rest[0] if rest else ""
-                    raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
-            await _wait_for_leaders(admin, [s.name for s in missing])
-        return report
-    finally:
-        await admin.close()
+    return await with_admin(settings, lambda admin: _ensure(admin, specs))
+
+
+async def _ensure(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> dict[str, str]:
+    """Create the `specs` topics that do not exist yet (the work of `ensure_topics`)."""
+    existing = set(await admin.list_topics())
+    report = {s.name: "exists" for s in specs if s.name in existing}
+    missing = [s for s in specs if s.name not in existing]
+    if missing:
+        response = await admin.create_topics(
+            [NewTopic(s.name, s.partitions, s.replication, topic_configs=s.configs()) for s in missing]
+        )
+        for name, code, *rest in response.topic_errors:
+            if code == 0:
+                report[name] = "created"
+            elif code == TOPIC_ALREADY_EXISTS:
+                report[name] = "exists"
+            else:
+                message = rest[0] if rest else ""
+                raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
+        await _wait_for_leaders(admin, [s.name for s in missing])
+    return report
 
 
 async def max_record_bytes(settings: Settings, topics: list[str]) -> dict[str, int]:
@@ -119,17 +157,12 @@ async def max_record_bytes(settings: Settings, topics: list[str]) -> dict[str, i
     default unless the topic overrides it), at most what the producer sends
     (MAX_MESSAGE_BYTES). A topic whose config cannot be read gets MAX_MESSAGE_BYTES."""
     limits = dict.fromkeys(topics, MAX_MESSAGE_BYTES)
-    admin = AIOKafkaAdminClient(**client_kwargs(settings))
-    await admin.start()
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]
     try:
-        responses = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]
-        )
+        responses = await with_admin(settings, lambda admin: admin.describe_configs(resources))
     except Exception as exc:  # a broker that refuses DescribeConfigs (ACLs): keep the producer's limit
         log.warning("cannot read the topics' max.message.bytes (%s); assuming %d", exc, MAX_MESSAGE_BYTES)
         return limits
-    finally:
-        await admin.close()
     for response in responses:
         for error_code, _message, _type, name, entries, *_ in response.resources:
             if error_code or name not in limits:

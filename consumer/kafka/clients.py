@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 
+from consumer.kafka.admin import with_admin
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
@@ -62,12 +62,7 @@ async def submit_jobs(
 
 async def topic_partitions(settings: Settings, topic: str) -> list[int]:
     """Partition ids of a topic (empty when it does not exist)."""
-    admin = AIOKafkaAdminClient(**client_kwargs(settings))
-    await admin.start()
-    try:
-        described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
+    described = await with_admin(settings, lambda admin: admin.describe_topics([topic]))
     for t in described:
         if t.get("topic") == topic and not t.get("error_code"):
             return sorted(p["partition"] for p in t.get("partitions", []))
@@ -152,12 +147,7 @@ async def group_lag(settings: Settings, group: str, topics: Sequence[str]) -> Gr
 
     Read from the broker (committed offsets and log ends), so it holds whether or not an
     instance is running; topics that do not exist are left out."""
-    admin = AIOKafkaAdminClient(**client_kwargs(settings))
-    await admin.start()
-    try:
-        committed = await admin.list_consumer_group_offsets(group)
-    finally:
-        await admin.close()
+    committed = await with_admin(settings, lambda admin: admin.list_consumer_group_offsets(group))
     partitions = [
         TopicPartition(topic, p)
         for topic in dict.fromkeys([*topics, *(tp.topic for tp in committed)])

@@ -3,7 +3,8 @@
 A producer with ``acks=all`` keeps writing while the partition leader is killed with
 SIGKILL; with replication factor 3 and ``min.insync.replicas=2`` every acknowledged record
 must still be readable from the new leader. The killed node then restarts on its data dir
-and rejoins the in-sync replicas.
+and rejoins the in-sync replicas. Right after the kill, while the metadata still names the
+dead node, the admin reads a service makes at start go on too (they pick a broker at random).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from consumer.kafka.clients import topic_partitions
 from consumer.testing.cluster import LocalKafka
+from consumer.testing.harness import service_env, settings_from_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -32,6 +35,9 @@ MAX_POLLS = 600
 POLL_MS = 500
 STATE_POLLS = 240
 STATE_POLL_S = 0.5
+#: topic reads made right after the kill; each sends its request to a random broker of the
+#: three, so without retries all of them reaching a live one by chance is (2/3)^16, 0.15%
+READS_AFTER_KILL = 16
 
 
 async def _wait_for_isr(cluster: LocalKafka, topic: str, size: int) -> list[int]:
@@ -63,6 +69,8 @@ async def test_acked_records_survive_leader_sigkill(kafka_cluster: LocalKafka, t
     failed = 0
     acked_when_killed = -1
     killed = asyncio.Event()
+    settings = settings_from_env(service_env(kafka_cluster.bootstrap))
+    partitions_read: list[list[int]] = []
 
     async def write() -> None:
         """Write in chunks, not waiting for the kill: it lands while sends are in flight."""
@@ -95,6 +103,8 @@ async def test_acked_records_survive_leader_sigkill(kafka_cluster: LocalKafka, t
         acked_when_killed = len(acked)
         await asyncio.to_thread(kafka_cluster.kill, leader)
         killed.set()
+        for _ in range(READS_AFTER_KILL):
+            partitions_read.append(await topic_partitions(settings, topic_name))
 
     await producer.start()
     try:
@@ -113,6 +123,7 @@ async def test_acked_records_survive_leader_sigkill(kafka_cluster: LocalKafka, t
     try:
         assert killed.is_set()
         assert acked_when_killed >= ACKED_BEFORE_KILL
+        assert partitions_read == [[0]] * READS_AFTER_KILL
         # writes went on being acknowledged after the leader died: a new leader took over
         assert acked_after_kill >= ACKED_AFTER_KILL, f"{acked_after_kill} acked after kill ({failed} failed)"
         new_leader = await kafka_cluster.leader_of(topic_name, 0)
@@ -147,3 +158,4 @@ async def _read_everything(bootstrap: str, topic: str) -> set[int]:
         return values
     finally:
         await consumer.stop()
+
