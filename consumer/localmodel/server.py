@@ -42,6 +42,7 @@ from consumer.localmodel.records import (
     pid_path,
     read_exit,
     read_info,
+    write_json,
 )
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,9 @@ def serve(
         supervisor_pid=process.pid,
     )
     path = pid_path(port, state)
-    path.write_text(json.dumps(asdict(info)))
+    # written whole or not at all (a temporary file renamed over it): `status`, `stop` and a
+    # second `serve` read it at any moment, and an empty file would read as no server
+    write_json(path, asdict(info))
     handle = ServerHandle(process=process, info=info, pid_path=path)
     try:
         _wait_until_answering(handle, wait_s, should_stop)
