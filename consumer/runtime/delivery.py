@@ -182,7 +182,7 @@ class OutcomeWriter:
             output=output,
             attempts=attempts,
             latency_ms=(now_s - ctx.received_s) * 1000.0,
-            traceparent=self._telemetry.traceparent(ctx.trace) if ctx.trace is not None else None,
+            traceparent=self._telemetry.traceparent(ctx.trace),
             dedupe_of=dedupe_of,
             lane=ctx.lane.name if ctx.lane is not None else None,
             tier=ctx.tier.name,
@@ -212,8 +212,7 @@ class OutcomeWriter:
         if ctx.fallback_from is not None:
             ctx.tier.stats.fallback_jobs[ctx.fallback_from] += 1
         self._end(ctx, record, None, now_s)
-        if ctx.dedupe_key is not None:
-            self._settle(ctx, answer, None)
+        self._settle(ctx, answer, None)
 
     def share(
         self, ctx: JobContext, leader_id: str, answer: SharedAnswer | None, failure: SharedFailure | None
@@ -278,8 +277,7 @@ class OutcomeWriter:
         the clock's reading, when the caller has it)."""
         ok = error is None
         ctx.done = True
-        if ctx.trace is not None:  # a job without a span has none to end
-            self._telemetry.end_job(ctx.trace, record, error=error)
+        self._telemetry.end_job(ctx.trace, record, error=error)
         self._sink.deliver(ctx.ticket, [record])
         lane_stats, series = self._ends_of(ctx)
         if lane_stats is not None:

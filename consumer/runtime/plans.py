@@ -297,7 +297,7 @@ class PlanRunner:
             return req
         rest = plan.release(req, going)
         for m in going:
-            self._fallback.send(as_context(m))
+            fallback.send(as_context(m))
         return rest
 
     async def _through_circuit(

@@ -65,13 +65,10 @@ class AtLeastOnceSink(SinkBase):
         if not self._current(ticket):
             return
         if not records:
-            self._complete(ticket)
+            self._complete_all([ticket])
             return
         self._queue.append((ticket, records))
         self._queued.set()
-
-    def _complete(self, ticket: Ticket) -> None:
-        self._complete_all([ticket])
 
     def _complete_all(self, tickets: list[Ticket]) -> None:
         """These outcomes are durable: their offsets may commit (a revoked partition's are
@@ -130,36 +127,24 @@ class AtLeastOnceSink(SinkBase):
     def _batch_done(self, fut: asyncio.Future[Any], members: list[_Outgoing]) -> None:
         """A record batch was acknowledged (or failed): the outcomes whose last record it
         carried complete their tickets, in one pass (a batch carries hundreds)."""
-        if fut.cancelled() or fut.exception() is not None:
-            for outgoing in members:
-                self._record_done(outgoing, ok=False)
-            return
-        acked: list[Ticket] = []
-        for outgoing in members:
-            outgoing.remaining -= 1
-            if outgoing.remaining == 0:
-                if outgoing.failed:
-                    self._send_again(outgoing)
-                else:
-                    acked.append(outgoing.ticket)
+        ok = not fut.cancelled() and fut.exception() is None
+        acked = [ticket for outgoing in members if (ticket := self._record_done(outgoing, ok=ok)) is not None]
         self._complete_all(acked)
 
-    def _record_done(self, outgoing: _Outgoing, *, ok: bool) -> None:
-        """Complete the ticket when every record is acked; send the outcome again if any failed."""
+    def _record_done(self, outgoing: _Outgoing, *, ok: bool) -> Ticket | None:
+        """One of the outcome's records was acked (or failed): its ticket, to complete, once
+        every record is acked; the outcome is sent again when any failed (None until then)."""
         outgoing.remaining -= 1
         outgoing.failed |= not ok
         if outgoing.remaining:
-            return
+            return None
         if outgoing.failed:
-            self._send_again(outgoing)
-        else:
-            self._complete(outgoing.ticket)
-
-    def _send_again(self, outgoing: _Outgoing) -> None:
-        # the idempotent producer already retried up to its delivery timeout: try again
-        log.warning("outcome for %s was not acknowledged; sending it again", outgoing.ticket.source)
-        self._queue.append((outgoing.ticket, outgoing.records))
-        self._queued.set()
+            # the idempotent producer already retried up to its delivery timeout: try again
+            log.warning("outcome for %s was not acknowledged; sending it again", outgoing.ticket.source)
+            self._queue.append((outgoing.ticket, outgoing.records))
+            self._queued.set()
+            return None
+        return outgoing.ticket
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
         # A partition is committed again when its watermark stays put but outcomes above it
