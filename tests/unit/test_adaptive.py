@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import statistics
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from consumer.core.adaptive import (
     INVALID_KINDS,
     MIN_SINGLE_REQUESTS,
+    PROBE_PATIENCE_S,
     AdaptivePackSize,
     AdaptiveSizes,
     AgreementCount,
@@ -235,6 +237,27 @@ def test_a_share_of_jobs_goes_out_at_the_probe_size() -> None:
     # one probe of 2 jobs per 10 jobs (the probe's own jobs count): 2 / 10 = the share
     assert answers[:22] == [1] * 9 + [2, 2] + [1] * 8 + [2, 2, 1]
     assert answers.count(2) == 20 and s.probes == 10
+
+
+def test_a_probe_waits_for_the_evidence_of_the_one_before() -> None:
+    """Jobs are routed long before their answers come back (a backlog fills the windows):
+    a level is probed again only once a request of at most its size has reported since its
+    last probe (or PROBE_PATIENCE_S passed), not once per share of the jobs routed meanwhile."""
+    s = AdaptivePackSize(4, trusted=4, measure_agreement=False, probe_fraction=0.25)
+    s.record_speed(4, 4, 1.0, 0)  # batching, never timed alone: size 1 is the probe
+    answers = [s.size_at(t * 0.01) for t in range(1000)]  # 1,000 jobs in 10 s, no answer yet
+    assert answers.count(1) == 4 and s.probes == 1, "one probe, not one per 16 jobs"
+    s.record_speed(4, 4, 1.0, 10.0)  # a batched answer says nothing of the probe's
+    assert {s.size_at(10.0 + t * 0.01) for t in range(100)} == {4}
+    s.record_speed(1, 1, 0.2, 11.0)  # one of the probe's single requests: the share goes on
+    # (the probe's own jobs counted towards it: 12 jobs more make the next probe's 4)
+    assert [s.size_at(11.0 + t * 0.01) for t in range(16)] == [4] * 12 + [1] * 4
+    # that probe (sent at 11.12 s) is never answered: from 20 s on, one job a second
+    later = [s.size_at(20.0 + t) for t in range(100)]
+    resumed = math.ceil(11.12 + PROBE_PATIENCE_S - 20.0)  # the first job counted again
+    assert set(later[:resumed]) == {4}
+    assert later[resumed + 12 : resumed + 16] == [1] * 4 and later.count(1) == 4, "patience is over"
+
 
 
 def test_no_probes_when_the_share_is_zero_or_nothing_is_left_to_learn() -> None:

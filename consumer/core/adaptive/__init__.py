@@ -24,6 +24,7 @@ from consumer.core.adaptive.size import (
     DEFAULT_MIN_AGREEMENT,
     DEFAULT_PROBE_FRACTION,
     MIN_SINGLE_REQUESTS,
+    PROBE_PATIENCE_S,
     AdaptivePackSize,
     AdaptiveSizes,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_PROBE_FRACTION",
     "INVALID_KINDS",
     "MIN_SINGLE_REQUESTS",
+    "PROBE_PATIENCE_S",
     "VALID_KIND",
     "AdaptivePackSize",
     "AdaptiveSizes",

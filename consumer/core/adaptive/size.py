@@ -32,6 +32,9 @@ MIN_SINGLE_REQUESTS = 3
 PROBE_BACKOFF = 4.0
 #: ... up to this many times the first distance
 MAX_PROBE_GAP = 256.0
+#: single requests are not probed again until one of the last such probe reports, or this
+#: long after it went out (its requests may fail)
+PROBE_PATIENCE_S = 60.0
 
 K = TypeVar("K", bound=Hashable)
 
@@ -87,6 +90,8 @@ class AdaptivePackSize:
         self._backed_off: set[int] = set()
         self._probe_size = 1
         self._probe_left = 0
+        #: when the last probe of single requests went out, until one of them reports
+        self._single_probe_s: float | None = None
         #: probes started (for stats and tests)
         self.probes = 0
         #: last time anything was reported or asked (for `AdaptiveSizes.expire`)
@@ -129,17 +134,22 @@ class AdaptivePackSize:
         if request_limited is not None and request_limited != self.request_limited:
             self.request_limited = request_limited
             self._size = self._decide()
+        if self._probe_left > 0:
+            self._credit += self.probe_fraction  # a probe's own jobs count towards the share
+            self._probe_left -= 1
+            return self._probe_size
         target = self._target
         if target is None or self.probe_fraction == 0.0:
             self._credit = 0.0
-        else:
-            # every job counts towards the share, the probe's own included
-            self._credit += self.probe_fraction
-        if self._probe_left > 0:
-            self._probe_left -= 1
-            return self._probe_size
-        if target is None:
             return self._size
+        if target == 1 and self._single_probe_s is not None:
+            if now_s - self._single_probe_s < PROBE_PATIENCE_S:
+                # jobs are routed long before their answers come back (a backlog fills the
+                # windows): one probe's answers time single requests, and each probe more
+                # before they are in sends a batch's worth of jobs alone for nothing
+                return self._size
+            self._single_probe_s = None
+        self._credit += self.probe_fraction
         calls = target if target > 1 else self._size
         cost = calls * self._gap[target]
         if self._credit < cost - 1e-9:  # shares like 0.1 do not add up to 2.0 exactly
@@ -154,6 +164,8 @@ class AdaptivePackSize:
         self.probes += 1
         self._probe_size = target
         self._probe_left = calls - 1
+        if target == 1:
+            self._single_probe_s = now_s
         return target
 
     # --- reports -------------------------------------------------------------------------
@@ -197,7 +209,10 @@ class AdaptivePackSize:
         if size < 1 or not 0 <= answered <= size or elapsed_s < 0 or tokens < 0:
             raise ValueError(f"bad speed sample: size {size}, answered {answered}, {elapsed_s} s")
         self.last_used_s = now_s
-        self._evidence[self.level_of(size)].add_speed(answered, elapsed_s, tokens)
+        level = self.level_of(size)
+        if level == 1:
+            self._single_probe_s = None
+        self._evidence[level].add_speed(answered, elapsed_s, tokens)
         self.changes += 1
         self._size = self._decide()
         return self._size
