@@ -37,6 +37,10 @@ from consumer.runtime.stats import LaneStats, ServiceStats
 from consumer.settings import Settings
 from consumer.telemetry import ABANDONED, Telemetry
 
+#: one job an answer answered: its context, its output (None for an embed job), its vector
+#: (an embed job's, else None) and the requests that carried it
+AnsweredJob = tuple[JobContext, str | None, Sequence[float] | None, int]
+
 
 @dataclass(frozen=True, slots=True)
 class SharedAnswer:
@@ -195,6 +199,73 @@ class OutcomeWriter:
             self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts, answer=shared)
             return
         self.succeed(ctx, record, shared, now_s=now_s)
+
+    def answered_all(self, results: AnswerResults, answered: Sequence[AnsweredJob], *, now_s: float) -> None:
+        """`answered` for each (job, output, embedding, attempts) answered by one request, with
+        what they share done once: one clock reading, one hand-over to the sink, counters per
+        group. A job that leads a dedupe, has a span, was moved to a fallback tier or is past
+        its deadline takes `answered` itself."""
+        ended: list[JobContext] = []
+        outcomes: list[tuple[Ticket, Sequence[OutRecord]]] = []
+        max_bytes, record_of = self.limits.results, results.record
+        for ctx, output, embedding, attempts in answered:
+            if ctx.done:
+                continue
+            deadline_s = ctx.deadline_s
+            if (
+                ctx.dedupe_key is not None
+                or ctx.trace is not None
+                or ctx.fallback_from is not None
+                or (deadline_s is not None and now_s >= deadline_s)
+            ):
+                self.answered(ctx, results, output, attempts=attempts, now_s=now_s, embedding=embedding)
+                continue
+            lane = ctx.lane
+            record = record_of(
+                job_id=ctx.id,
+                requested_tier=ctx.requested_tier,
+                metadata=ctx.metadata,
+                source=ctx.ticket.source,
+                output=output,
+                attempts=attempts,
+                latency_ms=(now_s - ctx.received_s) * 1000.0,
+                lane=lane.name if lane is not None else None,
+                tier=ctx.tier.name,
+                mode=ctx.mode,
+                embedding=embedding,
+                tenant=ctx.tenant,
+            )
+            problem = too_large_result(record, max_bytes)
+            if problem is not None:
+                self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts)
+                continue
+            ctx.done = True
+            ended.append(ctx)
+            outcomes.append((ctx.ticket, (record,)))
+        if not ended:
+            return
+        self._stats.results += len(ended)
+        self._sink.deliver_all(outcomes)
+        self._results_ended(ended, now_s)
+
+    def _results_ended(self, ended: list[JobContext], now_s: float) -> None:
+        """Count the results of `ended` as `_end` counts one, per (tier, lane, tenant, mode):
+        one call per counter and series for the jobs of one answer, which share them."""
+        groups: dict[tuple[str, str | None, str, str], list[JobContext]] = {}
+        for ctx in ended:
+            lane = ctx.lane
+            key = (ctx.tier.name, lane.name if lane is not None else None, ctx.tenant, ctx.mode)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = []
+            group.append(ctx)
+        wall_s = time.time()
+        for (_, _, tenant, mode), group in groups.items():
+            lane_stats, series = self._ends_of(group[0])
+            if lane_stats is not None:
+                lane_stats.results_ended([now_s - ctx.received_s for ctx in group])
+            self.ledger.stats_of(tenant).ended(ok=True, jobs=len(group))
+            series[2 * (mode == "offline")].observe_all([wall_s - ctx.timestamp_s for ctx in group])
 
     def succeed(
         self,

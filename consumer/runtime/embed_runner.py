@@ -23,7 +23,6 @@ from consumer.core.embed import (
 from consumer.core.errors import ProviderError
 from consumer.core.plan import PlannedRequest, Step
 from consumer.runtime.context import JobContext, as_context
-from consumer.runtime.outcomes import AnswerResults
 from consumer.runtime.plans import PlanRunner
 
 log = logging.getLogger(__name__)
@@ -83,18 +82,6 @@ class EmbedRunner(PlanRunner):
 
     def _apply_embedded(self, plan: EmbedPlan, step: Step, answer: Embeddings) -> None:
         """Answered members' results with their vectors; the rest as a chat plan's step."""
-        now_s = self._clock()
-        results: AnswerResults | None = None
-        for member, _, answered_by in step.answered:
-            if results is None:
-                results = AnswerResults(self._outcomes.results_topic, answer, len(answered_by.members))
-            self._outcomes.answered(
-                as_context(member),
-                results,
-                None,
-                attempts=plan.attempts(member),
-                now_s=now_s,
-                embedding=plan.embedding(member),
-            )
+        self.answer_all(plan, step, answer, plan.embedding, self._clock())
         step.answered = []
         self._apply(plan, step, None)

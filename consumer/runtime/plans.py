@@ -43,11 +43,11 @@ from consumer.core.completion import Completion, CompletionRequest, Usage
 from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ErrorKind, ProviderError, QuotaExhausted
 from consumer.core.lanes import Lane, pack_lane
-from consumer.core.plan import PlannedRequest, RequestPlan, Step
+from consumer.core.plan import PlanMember, PlannedRequest, RequestPlan, Step
 from consumer.core.window import PackKey
 from consumer.runtime.accounting import RequestCounts
 from consumer.runtime.context import JobContext, as_context, as_contexts
-from consumer.runtime.delivery import OutcomeWriter
+from consumer.runtime.delivery import AnsweredJob, OutcomeWriter
 from consumer.runtime.deployments import Deployment
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.latency import QUEUE_WAIT, Series
@@ -375,20 +375,47 @@ class PlanRunner:
     def _apply(self, plan: RequestPlan, step: Step, completion: Completion | None) -> None:
         # step.pause_tier_s: the deployment that said so is paused already (`_quota_exhausted`)
         now_s = self._clock()
-        # what the jobs answered by one request share is built once
-        results: AnswerResults | None = None
-        results_of: PlannedRequest | None = None
-        for member, answer, answered_by in step.answered:
-            assert completion is not None
-            if results is None or results_of is not answered_by:
-                results_of = answered_by
-                results = AnswerResults(self._outcomes.results_topic, completion, len(answered_by.members))
-            self._outcomes.answered(
-                as_context(member), results, answer, attempts=plan.attempts(member), now_s=now_s
-            )
+        # the jobs answered by one request end together: what they share is built once
+        self.answer_all(plan, step, completion, None, now_s)
         for member, kind, message in step.failed:
             ctx, error = as_context(member), plan.last_error(member)
             self._outcomes.fail(ctx, kind, message, attempts=plan.attempts(member), error=error)
+
+    def answer_all(
+        self,
+        plan: RequestPlan,
+        step: Step,
+        answer: Completion | Embeddings | None,
+        embedding_of: Callable[[PlanMember], Sequence[float]] | None,
+        now_s: float,
+    ) -> None:
+        """The step's answered members end with their answers: the members of one request
+        together, so what they share is built once (`embedding_of`: an embed plan's vectors)."""
+        answered: list[AnsweredJob] = []
+        answered_by: PlannedRequest | None = None
+        attempts = plan.attempts
+        for member, output, by in step.answered:
+            if by is not answered_by and answered:
+                self._answered_by(answered_by, answer, answered, now_s)
+                answered = []
+            answered_by = by
+            if embedding_of is None:
+                answered.append((as_context(member), output, None, attempts(member)))
+            else:  # an embed job's answer is its vector alone
+                answered.append((as_context(member), None, embedding_of(member), attempts(member)))
+        if answered:
+            self._answered_by(answered_by, answer, answered, now_s)
+
+    def _answered_by(
+        self,
+        req: PlannedRequest | None,
+        answer: Completion | Embeddings | None,
+        answered: list[AnsweredJob],
+        now_s: float,
+    ) -> None:
+        assert req is not None and answer is not None  # only an answer answers members
+        results = AnswerResults(self._outcomes.results_topic, answer, len(req.members))
+        self._outcomes.answered_all(results, answered, now_s=now_s)
 
     # ------------------------------------------------------------------ adaptive size and verification
     def _learn(self, key: PackKey, step: Step, size: int, share: Usage | None) -> None:

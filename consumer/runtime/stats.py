@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,6 +163,15 @@ class LaneStats:
         if latency_s > self.latency_s_max:
             self.latency_s_max = latency_s
 
+    def results_ended(self, latencies_s: Sequence[float]) -> None:
+        """Results of the lane's jobs with these latencies (`ended` of each, in one call)."""
+        if latencies_s:
+            self.results += len(latencies_s)
+            self.latency_s_total += sum(latencies_s)
+            longest = max(latencies_s)
+            if longest > self.latency_s_max:
+                self.latency_s_max = longest
+
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
         ended = self.results + self.dead_letters
@@ -191,12 +200,12 @@ class TenantStats:
     budget_tokens: int = 0
     spent_tokens: int = 0
 
-    def ended(self, *, ok: bool) -> None:
-        """One of the account's jobs has its outcome."""
+    def ended(self, *, ok: bool, jobs: int = 1) -> None:
+        """`jobs` of the account's jobs have their outcomes."""
         if ok:
-            self.results += 1
+            self.results += jobs
         else:
-            self.dead_letters += 1
+            self.dead_letters += jobs
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -62,13 +62,24 @@ class AtLeastOnceSink(SinkBase):
         await self._producer.stop()
 
     def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
-        if not self._current(ticket):
-            return
-        if not records:
-            self._complete_all([ticket])
-            return
-        self._queue.append((ticket, records))
-        self._queued.set()
+        self.deliver_all(((ticket, records),))
+
+    def deliver_all(self, outcomes: Sequence[tuple[Ticket, Sequence[OutRecord]]]) -> None:
+        recordless: list[Ticket] = []
+        queue, current = self._queue, self._current
+        queued = len(queue)
+        for outcome in outcomes:
+            ticket, records = outcome
+            if not current(ticket):
+                continue
+            if records:
+                queue.append(outcome)
+            else:
+                recordless.append(ticket)  # nothing to make durable (an offline job's record)
+        if recordless:
+            self._complete_all(recordless)
+        if len(queue) > queued:
+            self._queued.set()
 
     def _complete_all(self, tickets: list[Ticket]) -> None:
         """These outcomes are durable: their offsets may commit (a revoked partition's are

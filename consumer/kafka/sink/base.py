@@ -54,6 +54,10 @@ class OutcomeSink(Protocol):
         """The job's outcome is decided: make `records` durable, then its offset committable."""
         ...
 
+    def deliver_all(self, outcomes: Sequence[tuple[Ticket, Sequence[OutRecord]]]) -> None:
+        """`deliver` each (ticket, records), in one call (the jobs one answer ended)."""
+        ...
+
     async def on_assigned(self, partitions: set[TopicPartition]) -> None: ...
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:

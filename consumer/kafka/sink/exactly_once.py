@@ -65,11 +65,14 @@ class ExactlyOnceSink(SinkBase):
                 self._locks[tp] = asyncio.Lock()
 
     def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
-        if not self._current(ticket):
-            return
-        tp = ticket.source.tp
-        self._ready.setdefault(tp, {})[ticket.source.offset] = records
-        self._completed(tp, ticket.source.offset)
+        self.deliver_all(((ticket, records),))
+
+    def deliver_all(self, outcomes: Sequence[tuple[Ticket, Sequence[OutRecord]]]) -> None:
+        for ticket, records in outcomes:
+            if self._current(ticket):
+                tp = ticket.source.tp
+                self._ready.setdefault(tp, {})[ticket.source.offset] = records
+                self._completed(tp, ticket.source.offset)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
         # One partition's failure must not hold back the others: each commits on its own,
