@@ -18,6 +18,7 @@ from consumer.core.embed import embed_options
 from consumer.core.jobs import Job, decode_job
 from consumer.core.output import OutputFormat, output_format
 from consumer.core.templates import BatchablePrompt, render_and_split
+from consumer.core.tuples import maker
 
 
 class JobContent(NamedTuple):
@@ -47,6 +48,9 @@ class JobContent(NamedTuple):
         if self.batchable is not None:
             return (ChatMessage("user", self.batchable.prefix + self.text),)
         return ()
+
+
+_new_content = maker(JobContent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,7 @@ def job_content(
             messages, text = None, variables[batchable.variable]
         else:
             messages, text = (ChatMessage("user", rendered),), rendered
-    return JobContent(messages, text, merged.options, batchable, merged.output_format)
+    return _new_content((messages, text, merged.options, batchable, merged.output_format))
 
 
 def check_job(raw: bytes) -> Job:

@@ -31,6 +31,7 @@ from consumer.core.offsets import (
     decode_done,
     encode_done,
 )
+from consumer.core.tuples import maker
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs, group_kwargs
 from consumer.kafka.records import SourceOffset, TopicPartition
@@ -51,6 +52,9 @@ class InRecord(NamedTuple):
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
     timestamp_ms: int
+
+
+_new_record, _new_source = maker(InRecord), maker(SourceOffset)
 
 
 class RebalanceHandler(Protocol):
@@ -248,12 +252,14 @@ class KafkaIntake:
                 self.skipped_done += len(records) - len(kept)
                 records = kept
             out += [
-                InRecord(
-                    SourceOffset(tp, r.offset),
-                    r.key,
-                    r.value,
-                    tuple(r.headers) if r.headers else (),
-                    r.timestamp,
+                _new_record(
+                    (
+                        _new_source((tp, r.offset)),
+                        r.key,
+                        r.value,
+                        tuple(r.headers) if r.headers else (),
+                        r.timestamp,
+                    )
                 )
                 for r in records
             ]

@@ -34,6 +34,7 @@ from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
 from consumer.core.tenants import TenantPolicies
+from consumer.core.tuples import maker
 from consumer.core.window import Flush, LaneWindows, PackKey
 from consumer.kafka.intake import InRecord, JobIntake
 from consumer.kafka.records import TopicPartition
@@ -59,6 +60,7 @@ POLL_INTERVAL_S = 0.05
 #: adaptive batch sizes of batch keys unused this long are forgotten (checked this often)
 SIZES_IDLE_S = 3600.0
 SIZES_EXPIRE_EVERY_S = 60.0
+_new_pack_key = maker(PackKey)
 
 
 def _unweighted(_tenant: str) -> float:
@@ -171,8 +173,7 @@ class Pipeline:
                     records = await self._intake.poll(timeout_s, min(MAX_POLL_RECORDS, room))
                 now_s = self._clock()
                 self._route_again(now_s)
-                for record in records:
-                    self._take(record, now_s)
+                self._take_all(records, now_s)
                 self._dispatch(self._windows.due(now_s, can_still_join=self._can_still_join))
                 self._lanes.apply()
                 self._refresh_gauges()
@@ -236,28 +237,35 @@ class Pipeline:
         await self._sink.on_assigned(partitions)
 
     # ------------------------------------------------------------------ intake and routing
-    def _take(self, record: InRecord, now_s: float) -> None:
-        ticket = self._sink.track(record.source)
-        self._stats.items_in += 1
-        try:
-            lane = self._lanes.lane_of(record.source.topic)
-            admitted = self._admission.admit(record, ticket, now_s, lane)
-            if isinstance(admitted, Rejection):
-                self._outcomes.reject(ticket, admitted, lane)
-            else:
-                self._route(admitted, now_s)
-        except Exception:
-            # a bug on one record must not stop the service (restarted, it would meet the same
-            # record again); as for a failed plan, no guess is published: the record stays
-            # uncommitted and is read again after a restart
-            log.error(
-                "input record %s/%d/%d could not be taken (a bug); it stays uncommitted, holding "
-                "back its partition's commits until a restart reads it again",
-                record.source.topic,
-                record.source.partition,
-                record.source.offset,
-                exc_info=True,
-            )
+    def _take_all(self, records: Iterable[InRecord], now_s: float) -> None:
+        """Admit and route a poll's records, in order."""
+        track, lane_of, admit = self._sink.track, self._lanes.lane_of, self._admission.admit
+        route, stats = self._route, self._stats
+        for record in records:
+            ticket = track(record.source)
+            stats.items_in += 1
+            try:
+                lane = lane_of(record.source.tp.topic)
+                admitted = admit(record, ticket, now_s, lane)
+                if isinstance(admitted, Rejection):
+                    self._outcomes.reject(ticket, admitted, lane)
+                else:
+                    route(admitted, now_s)
+            except Exception:
+                self._not_taken(record)
+
+    def _not_taken(self, record: InRecord) -> None:
+        """Taking `record` raised (a bug; called in its except block). One record must not stop
+        the service (restarted, it would meet the same record again); as for a failed plan, no
+        guess is published: it stays uncommitted and is read again after a restart."""
+        log.error(
+            "input record %s/%d/%d could not be taken (a bug); it stays uncommitted, holding "
+            "back its partition's commits until a restart reads it again",
+            record.source.topic,
+            record.source.partition,
+            record.source.offset,
+            exc_info=True,
+        )
 
     def _route(self, ctx: JobContext, now_s: float, *, counted: bool = False) -> None:
         """Send an admitted job on its way; `counted`: it was routed before (a dedupe follower
@@ -295,13 +303,15 @@ class Pipeline:
             key, limits = embedding
         else:
             assert batchable is not None
-            key = PackKey(
-                ctx.requested_tier,
-                batchable.prefix,
-                batchable.variable,
-                ctx.options_key,
-                ctx.requested_mode or "online",
-                ctx.tenant,
+            key = _new_pack_key(
+                (
+                    ctx.requested_tier,
+                    batchable.prefix,
+                    batchable.variable,
+                    ctx.options_key,
+                    ctx.requested_mode or "online",
+                    ctx.tenant,
+                )
             )
             limits = tier.limits_for(key, now_s)
         if ctx.fallback_from is not None:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.core.offsets import CommitPoint, OffsetTracker
+from consumer.core.tuples import maker
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.waits import wait_at_most
@@ -39,6 +40,9 @@ class Ticket(NamedTuple):
 
     source: SourceOffset
     epoch: int
+
+
+_new_ticket = maker(Ticket)
 
 
 class OutcomeSink(Protocol):
@@ -108,7 +112,7 @@ class SinkBase:
         # records only come from assigned partitions; `assign` is a no-op for those
         epoch = self.owned.assign(tp).epoch
         self._tracker.track(tp, source.offset)
-        return Ticket(source, epoch)
+        return _new_ticket((source, epoch))
 
     def inflight(self, partition: TopicPartition | None = None) -> int:
         return self._tracker.pending_count(partition)
