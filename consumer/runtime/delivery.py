@@ -207,7 +207,10 @@ class OutcomeWriter:
         its deadline takes `answered` itself."""
         ended: list[JobContext] = []
         outcomes: list[tuple[Ticket, Sequence[OutRecord]]] = []
-        max_bytes, record_of = self.limits.results, results.record
+        max_bytes, result = self.limits.results, results.result
+        # the jobs of one answer share their records' tail (tier, lane, mode, tenant): looked
+        # up again only when one of them changes
+        tail, tail_of = b"", None
         for ctx, output, embedding, attempts in answered:
             if ctx.done:
                 continue
@@ -220,20 +223,15 @@ class OutcomeWriter:
             ):
                 self.answered(ctx, results, output, attempts=attempts, now_s=now_s, embedding=embedding)
                 continue
-            lane = ctx.lane
-            record = record_of(
-                job_id=ctx.id,
-                requested_tier=ctx.requested_tier,
-                metadata=ctx.metadata,
-                source=ctx.ticket.source,
-                output=output,
-                attempts=attempts,
-                latency_ms=(now_s - ctx.received_s) * 1000.0,
-                lane=lane.name if lane is not None else None,
-                tier=ctx.tier.name,
-                mode=ctx.mode,
-                embedding=embedding,
-                tenant=ctx.tenant,
+            group = (ctx.tier, ctx.lane, ctx.mode, ctx.tenant)
+            if group != tail_of:
+                lane = ctx.lane
+                tier_name = ctx.tier.name  # not moved to a fallback tier: the tier it asked for
+                tail = results.tail(tier_name, tier_name, lane.name if lane else None, ctx.mode, ctx.tenant)
+                tail_of = group
+            latency_ms = (now_s - ctx.received_s) * 1000.0
+            record = result(
+                tail, ctx.id, ctx.metadata, ctx.ticket.source, output, attempts, latency_ms, embedding
             )
             problem = too_large_result(record, max_bytes)
             if problem is not None:

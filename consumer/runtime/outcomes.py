@@ -15,6 +15,7 @@ from consumer.core.embed import Embeddings
 from consumer.core.errors import ErrorKind
 from consumer.core.jobs import DeadLetter, ErrorInfo, Job, SourceRef, encode
 from consumer.core.tenants import DEFAULT_TENANT
+from consumer.core.tuples import maker
 from consumer.kafka.connection import MAX_MESSAGE_BYTES
 from consumer.kafka.records import (
     ERROR_KIND_HEADER,
@@ -74,6 +75,8 @@ def job_id_hint(raw: bytes | None) -> str | None:
     return None
 
 
+_new_out_record = maker(OutRecord)
+
 #: the usage of a job answered by another job's identical request
 _NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "cached_input_tokens": 0, "cache_write_tokens": 0}
 
@@ -85,13 +88,14 @@ class AnswerResults:
     building and dumping the validated model cost more than the rest of the job's trip
     through the service. What the jobs of one answer share (status, provider, model, finish
     reason, their share of the token usage, the batch, the completion time, the deployment
-    that answered) is rendered once,
-    here, as the JSON object's closing members; each job's record is its own members followed
-    by those. Every value comes from already-validated objects; tests/unit/test_outcomes.py
-    holds this encoding equal to `encode(Result(...))`.
+    that answered) is rendered once, here, as the JSON object's closing members; before them,
+    what a group of those jobs shares (tier, lane, mode, tenant: `tail`) is rendered once per
+    group; each job's record is its own members followed by that tail. Every value comes from
+    already-validated objects; tests/unit/test_outcomes.py holds this encoding equal to
+    `encode(Result(...))`.
     """
 
-    __slots__ = ("_shared", "_shared_members", "_shared_no_usage", "_topic")
+    __slots__ = ("_shared", "_shared_members", "_shared_no_usage", "_tails", "_topic")
 
     def __init__(
         self,
@@ -126,6 +130,8 @@ class AnswerResults:
         self._shared = b"," + orjson.dumps(shared, option=orjson.OPT_UTC_Z)[1:]
         self._shared_members = shared
         self._shared_no_usage: bytes | None = None  # see `_no_usage`
+        #: (tier, requested tier, lane, mode, tenant) -> its jobs' tail (see `result`)
+        self._tails: dict[tuple[str, str, str | None, str, str], bytes] = {}
 
     def record(
         self,
@@ -151,11 +157,41 @@ class AnswerResults:
         was read from; tier: the tier that answered, when not the one the job asked for (its
         fallback: `fallback_from`); mode: the way the job went. An embed job's `embedding` is
         its vector (its `output` None)."""
+        if dedupe_of is None:
+            tail = self.tail(tier or requested_tier, requested_tier, lane, mode, tenant)
+        else:
+            tail = self._render_tail(tier or requested_tier, requested_tier, lane, mode, tenant, dedupe_of)
+        return self.result(
+            tail, job_id, metadata, source, output, attempts, latency_ms, embedding, traceparent
+        )
+
+    def tail(self, tier: str, requested_tier: str, lane: str | None, mode: str, tenant: str) -> bytes:
+        """The closing members of the results of the jobs of `requested_tier` answered by `tier`,
+        read in `lane`, gone `mode`, of `tenant`: rendered once per such group of the answer's
+        jobs, which `result` ends each of their records with."""
+        key = (tier, requested_tier, lane, mode, tenant)
+        found = self._tails.get(key)
+        if found is None:
+            found = self._tails[key] = self._render_tail(tier, requested_tier, lane, mode, tenant, None)
+        return found
+
+    def result(
+        self,
+        tail: bytes,
+        job_id: str,
+        metadata: dict[str, Any] | None,
+        source: SourceOffset,
+        output: str | None,
+        attempts: int,
+        latency_ms: float,
+        embedding: Sequence[float] | None = None,
+        traceparent: str | None = None,
+    ) -> OutRecord:
+        """One job's Result record: its own members, then `tail` (`tail` or `record`'s)."""
         tp = source.tp
         own = orjson.dumps(
             {
                 "id": job_id,
-                "tier": tier or requested_tier,
                 "output": output,
                 "embedding": embedding,
                 "dimensions": len(embedding) if embedding is not None else None,
@@ -163,15 +199,24 @@ class AnswerResults:
                 "latency_ms": round(latency_ms, 3) if latency_ms > 0 else 0.0,
                 "metadata": metadata,
                 "source": {"topic": tp.topic, "partition": tp.partition, "offset": source.offset},
+            }
+        )
+        return _new_out_record((self._topic, job_id.encode(), own[:-1] + tail, _headers(source, traceparent)))
+
+    def _render_tail(
+        self, tier: str, requested_tier: str, lane: str | None, mode: str, tenant: str, dedupe_of: str | None
+    ) -> bytes:
+        members = orjson.dumps(
+            {
+                "tier": tier,
                 "dedupe_of": dedupe_of,
                 "lane": lane,
                 "mode": mode,
-                "fallback_from": requested_tier if tier is not None and tier != requested_tier else None,
+                "fallback_from": requested_tier if tier != requested_tier else None,
                 "tenant": tenant,
             }
         )
-        value = own[:-1] + (self._shared if dedupe_of is None else self._no_usage())
-        return OutRecord(self._topic, job_id.encode(), value, _headers(source, traceparent))
+        return b"," + members[1:-1] + (self._shared if dedupe_of is None else self._no_usage())
 
     def _no_usage(self) -> bytes:
         """The shared members of a job answered by another job's identical request (no usage
@@ -180,6 +225,7 @@ class AnswerResults:
             no_usage = {**self._shared_members, "usage": _NO_USAGE}
             self._shared_no_usage = b"," + orjson.dumps(no_usage, option=orjson.OPT_UTC_Z)[1:]
         return self._shared_no_usage
+
 
 def too_large_result(record: OutRecord, max_bytes: int) -> str | None:
     """Why a result cannot be published (None: it can): over the results topic's record size,

@@ -194,3 +194,76 @@ def test_a_result_over_its_topics_record_size_is_refused_with_the_reason() -> No
     assert too_large_result(record, 2000) == (
         f"the result would be {size} bytes, over the results topic's 2000: the output is too long"
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    dedupe_of=st.none() | _text,
+    answered_by=st.sampled_from([None, "small", "big"]),
+    lane=st.none() | _text,
+    mode=st.sampled_from(["online", "offline"]),
+    tenant=st.sampled_from(["default", "team-a"]),
+    embedding=st.none() | st.lists(st.floats(-1, 1), min_size=1, max_size=4),
+    size=st.integers(1, 5),
+)
+def test_every_member_a_job_may_have_is_the_result_models_json(
+    dedupe_of: str | None,
+    answered_by: str | None,
+    lane: str | None,
+    mode: str,
+    tenant: str,
+    embedding: list[float] | None,
+    size: int,
+) -> None:
+    """The optional members (dedupe, fallback tier, lane, mode, tenant, embedding) as the model
+    writes them, whether the record's tail is its own (`record`) or its group's (`tail`)."""
+    completion = Completion("x", "stop", usage=Usage(40, 20), provider="openai", model="m-1", request_id="r")
+    at = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    results = AnswerResults("results", completion, size, at)
+    source = SourceOffset(TopicPartition("jobs", 1), 5)
+    output = None if embedding is not None else "out"
+    record = results.record(
+        job_id="j1",
+        requested_tier="small",
+        metadata=None,
+        source=source,
+        output=output,
+        attempts=1,
+        latency_ms=2.0,
+        dedupe_of=dedupe_of,
+        lane=lane,
+        tier=answered_by,
+        mode=mode,
+        embedding=embedding,
+        tenant=tenant,
+    )
+    tier = answered_by or "small"
+    share = 1 if dedupe_of is not None else size  # a deduped job used no tokens of its own
+    want = Result(
+        id="j1",
+        tier=tier,
+        output=output,
+        embedding=embedding,
+        dimensions=len(embedding) if embedding is not None else None,
+        provider="openai",
+        model="m-1",
+        finish_reason="stop",
+        usage=UsageInfo(input_tokens=40 // share, output_tokens=20 // share)
+        if dedupe_of is None
+        else UsageInfo(),
+        batch=BatchInfo(request_id="r", size=size) if size > 1 else None,
+        attempts=1,
+        latency_ms=2.0,
+        source=SourceRef(topic="jobs", partition=1, offset=5),
+        completed_at=at,
+        dedupe_of=dedupe_of,
+        lane=lane,
+        mode=mode,  # type: ignore[arg-type]
+        fallback_from="small" if tier != "small" else None,
+        tenant=tenant,
+    )
+    assert orjson.loads(record.value or b"") == orjson.loads(encode(want))
+    if dedupe_of is None:  # a group's jobs end with the tail `answered_all` looks up
+        tail = results.tail(tier, "small", lane, mode, tenant)
+        again = results.result(tail, "j1", None, source, output, 1, 2.0, embedding)
+        assert again.value == record.value and again.key == record.key
