@@ -205,12 +205,11 @@ class OutcomeWriter:
         what they share done once: one clock reading, one hand-over to the sink, counters per
         group. A job that leads a dedupe, has a span, was moved to a fallback tier or is past
         its deadline takes `answered` itself."""
-        ended: list[JobContext] = []
+        # the jobs of one answer share their records' tail and their counters: per (tier,
+        # lane, mode, tenant), its tail and the jobs that ended in it
+        groups: dict[tuple[str, str | None, str, str], tuple[bytes, list[JobContext]]] = {}
         outcomes: list[tuple[Ticket, Sequence[OutRecord]]] = []
         max_bytes, result = self.limits.results, results.result
-        # the jobs of one answer share their records' tail (tier, lane, mode, tenant): looked
-        # up again only when one of them changes
-        tail, tail_of = b"", None
         for ctx, output, embedding, attempts in answered:
             if ctx.done:
                 continue
@@ -223,47 +222,37 @@ class OutcomeWriter:
             ):
                 self.answered(ctx, results, output, attempts=attempts, now_s=now_s, embedding=embedding)
                 continue
-            group = (ctx.tier, ctx.lane, ctx.mode, ctx.tenant)
-            if group != tail_of:
-                lane = ctx.lane
-                tier_name = ctx.tier.name  # not moved to a fallback tier: the tier it asked for
-                tail = results.tail(tier_name, tier_name, lane.name if lane else None, ctx.mode, ctx.tenant)
-                tail_of = group
+            lane = ctx.lane
+            key = (ctx.tier.name, lane.name if lane is not None else None, ctx.mode, ctx.tenant)
+            group = groups.get(key)
+            if group is None:
+                # not moved to a fallback tier: the tier that answers is the one it asked for
+                group = groups[key] = (results.tail(key[0], key[0], key[1], key[2], key[3]), [])
             latency_ms = (now_s - ctx.received_s) * 1000.0
             record = result(
-                tail, ctx.id, ctx.metadata, ctx.ticket.source, output, attempts, latency_ms, embedding
+                group[0], ctx.id, ctx.metadata, ctx.ticket.source, output, attempts, latency_ms, embedding
             )
             problem = too_large_result(record, max_bytes)
             if problem is not None:
                 self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts)
                 continue
             ctx.done = True
-            ended.append(ctx)
+            group[1].append(ctx)
             outcomes.append((ctx.ticket, (record,)))
-        if not ended:
+        if not outcomes:
             return
-        self._stats.results += len(ended)
+        self._stats.results += len(outcomes)
         self._sink.deliver_all(outcomes)
-        self._results_ended(ended, now_s)
-
-    def _results_ended(self, ended: list[JobContext], now_s: float) -> None:
-        """Count the results of `ended` as `_end` counts one, per (tier, lane, tenant, mode):
-        one call per counter and series for the jobs of one answer, which share them."""
-        groups: dict[tuple[str, str | None, str, str], list[JobContext]] = {}
-        for ctx in ended:
-            lane = ctx.lane
-            key = (ctx.tier.name, lane.name if lane is not None else None, ctx.tenant, ctx.mode)
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = []
-            group.append(ctx)
         wall_s = time.time()
-        for (_, _, tenant, mode), group in groups.items():
-            lane_stats, series = self._ends_of(group[0])
+        for (_, _, mode, tenant), (_, ended) in groups.items():
+            if not ended:
+                continue
+            # counted as `_end` counts one job: lane, tenant, job latency
+            lane_stats, series = self._ends_of(ended[0])
             if lane_stats is not None:
-                lane_stats.results_ended([now_s - ctx.received_s for ctx in group])
-            self.ledger.stats_of(tenant).ended(ok=True, jobs=len(group))
-            series[2 * (mode == "offline")].observe_all([wall_s - ctx.timestamp_s for ctx in group])
+                lane_stats.ended_all([now_s - ctx.received_s for ctx in ended], ok=True)
+            self.ledger.stats_of(tenant).ended(ok=True, jobs=len(ended))
+            series[2 * (mode == "offline")].observe_all([wall_s - ctx.timestamp_s for ctx in ended])
 
     def succeed(
         self,

@@ -155,22 +155,21 @@ class LaneStats:
 
     def ended(self, latency_s: float, *, ok: bool) -> None:
         """One of the lane's jobs has its outcome."""
-        if ok:
-            self.results += 1
-        else:
-            self.dead_letters += 1
-        self.latency_s_total += latency_s
-        if latency_s > self.latency_s_max:
-            self.latency_s_max = latency_s
+        self.ended_all((latency_s,), ok=ok)
 
-    def results_ended(self, latencies_s: Sequence[float]) -> None:
-        """Results of the lane's jobs with these latencies (`ended` of each, in one call)."""
-        if latencies_s:
+    def ended_all(self, latencies_s: Sequence[float], *, ok: bool) -> None:
+        """Jobs of the lane with these latencies have their outcomes (all results, or all
+        dead letters)."""
+        if not latencies_s:
+            return
+        if ok:
             self.results += len(latencies_s)
-            self.latency_s_total += sum(latencies_s)
-            longest = max(latencies_s)
-            if longest > self.latency_s_max:
-                self.latency_s_max = longest
+        else:
+            self.dead_letters += len(latencies_s)
+        self.latency_s_total += sum(latencies_s)
+        longest = max(latencies_s)
+        if longest > self.latency_s_max:
+            self.latency_s_max = longest
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
