@@ -5,7 +5,8 @@ wires them and starts them in order. It decides nothing about jobs: the parts do
 in start order (`Service.parts`); what it opens that is not started (telemetry, HTTP clients,
 providers) it closes through the exit stack it is given. `run_service` is the start sequence:
 each part starts and its stop is registered at once (`start_part`), so a part that fails to
-start stops everything started before it, in reverse order; then the pipeline runs until
+start stops everything started before it, in reverse order, and a SIGTERM during the start
+ends it too (a start waits for nothing once `stop` is set); then the pipeline runs until
 SIGTERM/SIGINT (or `stop`), drains and commits.
 """
 
@@ -53,6 +54,7 @@ from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings, TierConfig, TierFile
 from consumer.telemetry import Telemetry, meter_provider_from_env, service_resource
+from consumer.waits import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,9 @@ async def run_service(
         if install_signal_handlers:
             stop_on_signals(stop)
         for part in service.parts:
-            await start_part(stack, part)
+            if not await start_part(stack, part, stop):
+                log.info("promptbus %s stopped while starting; it took no job", service.instance)
+                return 0
         tune_gc()  # after start-up: what exists now lives as long as the service
         if on_started is not None:
             on_started(service)
@@ -139,11 +143,32 @@ async def run_service(
     return 0
 
 
-async def start_part(stack: contextlib.AsyncExitStack, part: Part) -> None:
+async def start_part(stack: contextlib.AsyncExitStack, part: Part, stop: asyncio.Event) -> bool:
     """Start `part` and register its stop on `stack` (so it stops when the stack closes, before
-    whatever was registered earlier)."""
-    await part.start()
+    whatever was registered earlier); True once it runs.
+
+    False: `stop` was set first. A start can wait as long as the cluster makes it (a group
+    join waits out a rebalance), and a SIGTERM must still end the instance: the start is
+    cancelled and the part stopped, which closes what it had opened.
+    """
+    if stop.is_set():
+        return False
+    starting = asyncio.ensure_future(part.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        starting.cancel()
+        raise
+    finally:
+        stopping.cancel()
+    if not starting.done():
+        await cancel_and_wait(starting)
+        await part.stop()
+        return False
+    starting.result()  # its error, if it failed
     stack.push_async_callback(part.stop)
+    return True
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:

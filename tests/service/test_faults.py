@@ -366,3 +366,46 @@ async def test_outcomes_over_the_output_topics_record_size_still_end_their_jobs(
     assert too_long["error"]["kind"] == "output_invalid"
     assert "over the results topic's" in too_long["error"]["message"]
     assert committed == 3, "every outcome is acknowledged, so every offset commits"
+
+
+async def test_a_stop_while_the_group_join_never_ends_ends_the_service() -> None:
+    """An instance told to stop while its intake is still joining (a rebalance the cluster does
+    not finish) stops at once, with exit code 0, and closes the intake it was starting."""
+    from consumer.app import run_service
+    from consumer.settings import parse_tier_file
+    from consumer.testing.harness import MemoryBus
+    from consumer.testing.memory import MemoryEdges, MemoryIntake
+
+    joining, left = asyncio.Event(), asyncio.Event()
+
+    class NeverJoins(MemoryIntake):
+        async def start(self, handler: Any) -> None:
+            joining.set()
+            await asyncio.Event().wait()
+
+        async def stop(self) -> None:
+            left.set()
+            await super().stop()
+
+    class Edges(MemoryEdges):
+        def intake(self, settings: Any, client_id: str, owned: Any, topics: Any = ()) -> MemoryIntake:
+            return NeverJoins(self.broker, settings, owned, topics)
+
+    bus = MemoryBus(partitions=1)
+    await bus.produce([job(1, batch=False)])
+    stop = asyncio.Event()
+    service = asyncio.create_task(
+        run_service(
+            bus.settings,
+            parse_tier_file(tier_file_dict("http://127.0.0.1:9/v1")),
+            stop=stop,
+            install_signal_handlers=False,
+            edges=Edges(bus.broker),
+            providers={"small": FakeProvider(_answers)},
+        )
+    )
+    await asyncio.wait_for(joining.wait(), 30)
+    stop.set()
+    assert await asyncio.wait_for(service, 10) == 0
+    assert left.is_set(), "the intake it was starting is stopped"
+    assert not await bus.read(bus.settings.results_topic), "it took no job"
