@@ -155,7 +155,6 @@ class CollectionWindows(Generic[T]):
         self,
         key: PackKey,
         item: T,
-        *,
         input_chars: int,
         partition: Hashable,
         limits: WindowLimits,
@@ -257,7 +256,6 @@ class LaneWindows(Generic[T]):
         self,
         key: PackKey,
         item: T,
-        *,
         lane: Lane | None,
         input_chars: int,
         partition: Hashable,
@@ -276,9 +274,7 @@ class LaneWindows(Generic[T]):
                 capped = replace(limits, max_wait_ms=wait_ms, window_ms=min(limits.window_ms, wait_ms))
                 self._capped[(limits, wait_ms)] = capped
             limits = capped
-        return windows.add(
-            key, item, input_chars=input_chars, partition=partition, limits=limits, now_s=now_s
-        )
+        return windows.add(key, item, input_chars, partition, limits, now_s)
 
     def due(self, now_s: float, *, can_still_join: Callable[[PackKey], bool]) -> list[Flush[T]]:
         """The windows due at `now_s` (`CollectionWindows.due`), in fair order between tenants."""

@@ -83,7 +83,10 @@ class Admission:
     def admit(
         self, record: InRecord, ticket: Ticket, now_s: float, lane: Lane | None = None
     ) -> JobContext | Rejection:
-        """The job context of `record` (read in `lane`), or the reason it is rejected."""
+        """The job context of `record` (read in `lane`), or the reason it is rejected.
+
+        One pass per record: the checks in the module's order, then the context built from
+        the job's fields directly (no intermediate objects but the job and its content)."""
         raw = record.value if record.value is not None else b""
         if len(raw) > self._max_job_bytes:
             message = f"job is {len(raw)} bytes, over max_job_bytes ({self._max_job_bytes})"
@@ -96,7 +99,7 @@ class Admission:
             return Rejection(exc.kind, str(exc), raw, job_id=job_id_hint(raw), tenant=tenant)
         tenant = job.tenant
         if tenant is None:
-            tenant = header_tenant(record.headers)
+            tenant = header_tenant(record.headers) if record.headers else None
             if tenant is None:
                 tenant = DEFAULT_TENANT
             elif (problem := tenant_problem(tenant)) is not None:
@@ -106,29 +109,49 @@ class Admission:
         if tier is None:
             message = f"tier '{job.tier}' is not configured (known: {self._known})"
             return Rejection(ErrorKind.UNKNOWN_TIER, message, raw, job=job, tenant=tenant)
-        if job.mode == "offline" and not (self._offline_runs and tier.config.offline.enabled):
+        config = tier.config
+        mode = job.mode
+        if mode == "offline" and not (self._offline_runs and config.offline.enabled):
             message = f"tier '{tier.name}' does not allow mode 'offline' (offline.enabled is false)"
             return Rejection(ErrorKind.INVALID_JOB, message, raw, job=job, tenant=tenant)
         try:
-            return self._context(job, ticket, tier, record, now_s, lane, tenant)
+            options_key, merged = self._merge(job, tier)
+            content = job_content(job, merged=merged)
+            if job.kind == "embed" or job.messages is not None:
+                self._check_for_provider(job, tier)
         except JobError as exc:
             return Rejection(exc.kind, str(exc), raw, job=job, tenant=tenant)
+        deadline_s = None
+        if job.deadline is not None:
+            deadline_s = now_s + job.deadline.timestamp() - self._wall_at(now_s)
+        return JobContext(
+            job,
+            raw,
+            ticket,
+            tier,
+            now_s,
+            content.text,
+            content.own_messages,
+            content.batchable,
+            content.options,
+            options_key,
+            deadline_s,
+            content.output_format,
+            self._start_trace(job, record),
+            tier.modes.mode_for(mode, None if deadline_s is None else deadline_s - now_s),
+            lane,
+            record.timestamp_ms / 1000.0,
+            tenant,
+        )
 
-    def _context(
-        self,
-        job: Job,
-        ticket: Ticket,
-        tier: TierRuntime,
-        record: InRecord,
-        now_s: float,
-        lane: Lane | None,
-        tenant: str,
-    ) -> JobContext:
-        options_key, merged = self._merge(job, tier)
-        content = job_content(job, merged=merged)
-        if job.kind == "embed" and embed_limits(tier.config.provider) is None:
-            raise JobError(ErrorKind.INVALID_JOB, no_embeddings(tier.name, tier.config.provider))
-        if tier.config.provider == "anthropic" and job.messages is not None:
+    @staticmethod
+    def _check_for_provider(job: Job, tier: TierRuntime) -> None:
+        """JobError when the tier's provider cannot take what the job asks: embeddings from a
+        provider without an embeddings endpoint, an Anthropic call without a non-system message."""
+        provider = tier.config.provider
+        if job.kind == "embed" and embed_limits(provider) is None:
+            raise JobError(ErrorKind.INVALID_JOB, no_embeddings(tier.name, provider))
+        if provider == "anthropic" and job.messages is not None:
             if all(m.role == "system" for m in job.messages):
                 # Anthropic takes system text apart from the messages and refuses a call
                 # without one; in a Message Batches submission it would fail every member
@@ -137,28 +160,6 @@ class Admission:
                     f"tier '{tier.name}' (anthropic) needs a user or assistant message; "
                     "this job has only system messages",
                 )
-        deadline_s = None
-        if job.deadline is not None:
-            deadline_s = now_s + job.deadline.timestamp() - self._wall_at(now_s)
-        return JobContext(
-            job,
-            record.value if record.value is not None else b"",
-            ticket,
-            tier,
-            now_s,
-            input_text=content.text,
-            messages=content.own_messages,
-            batchable=content.batchable,
-            options=content.options,
-            options_key=options_key,
-            deadline_s=deadline_s,
-            output_format=content.output_format,
-            trace=self._start_trace(job, record),
-            mode=tier.modes.mode_for(job.mode, None if deadline_s is None else deadline_s - now_s),
-            lane=lane,
-            timestamp_s=record.timestamp_ms / 1000.0,
-            tenant=tenant,
-        )
 
     def _wall_at(self, now_s: float) -> float:
         """The wall clock (Unix seconds) when the clock read `now_s`: read once per `now_s`, so

@@ -85,7 +85,6 @@ class JobContext:
         ticket: Ticket,
         tier: TierRuntime,
         received_s: float,
-        *,
         input_text: str,
         messages: tuple[ChatMessage, ...] | None,
         batchable: BatchablePrompt | None,
@@ -98,7 +97,9 @@ class JobContext:
         lane: Lane | None = None,
         timestamp_s: float = 0.0,
         tenant: str = DEFAULT_TENANT,
+        /,
     ) -> None:
+        # positional only: admission makes one per record, and keyword arguments cost a call more
         self.id = job.id
         self.requested_tier = job.tier
         self.metadata = job.metadata

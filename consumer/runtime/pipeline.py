@@ -241,11 +241,16 @@ class Pipeline:
         """Admit and route a poll's records, in order."""
         track, lane_of, admit = self._sink.track, self._lanes.lane_of, self._admission.admit
         route, stats = self._route, self._stats
+        lanes: dict[str, Lane] = {}  # a poll's records come from a few topics: each looked up once
         for record in records:
-            ticket = track(record.source)
+            source = record.source
+            ticket = track(source)
             stats.items_in += 1
             try:
-                lane = lane_of(record.source.tp.topic)
+                topic = source.tp.topic
+                lane = lanes.get(topic)
+                if lane is None:
+                    lane = lanes[topic] = lane_of(topic)
                 admitted = admit(record, ticket, now_s, lane)
                 if isinstance(admitted, Rejection):
                     self._outcomes.reject(ticket, admitted, lane)
@@ -270,12 +275,14 @@ class Pipeline:
     def _route(self, ctx: JobContext, now_s: float, *, counted: bool = False) -> None:
         """Send an admitted job on its way; `counted`: it was routed before (a dedupe follower
         routed again)."""
+        tier = ctx.tier
         if not counted:
-            ctx.tier.stats.items += 1
+            tier.stats.items += 1
             wanted = ctx.requested_mode
-            if wanted == "auto" or (wanted is None and ctx.tier.config.default_mode == "auto"):
-                ctx.tier.stats.count_auto(ctx.mode)
-        if ctx.past_deadline(now_s):
+            if wanted == "auto" or (wanted is None and tier.config.default_mode == "auto"):
+                tier.stats.count_auto(ctx.mode)
+        deadline_s = ctx.deadline_s
+        if deadline_s is not None and now_s >= deadline_s:
             self._outcomes.fail(
                 ctx, ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the job was read", attempts=0
             )
@@ -284,25 +291,25 @@ class Pipeline:
             return  # its tenant's budget is spent: held, or dead-lettered budget_exhausted
         if self._fallback is not None:
             self._fallback.route_new(ctx, now_s)  # its tier in trouble: the fallback tier's job now
-        tier = ctx.tier
+            tier = ctx.tier
         if ctx.mode == "offline":
             assert self._offline is not None  # admission refuses offline jobs when none runs
             self._offline.add(ctx)
             return
         if tier.dedupe is not None and not self._lead_or_share(ctx, tier.dedupe, now_s):
             return
-        batchable = ctx.batchable if ctx.batch and tier.config.batching.enabled else None
-        # embed jobs share a window whenever the tier windows: an array request changes no vector
-        embedding = None
         if ctx.kind == "embed":
+            # embed jobs share a window whenever the tier windows: an array request changes no vector
             embedding = tier.embed_window(ctx.options_key, ctx.options, ctx.mode, ctx.tenant)
-        if batchable is None and embedding is None:
-            self._start_plan([ctx], key=None)
-            return
-        if embedding is not None:
+            if embedding is None:
+                self._start_plan([ctx], key=None)
+                return
             key, limits = embedding
         else:
-            assert batchable is not None
+            batchable = ctx.batchable
+            if batchable is None or not ctx.batch or not tier.config.batching.enabled:
+                self._start_plan([ctx], key=None)
+                return
             key = _new_pack_key(
                 (
                     ctx.requested_tier,
@@ -316,16 +323,9 @@ class Pipeline:
             limits = tier.limits_for(key, now_s)
         if ctx.fallback_from is not None:
             key = key._replace(tier=tier.name)  # never in one window with the jobs of its own tier
-        flushes = self._windows.add(
-            key,
-            ctx,
-            lane=ctx.lane,
-            input_chars=len(ctx.input),
-            partition=ctx.source.tp,
-            limits=limits,
-            now_s=now_s,
-        )
-        self._dispatch(flushes)
+        flushes = self._windows.add(key, ctx, ctx.lane, len(ctx.input), ctx.ticket.source.tp, limits, now_s)
+        if flushes:
+            self._dispatch(flushes)
 
     def _route_again(self, now_s: float) -> None:
         """Route the jobs the outcome writer handed back (deduped to a leader whose deadline

@@ -34,7 +34,7 @@ import functools
 import logging
 import random
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.budgets import Exhausted
@@ -205,7 +205,7 @@ class PlanRunner:
         if req.delay_s > 0 and not (req.quota_waited_s > 0 and self.tier.any_up(self._clock())):
             await asyncio.sleep(req.delay_s)
         request: AnyRequest | None = None
-        traces = [as_context(m).trace for m in req.members]
+        traces = [m.trace for m in as_contexts(req.members)]
         tenant = as_context(req.members[0]).tenant  # a request carries the jobs of one tenant
         gate = self._spending.gate
         while True:
@@ -363,7 +363,7 @@ class PlanRunner:
     def _expire(self, plan: RequestPlan, req: PlannedRequest) -> bool:
         """Dead-letter members whose deadline passed before `req` goes out; True: nothing left to send."""
         now_s = self._clock()
-        expired = [m for m in req.members if as_context(m).past_deadline(now_s)]
+        expired = [m for m in as_contexts(req.members) if (d := m.deadline_s) is not None and now_s >= d]
         if not expired:
             return False
         step = plan.cancel(
@@ -394,15 +394,16 @@ class PlanRunner:
         answered: list[AnsweredJob] = []
         answered_by: PlannedRequest | None = None
         attempts = plan.attempts
-        for member, output, by in step.answered:
+        # the plan's members are job contexts (`as_context`): viewed as such once per step
+        for ctx, output, by in cast(list[tuple[JobContext, str, PlannedRequest]], step.answered):
             if by is not answered_by and answered:
                 self._answered_by(answered_by, answer, answered, now_s)
                 answered = []
             answered_by = by
             if embedding_of is None:
-                answered.append((as_context(member), output, None, attempts(member)))
+                answered.append((ctx, output, None, attempts(ctx)))
             else:  # an embed job's answer is its vector alone
-                answered.append((as_context(member), None, embedding_of(member), attempts(member)))
+                answered.append((ctx, None, embedding_of(ctx), attempts(ctx)))
         if answered:
             self._answered_by(answered_by, answer, answered, now_s)
 
