@@ -86,7 +86,7 @@ class Admission:
         """The job context of `record` (read in `lane`), or the reason it is rejected.
 
         One pass per record: the checks in the module's order, then the context built from
-        the job's fields directly (no intermediate objects but the job and its content)."""
+        the job's fields directly."""
         raw = record.value if record.value is not None else b""
         if len(raw) > self._max_job_bytes:
             message = f"job is {len(raw)} bytes, over max_job_bytes ({self._max_job_bytes})"
@@ -99,7 +99,7 @@ class Admission:
             return Rejection(exc.kind, str(exc), raw, job_id=job_id_hint(raw), tenant=tenant)
         tenant = job.tenant
         if tenant is None:
-            tenant = header_tenant(record.headers) if record.headers else None
+            tenant = header_tenant(record.headers)
             if tenant is None:
                 tenant = DEFAULT_TENANT
             elif (problem := tenant_problem(tenant)) is not None:
@@ -117,8 +117,7 @@ class Admission:
         try:
             options_key, merged = self._merge(job, tier)
             content = job_content(job, merged=merged)
-            if job.kind == "embed" or job.messages is not None:
-                self._check_for_provider(job, tier)
+            self._check_for_provider(job, tier)
         except JobError as exc:
             return Rejection(exc.kind, str(exc), raw, job=job, tenant=tenant)
         deadline_s = None

@@ -241,16 +241,11 @@ class Pipeline:
         """Admit and route a poll's records, in order."""
         track, lane_of, admit = self._sink.track, self._lanes.lane_of, self._admission.admit
         route, stats = self._route, self._stats
-        lanes: dict[str, Lane] = {}  # a poll's records come from a few topics: each looked up once
         for record in records:
-            source = record.source
-            ticket = track(source)
+            ticket = track(record.source)
             stats.items_in += 1
             try:
-                topic = source.tp.topic
-                lane = lanes.get(topic)
-                if lane is None:
-                    lane = lanes[topic] = lane_of(topic)
+                lane = lane_of(record.source.tp.topic)
                 admitted = admit(record, ticket, now_s, lane)
                 if isinstance(admitted, Rejection):
                     self._outcomes.reject(ticket, admitted, lane)
@@ -281,8 +276,7 @@ class Pipeline:
             wanted = ctx.requested_mode
             if wanted == "auto" or (wanted is None and tier.config.default_mode == "auto"):
                 tier.stats.count_auto(ctx.mode)
-        deadline_s = ctx.deadline_s
-        if deadline_s is not None and now_s >= deadline_s:
+        if ctx.past_deadline(now_s):
             self._outcomes.fail(
                 ctx, ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the job was read", attempts=0
             )
@@ -323,7 +317,7 @@ class Pipeline:
             limits = tier.limits_for(key, now_s)
         if ctx.fallback_from is not None:
             key = key._replace(tier=tier.name)  # never in one window with the jobs of its own tier
-        flushes = self._windows.add(key, ctx, ctx.lane, len(ctx.input), ctx.ticket.source.tp, limits, now_s)
+        flushes = self._windows.add(key, ctx, ctx.lane, len(ctx.input), ctx.source.tp, limits, now_s)
         if flushes:
             self._dispatch(flushes)
 

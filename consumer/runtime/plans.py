@@ -34,7 +34,7 @@ import functools
 import logging
 import random
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from consumer.core.adaptive import answers_agree, choose_verified
 from consumer.core.budgets import Exhausted
@@ -363,7 +363,7 @@ class PlanRunner:
     def _expire(self, plan: RequestPlan, req: PlannedRequest) -> bool:
         """Dead-letter members whose deadline passed before `req` goes out; True: nothing left to send."""
         now_s = self._clock()
-        expired = [m for m in as_contexts(req.members) if (d := m.deadline_s) is not None and now_s >= d]
+        expired = [m for m in as_contexts(req.members) if m.past_deadline(now_s)]
         if not expired:
             return False
         step = plan.cancel(
@@ -394,8 +394,8 @@ class PlanRunner:
         answered: list[AnsweredJob] = []
         answered_by: PlannedRequest | None = None
         attempts = plan.attempts
-        # the plan's members are job contexts (`as_context`): viewed as such once per step
-        for ctx, output, by in cast(list[tuple[JobContext, str, PlannedRequest]], step.answered):
+        for member, output, by in step.answered:
+            ctx = as_context(member)
             if by is not answered_by and answered:
                 self._answered_by(answered_by, answer, answered, now_s)
                 answered = []
