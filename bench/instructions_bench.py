@@ -4,10 +4,11 @@ move with the machine's speed, where the timed benches' runs of one tree spread 
     .venv/bin/python bench/instructions_bench.py [--against REF] [--workloads batched,mixed,unbatched]
         [--jobs 1500,4500] [--save [NAME]]
 
-Needs valgrind (`apt-get install valgrind`) and a C compiler (`cc`). No broker: each count runs
-the service on the in-memory edges (`consumer.testing.harness.MemoryBus`, 4 partitions) with
-the `FakeProvider` and the jobs and tier of bench/pipeline_bench.py (`batched`: every job
-`batch: true`; `mixed`: every other one; `unbatched`: none), in a child process under
+Needs valgrind (`apt-get install valgrind`) and a C compiler (`cc`). No broker: each count
+runs the service on the in-memory edges (`consumer.testing.harness.MemoryBus`, 4 partitions)
+with the `FakeProvider` and the jobs, tier and fake answer of this tree's
+bench/pipeline_bench.py (`batched`: every job `batch: true`; `mixed`: every other one;
+`unbatched`: none), in a child process under
 `valgrind --tool=callgrind --instr-atstart=no`. Instrumentation starts just before the service
 does and stops once every outcome is out (callgrind's client requests, from a two-function C
 helper built with `cc` into a temporary directory, with no CPU-specific flags). Instructions
@@ -16,8 +17,9 @@ out. Two runs of one tree agree within about 0.2%; what the fake provider and th
 broker cost is counted too (alike for both trees).
 
 `--against REF` counts the same for the tree at git REF (checked out in a temporary
-`git worktree`, run with this tree's virtualenv) and prints `ratio` = this tree's count over
-REF's for each workload: below 1 is cheaper. Prints one JSON object on stdout; progress goes to
+`git worktree`, run with this tree's virtualenv and workload; REF needs the `consumer` modules
+pipeline_bench.py imports) and prints `ratio` = this tree's count over REF's for each
+workload: below 1 is cheaper. Prints one JSON object on stdout; progress goes to
 stderr.
 """
 
@@ -35,8 +37,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-WORKLOADS = {"batched": 1.0, "mixed": 0.5, "unbatched": 0.0}
+# this script's sibling: both trees run this tree's workload. In a counted child process
+# `consumer` is the tree under test's (its PYTHONPATH).
+from pipeline_bench import TIER, WORKLOADS, _progress, fake_answer, make_jobs, tier_dict
+
+from consumer.testing.benchreport import add_save_option, emit_report
+from consumer.testing.paths import REPO_ROOT
 
 _HELPER_C = """
 #include <valgrind/callgrind.h>
@@ -44,10 +50,6 @@ void promptbus_count_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUM
 void promptbus_count_stop(void) { CALLGRIND_DUMP_STATS; CALLGRIND_STOP_INSTRUMENTATION; }
 """
 _TOTALS = re.compile(r"^(?:summary|totals): (\d+)", re.MULTILINE)
-
-
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,9 +63,6 @@ def child(jobs: int, batched_share: float, helper: str) -> None:
     import time
 
     import orjson
-
-    sys.path.insert(0, str(Path.cwd() / "bench"))  # the tree under test's own bench helpers
-    from pipeline_bench import TIER, fake_answer, make_jobs, tier_dict
 
     import consumer
     from consumer.providers.fake import FakeProvider
@@ -161,9 +160,6 @@ def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         child(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
         return
-    sys.path.insert(0, str(REPO_ROOT))
-    from consumer.testing.benchreport import add_save_option, emit_report
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", metavar="REF", help="also count the tree at this git ref")
     parser.add_argument("--workloads", default="batched", help=f"comma-separated, of {', '.join(WORKLOADS)}")
