@@ -56,7 +56,9 @@ def tenant_problem(value: object) -> str | None:
     """Why `value` is not a tenant name (None: it is one); never echoes the value."""
     if not isinstance(value, str):
         return f"must be a string, got {type(value).__name__}"
-    if _TENANT_RE.match(value) is None:
+    # fullmatch: `$` alone would also match before a trailing newline, which the Job field's
+    # pattern (pydantic's regex) refuses; a header and a job field must be read alike
+    if _TENANT_RE.fullmatch(value) is None:
         return f"must be 1-64 characters of A-Z a-z 0-9 . _ - (got {len(value)} characters)"
     return None
 

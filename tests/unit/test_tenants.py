@@ -12,6 +12,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
+from pydantic import ValidationError
 
 from consumer.cli.run import tenant_lines
 from consumer.cli.stats import format_stats, format_tenants
@@ -19,6 +20,7 @@ from consumer.client.jobs import with_tenant
 from consumer.core.dedupe import dedupe_key
 from consumer.core.embed import embed_dedupe_key, embed_pack_key
 from consumer.core.errors import ConfigError
+from consumer.core.jobs import Job
 from consumer.core.snapshots import merge_snapshots
 from consumer.core.tenants import DEFAULT_TENANT, OTHER_TENANT, TenantPolicies, TenantPolicy, tenant_problem
 from consumer.core.window import LaneWindows, PackKey, WindowLimits
@@ -38,10 +40,22 @@ def test_tenant_names(name: str) -> None:
     assert tenant_problem(name) is None
 
 
-@pytest.mark.parametrize("value", ["", "x" * 65, "two words", "é", "a/b", 7, None])
+@pytest.mark.parametrize("value", ["", "x" * 65, "two words", "é", "a/b", "team-a\n", 7, None])
 def test_what_is_not_a_tenant_name_is_said_without_echoing_it(value: Any) -> None:
     problem = tenant_problem(value)
     assert problem is not None and (not isinstance(value, str) or value == "" or value not in problem)
+
+
+@pytest.mark.parametrize("value", ["team-a", "team-a\n", "\nteam-a", "x" * 64 + "\n", "", "a b"])
+def test_a_tenant_name_is_one_whatever_carries_it(value: str) -> None:
+    """The header check and the Job's `tenant` field accept exactly the same names."""
+    job = {"id": "j", "tier": "t", "prompt": "p", "tenant": value}
+    try:
+        Job.model_validate(job)
+        field_accepts = True
+    except ValidationError:
+        field_accepts = False
+    assert (tenant_problem(value) is None) == field_accepts
 
 
 def test_accounts_are_named_tenants_default_and_other() -> None:
