@@ -394,3 +394,77 @@ async def test_partitions_fenced_in_one_round_ask_for_one_new_assignment() -> No
 
     assert rejoins.count == 1, "each fenced partition asked for its own rebalance"
     assert factory.made[sink.transactional_id(tps[2])].offsets == [{tps[2]: 1}]
+
+
+class HeldAcksProducer(FakeBatchProducer):
+    """Writes every batch at once but holds its acknowledgement until `release` (acks=all
+    waiting for a dead replica to leave the ISR, or a batch retried on a new leader)."""
+
+    def __init__(self) -> None:
+        super().__init__(room=100, partitions=4)
+        self.held: list[asyncio.Future[None]] = []
+
+    async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> asyncio.Future[None]:
+        self.sent.append((topic, partition, list(batch.records)))
+        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.held.append(delivered)
+        return delivered
+
+    def release(self, error: Exception | None = None) -> None:
+        for delivered in self.held:
+            if not delivered.done():
+                if error is None:
+                    delivered.set_result(None)
+                else:
+                    delivered.set_exception(error)
+
+
+HeldSink = tuple[AtLeastOnceSink, HeldAcksProducer, list[dict[Any, Any]]]
+
+
+async def held_acks_sink(tp: TopicPartition) -> HeldSink:
+    """A started sink owning `tp` on a `HeldAcksProducer`, and the list its commits go to."""
+    commits: list[dict[Any, Any]] = []
+
+    async def commit(offsets: dict[TopicPartition, Any]) -> None:
+        commits.append(offsets)
+
+    producer = HeldAcksProducer()
+    sink = AtLeastOnceSink(producer=producer, commit=commit)
+    await sink.start()
+    await sink.on_assigned({tp})
+    return sink, producer, commits
+
+
+async def test_a_revoke_waits_for_outcomes_already_written_and_commits_them() -> None:
+    """A rebalance during a broker failover: outcomes handed to the producer are in the log
+    whatever the revoke does; forgotten unacknowledged, the partition's next owner (here the
+    same process) would read them again from the committed offset and write them twice."""
+    tp = TopicPartition(TOPIC, 2)
+    sink, producer, commits = await held_acks_sink(tp)
+    for o in range(3):
+        sink.deliver(sink.track(SourceOffset(tp, o)), outcome(o))
+    await asyncio.sleep(0.05)
+    assert producer.held  # written, not acknowledged
+    asyncio.get_running_loop().call_later(0.3, producer.release)  # the failover ends
+    await asyncio.wait_for(sink.on_revoked({tp}, timeout_s=0.05), timeout=5)
+    assert commits and commits[-1] == {tp: 3}  # read again from 3: nothing written twice
+    await sink.stop()
+
+
+async def test_an_outcome_of_a_revoked_partition_is_not_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import consumer.kafka.sink.at_least_once as at_least_once
+
+    monkeypatch.setattr(at_least_once, "SETTLE_TIMEOUT_S", 0.1)
+    tp = TopicPartition(TOPIC, 0)
+    sink, producer, commits = await held_acks_sink(tp)
+    sink.deliver(sink.track(SourceOffset(tp, 0)), outcome(0))
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(sink.on_revoked({tp}, timeout_s=0.05), timeout=5)
+    producer.release(KafkaConnectionError("gave up"))  # the producer gives up after the revoke
+    await asyncio.sleep(0.1)
+    # not acknowledged and revoked: uncommitted, so the partition's owner does it again; a
+    # second send from here would be one more copy
+    assert len(producer.sent) == 1
+    assert all(c.get(tp, 0) == 0 for c in commits)
+    await sink.stop()

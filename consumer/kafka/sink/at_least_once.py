@@ -1,5 +1,11 @@
 """at_least_once delivery: one idempotent producer; a commit loop commits the contiguous
-watermark of acked outcomes (see `consumer.kafka.sink`)."""
+watermark of acked outcomes (see `consumer.kafka.sink`).
+
+A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked partitions' outcomes already on their
+way to the broker, then commits them: those records are written whatever the revoke does, so
+forgetting them would let the partition's next owner (often this same process, after a
+rebalance during a broker failover) read them again from the committed offset and write their
+outcomes twice."""
 
 from __future__ import annotations
 
@@ -17,8 +23,16 @@ from consumer.kafka.assignment import Assignment
 from consumer.kafka.records import OutRecord, TopicPartition
 from consumer.kafka.sink.base import COMMIT_TIMEOUT_S, CommitFn, SinkBase, Ticket
 from consumer.kafka.sink.record_batch import produce_record_batches
+from consumer.waits import wait_at_most
 
 log = logging.getLogger(__name__)
+
+#: how long a revoke waits for outcomes already handed to the producer (or queued for it) to be
+#: acknowledged: through a leader failover (the dead broker fenced, the ISR shrunk, batches
+#: retried on the new leader) but well inside the group's rebalance timeout (max.poll.interval)
+SETTLE_TIMEOUT_S = 30.0
+#: between two tries of a revoke's last commit (the group coordinator may be failing over too)
+SETTLE_COMMIT_RETRY_S = 0.2
 
 
 class _Outgoing:
@@ -47,6 +61,13 @@ class AtLeastOnceSink(SinkBase):
         self._queue: collections.deque[tuple[Ticket, Sequence[OutRecord]]] = collections.deque()
         self._queued = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
+        #: the outcomes being handed to the producer now, and those of each record batch the
+        #: producer holds (by its delivery future): with `_queue`, every outcome delivered and
+        #: not acknowledged yet (a revoke waits for its partitions' ones: `_unsettled`)
+        self._sending: list[_Outgoing] = []
+        self._in_flight: dict[asyncio.Future[Any], list[_Outgoing]] = {}
+        #: set whenever a record batch is acknowledged or fails
+        self._settled = asyncio.Event()
 
     async def start(self) -> None:
         await self._producer.start()
@@ -119,6 +140,7 @@ class AtLeastOnceSink(SinkBase):
                 delay_s = 0.5
 
     async def _send_batches(self, outcomes: list[_Outgoing]) -> None:
+        self._sending = outcomes
         try:
             await produce_record_batches(
                 self._producer, [(o, r) for o in outcomes for r in o.records], self._handed_over
@@ -128,34 +150,52 @@ class AtLeastOnceSink(SinkBase):
             for outgoing in outcomes:
                 for _ in range(len(outgoing.records) - outgoing.handed):
                     self._record_done(outgoing, ok=False)
+            self._settled.set()
             raise
+        finally:
+            self._sending = []
 
     def _handed_over(self, delivered: asyncio.Future[Any], members: list[_Outgoing]) -> None:
         for outgoing in members:
             outgoing.handed += 1
+        self._in_flight[delivered] = members
         delivered.add_done_callback(lambda fut: self._batch_done(fut, members))
 
     def _batch_done(self, fut: asyncio.Future[Any], members: list[_Outgoing]) -> None:
         """A record batch was acknowledged (or failed): the outcomes whose last record it
         carried complete their tickets, in one pass (a batch carries hundreds)."""
+        del self._in_flight[fut]
         ok = not fut.cancelled() and fut.exception() is None
         acked = [ticket for outgoing in members if (ticket := self._record_done(outgoing, ok=ok)) is not None]
+        self._settled.set()
         self._complete_all(acked)
 
     def _record_done(self, outgoing: _Outgoing, *, ok: bool) -> Ticket | None:
         """One of the outcome's records was acked (or failed): its ticket, to complete, once
-        every record is acked; the outcome is sent again when any failed (None until then)."""
+        every record is acked; the outcome is sent again when any failed (None until then),
+        unless its partition was revoked meanwhile: its offset was not committed, so the
+        partition's owner does the job again, and sending it too would repeat it."""
         outgoing.remaining -= 1
         outgoing.failed |= not ok
         if outgoing.remaining:
             return None
-        if outgoing.failed:
+        ticket = outgoing.ticket
+        if not outgoing.failed:
+            return ticket
+        if self.owned.epoch(ticket.source.tp) == ticket.epoch:
             # the idempotent producer already retried up to its delivery timeout: try again
-            log.warning("outcome for %s was not acknowledged; sending it again", outgoing.ticket.source)
-            self._queue.append((outgoing.ticket, outgoing.records))
+            log.warning("outcome for %s was not acknowledged; sending it again", ticket.source)
+            self._queue.append((ticket, outgoing.records))
             self._queued.set()
-            return None
-        return outgoing.ticket
+        return None
+
+    def _unsettled(self, partitions: set[TopicPartition]) -> int:
+        """Outcomes of `partitions` delivered and not acknowledged yet: queued, being handed
+        to the producer, or in its record batches."""
+        outgoing = {o for members in self._in_flight.values() for o in members}
+        outgoing.update(self._sending)
+        waiting = sum(1 for o in outgoing if o.remaining and o.ticket.source.tp in partitions)
+        return waiting + sum(1 for ticket, _ in self._queue if ticket.source.tp in partitions)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
         # A partition is committed again when its watermark stays put but outcomes above it
@@ -176,3 +216,46 @@ class AtLeastOnceSink(SinkBase):
             await self._finish_revoke(partitions, timeout_s)
         finally:
             self._forget(partitions)
+
+    async def _finish_revoke(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        """Wait (bounded by timeout_s) for the partitions' work, then (bounded by
+        SETTLE_TIMEOUT_S) for their outcomes already on the way to the broker, and commit,
+        retrying the commit until then. Never raises (see `SinkBase._finish_revoke`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_s, SETTLE_TIMEOUT_S)
+        try:
+            await self._wait_done(partitions, timeout_s)
+        except Exception:  # a commit on the way failed: the commit below is tried again
+            log.debug("revoke of %s: a commit while waiting failed", sorted(partitions), exc_info=True)
+        await self._wait_settled(partitions, deadline)
+        while True:
+            try:
+                await self._commit_ready(partitions)
+                return
+            except Exception:
+                if loop.time() + SETTLE_COMMIT_RETRY_S >= deadline:
+                    log.warning(
+                        "revoke of %s: final commit failed; the next owner starts at the last "
+                        "committed offsets",
+                        sorted(partitions),
+                        exc_info=True,
+                    )
+                    return
+            await asyncio.sleep(SETTLE_COMMIT_RETRY_S)
+
+    async def _wait_settled(self, partitions: set[TopicPartition], deadline: float) -> None:
+        """Until `deadline`: wait for the outcomes of `partitions` already delivered (queued,
+        being sent or in the producer) to be acknowledged. Their records reach the log
+        whatever this revoke does; acknowledged, their offsets commit now."""
+        loop = asyncio.get_running_loop()
+        while (left := self._unsettled(partitions)) and loop.time() < deadline:
+            self._settled.clear()
+            await wait_at_most(self._settled.wait(), deadline - loop.time())
+        if left:
+            log.warning(
+                "revoke of %s: %d outcomes still unacknowledged after %.0f s; the next owner "
+                "may write them again",
+                sorted(partitions),
+                left,
+                SETTLE_TIMEOUT_S,
+            )
