@@ -1,6 +1,7 @@
 """Embed jobs: windowed array requests against single-input ones, and the service's throughput.
 
     .venv/bin/python bench/embed_bench.py [--parts local,service] [--texts 256] [--jobs 50000] [--repeats 3]
+        [--providers fake,sim] [--spy] [--save [NAME]]
 
 Prints one JSON object on stdout; progress goes to stderr.
 
@@ -11,11 +12,14 @@ Prints one JSON object on stdout; progress goes to stderr.
    time) and once windowed: array requests of `max_items` (32). Items/s of each, their ratio
    (target: windowed >= 3x single), and the cosine similarity between each text's two
    vectors (target: >= 0.999 for every text).
-2. service: the simulator with no latency (its own process) and 50,000 embed jobs through the
-   service (max_items 20), against the raw Kafka loop that consumes and re-produces the same
-   records (`bench/pipeline_bench.py`'s `raw_loop`, measured the same way: items/s from the
-   output records' Kafka timestamps, medians of interleaved repeats). Target: >= 0.6 of raw,
-   as for batched chat jobs. Needs a broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092).
+2. service: 50,000 embed jobs through the service (max_items 20), against the raw Kafka loop
+   that consumes and re-produces the same records (`bench/pipeline_bench.py`'s `raw_loop`,
+   measured the same way: items/s from the output records' Kafka timestamps, medians of
+   interleaved repeats), with each provider of `--providers`: `fake`, the in-memory
+   `FakeProvider` answering every input with the same short vector (the service's own cost, as
+   pipeline_bench's fake variant), and `sim`, the simulator with no latency in its own process.
+   Target: >= 0.6 of raw, as for batched chat jobs. Needs a broker (KAFKA_BOOTSTRAP_SERVERS,
+   default 127.0.0.1:9092).
 """
 
 from __future__ import annotations
@@ -45,14 +49,17 @@ from pipeline_bench import (
     _progress,
     raw_loop,
     service_run,
+    spy_run,
     tier_dict,
 )
 
-from consumer.core.embed import EmbeddingRequest
+from consumer.core.completion import Usage
+from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.kafka.admin import ensure_topics
 from consumer.kafka.clients import submit_jobs
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.providers.factory import build_provider, make_http_client
+from consumer.providers.fake import FakeProvider
 from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings, TierConfig
 from consumer.testing.benchreport import add_save_option, emit_report
@@ -130,8 +137,26 @@ def embed_jobs(n: int) -> list[dict[str, Any]]:
     ]
 
 
+#: the vector the fake provider answers for every input (the jobs ask for 16 dimensions)
+FAKE_VECTOR = [0.125] * 16
+
+
+def fake_embeddings(request: EmbeddingRequest) -> Embeddings:
+    """An answer of the right shape at almost no cost (the fake variant times the service)."""
+    return Embeddings(
+        vectors=tuple(FAKE_VECTOR for _ in request.inputs),
+        usage=Usage(input_tokens=request.estimated_tokens()),
+        provider="openai_compat",
+        model=request.model,
+    )
+
+
+def _unused_chat(request: Any) -> Any:
+    raise AssertionError("the embed bench sends no chat request")
+
+
 async def service(args: argparse.Namespace, base: Settings) -> dict[str, Any]:
-    """50,000 embed jobs through the service on the no-latency simulator, against raw Kafka."""
+    """50,000 embed jobs through the service with each provider, against raw Kafka."""
     n = args.jobs
     base = base.model_copy(update={"jobs_topic": f"bench-embed-jobs-{uuid.uuid4().hex[:6]}"})
     await ensure_topics(base)
@@ -140,32 +165,54 @@ async def service(args: argparse.Namespace, base: Settings) -> dict[str, Any]:
         base, (orjson.dumps(j) for j in embed_jobs(n)), key_of=lambda v: orjson.loads(v)["id"].encode()
     )
     _progress("service: produced %d embed jobs in %.1fs", sent, time.monotonic() - t0)
-    runs: dict[str, list[dict[str, Any]]] = {"raw": [], "sim": []}
-    async with SimProcess({"seed": 1}, REPO_ROOT / "bench/out/sim-embed.log") as sim:
+    runs: dict[str, list[dict[str, Any]]] = {"raw": [], **{p: [] for p in args.providers}}
+    async with contextlib.AsyncExitStack() as stack:
+        sim = None
+        if "sim" in args.providers:
+            log_path = REPO_ROOT / "bench/out/sim-embed.log"
+            sim = await stack.enter_async_context(SimProcess({"seed": 1}, log_path))
         for rep in range(args.repeats):
             runs["raw"].append(await raw_loop(base, n, args.variant_timeout_s))
             _progress("service raw #%d: %s", rep + 1, runs["raw"][-1])
-            await sim.reset()
-            res, _ = await service_run(
-                base, "embed", tier_dict(f"{sim.base}/v1", batching=True), n, args.variant_timeout_s
-            )
-            counters = await sim.stats()
-            res["simulator"] = {
-                k: counters.get(k) for k in ("requests", "embedding_requests", "items_answered")
-            }
-            runs["sim"].append(res)
-            _progress("service sim #%d: %s", rep + 1, res)
+            for provider in args.providers:
+                if provider == "fake":
+                    res = await fake_run(base, n, args.variant_timeout_s)
+                else:
+                    assert sim is not None
+                    await sim.reset()
+                    tiers = tier_dict(f"{sim.base}/v1", batching=True)
+                    res, _ = await service_run(base, "embed", tiers, n, args.variant_timeout_s)
+                    counters = await sim.stats()
+                    res["simulator"] = {
+                        k: counters.get(k) for k in ("requests", "embedding_requests", "items_answered")
+                    }
+                runs[provider].append(res)
+                _progress("service %s #%d: %s", provider, rep + 1, res)
     out: dict[str, Any] = {"jobs": n, "max_items": 20, "partitions": 4, "repeats": args.repeats}
     for variant, results in runs.items():
         rates = [r["items_per_s"] for r in results]
+        cpu = [r["cpu_us_per_item"] for r in results if r.get("cpu_us_per_item") is not None]
         out[variant] = {
             "items_per_s_median": round(statistics.median(rates), 1),
             "items_per_s_runs": rates,
+            "cpu_us_per_item_median": round(statistics.median(cpu), 1) if cpu else None,
             "last_run": results[-1],
         }
-    out["ratio_vs_raw"] = round(out["sim"]["items_per_s_median"] / out["raw"]["items_per_s_median"], 3)
+    raw_rate = out["raw"]["items_per_s_median"]
+    for provider in args.providers:
+        out[provider]["ratio_vs_raw"] = round(out[provider]["items_per_s_median"] / raw_rate, 3)
     out["target_ratio"] = 0.6
+    if args.spy:
+        out["spy_fake"] = await spy_run("fake-embed", lambda: fake_run(base, n, args.variant_timeout_s))
     return out
+
+
+async def fake_run(base: Settings, n: int, timeout_s: float) -> dict[str, Any]:
+    """The service with the in-memory provider answering every embeddings request."""
+    fake = FakeProvider(_unused_chat, name="openai_compat", embed_handler=fake_embeddings)
+    tiers = tier_dict("http://127.0.0.1:9/v1", batching=True)
+    res, _ = await service_run(base, "embed-fake", tiers, n, timeout_s, providers={TIER: fake})
+    return res
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,10 +241,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=256, help="texts for the local model part")
     parser.add_argument("--jobs", type=int, default=50_000, help="embed jobs for the service part")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of raw and the service")
+    parser.add_argument(
+        "--providers", default="fake,sim", help="the service part's providers, comma list: fake, sim"
+    )
+    parser.add_argument(
+        "--spy", action="store_true", help="also sample the fake run with py-spy (bench/out/spy-*.txt)"
+    )
     parser.add_argument("--variant-timeout-s", type=float, default=300.0, help="bound of one service run")
     add_save_option(parser)
     args = parser.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]
+    args.providers = [p for p in args.providers.split(",") if p]
+    unknown = sorted(set(args.providers) - {"fake", "sim"})
+    if unknown or not args.providers:
+        parser.error(f"--providers: unknown {unknown}; known: fake, sim")
     with contextlib.suppress(KeyboardInterrupt):
         report = asyncio.run(main_async(args))
         emit_report(report, args.save, name="embed_bench_" + "_".join(args.parts))

@@ -1,7 +1,7 @@
 """Service benchmarks: throughput vs raw aiokafka, and the limiter vs a provider ceiling.
 
     .venv/bin/python bench/pipeline_bench.py [--quick] [--jobs 50000] [--repeats 3] [--plot] [--profile]
-        [--variants raw,sim,fake,sdk,fake@max_inflight=2000,fake@gc=default] [--save [NAME]]
+        [--spy] [--variants raw,sim,fake,sdk,fake@max_inflight=2000,fake@gc=default] [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092; `deploy/kafka-local/kafka
 start`). Prints one JSON object on stdout; progress goes to stderr.
@@ -62,7 +62,10 @@ start`). Prints one JSON object on stdout; progress goes to stderr.
    share <= 3%.
 
 `--profile` also runs the `fake` variant under cProfile and prints the top functions by own
-time in microseconds per job. `--plot` draws bench/out/pipeline_bench.png. `--save` also writes
+time in microseconds per job; `--spy` runs it once more under py-spy, a sampling profiler that
+does not slow the calls it measures (cProfile slows short calls most), and prints the top
+functions by their share of its samples (`consumer.testing.sampling`; the samples are kept in
+bench/out/spy-fake-WORKLOAD.txt). `--plot` draws bench/out/pipeline_bench.png. `--save` also writes
 the JSON report to bench/results/ (default name: pipeline_bench_ and the parts run, e.g.
 pipeline_bench_throughput.json); with `--plot`, the plot is copied beside it (same name, .png).
 """
@@ -516,6 +519,8 @@ async def throughput(args: argparse.Namespace, base: Settings) -> dict[str, Any]
         out[name] = await throughput_workload(args, workload_base, name, n)
         if args.profile:
             out[name]["profile_fake"] = await profile_fake(workload_base, n, args.variant_timeout_s)
+        if args.spy:
+            out[name]["spy_fake"] = await spy_fake(workload_base, n, args.variant_timeout_s, name)
     out["target_ratio"] = TARGET_RATIO
     out["target_sdk_ratio"] = TARGET_SDK_RATIO
     return out
@@ -711,6 +716,33 @@ async def profile_fake(base: Settings, n: int, timeout_s: float) -> dict[str, An
             if name.startswith("consumer/")
         ][:PROFILE_TOP],
     }
+
+
+async def spy_fake(base: Settings, n: int, timeout_s: float, workload: str) -> dict[str, Any]:
+    """The fake variant again under py-spy (`spy_run`)."""
+    return await spy_run(f"fake-{workload}", lambda: fake_run(base, "spy", n, timeout_s))
+
+
+async def spy_run(label: str, run: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, Any]:
+    """One service run (`run`, returning its figures) under py-spy: the top functions by their
+    share of its samples (reading the output topic's timestamps afterwards left out); the
+    samples in bench/out/spy-LABEL.txt."""
+    # imported here: instructions_bench.py runs this file's workload against older trees
+    from consumer.testing.sampling import SampledProfile
+
+    spy = SampledProfile(REPO_ROOT / f"bench/out/spy-{label}.txt")
+    with spy:
+        res = await run()
+    return {
+        "items": res["items"],
+        "items_per_s_sampled": res["items_per_s"],
+        "samples": sum(count for _, count in spy.stacks(exclude=SPY_EXCLUDE)),
+        "top_own_share": spy.top(PROFILE_TOP, exclude=SPY_EXCLUDE),
+    }
+
+
+#: the bench's own work in a sampled run, left out of its profile
+SPY_EXCLUDE = ("record_timestamps_ms",)
 
 
 def _short(filename: str) -> str:
@@ -1200,6 +1232,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the event loop every variant runs on (auto: the service's default, uvloop where installed)",
     )
     parser.add_argument("--profile", action="store_true", help="also profile the fake variant (cProfile)")
+    parser.add_argument(
+        "--spy", action="store_true", help="also sample the fake variant with py-spy (the dev extra has it)"
+    )
     parser.add_argument("--plot", action="store_true", help="draw bench/out/pipeline_bench.png")
     parser.add_argument("--traces", action="store_true", help="keep the limiter timelines in the JSON")
     add_save_option(parser)

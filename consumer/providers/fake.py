@@ -1,7 +1,8 @@
 """In-memory providers for tests of the runtime: no HTTP, answers from a handler.
 
 A handler takes the `CompletionRequest` and returns a `Completion`, raises or returns an
-exception (returned exceptions are raised), or returns an awaitable of either.
+exception (returned exceptions are raised), or returns an awaitable of either. An embeddings
+handler does the same for an `EmbeddingRequest` and its `Embeddings`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from consumer.core.completion import Completion, CompletionRequest, Usage
+from consumer.core.embed import EmbeddingRequest, Embeddings
 from consumer.core.errors import ProviderError
 from consumer.core.offline import BatchItemResult, BatchJob, BatchRequest, BatchStatus
 from consumer.providers.batchsplit import check_custom_ids, split_by_limits
 
 FakeAnswer = Completion | Exception | BatchItemResult
 FakeHandler = Callable[[CompletionRequest], FakeAnswer | Awaitable[FakeAnswer]]
+FakeEmbedHandler = Callable[[EmbeddingRequest], Embeddings | Exception | Awaitable[Embeddings | Exception]]
 
 
 def text_completion(
@@ -34,22 +38,43 @@ def text_completion(
     )
 
 
-async def _resolve(handler: FakeHandler, request: CompletionRequest) -> FakeAnswer:
+async def _resolve(handler: Callable[[Any], Any], request: Any) -> Any:
     answer = handler(request)
     if inspect.isawaitable(answer):
         answer = await answer
     return answer
 
 
+Answer = TypeVar("Answer", Completion, Embeddings)
+
+
+async def _answer(handler: Callable[[Any], Any], request: Any, kind: type[Answer]) -> Answer:
+    """The handler's answer to `request`: raised when it is an exception, else of `kind`."""
+    answer = await _resolve(handler, request)
+    if isinstance(answer, BaseException):
+        raise answer
+    if not isinstance(answer, kind):
+        raise TypeError(f"fake handler returned {type(answer).__name__}, not {kind.__name__}")
+    return answer
+
+
 class FakeProvider:
-    """A CompletionProvider answering from `handler`; records every request in `requests`."""
+    """A CompletionProvider answering from `handler`; records every request in `requests`.
+    With `embed_handler` it is an EmbeddingProvider too (its requests in `embed_requests`)."""
 
     def __init__(
-        self, handler: FakeHandler, *, name: str = "fake", unreachable: ProviderError | None = None
+        self,
+        handler: FakeHandler,
+        *,
+        name: str = "fake",
+        unreachable: ProviderError | None = None,
+        embed_handler: FakeEmbedHandler | None = None,
     ) -> None:
         self.name = name
         self.handler = handler
+        self.embed_handler = embed_handler
         self.requests: list[CompletionRequest] = []
+        self.embed_requests: list[EmbeddingRequest] = []
         self.closed = False
         #: raised by `check_reachable` (None: the fake is reachable)
         self.unreachable = unreachable
@@ -69,12 +94,14 @@ class FakeProvider:
     async def complete(self, request: CompletionRequest) -> Completion:
         """Record the request and answer it from the handler."""
         self.requests.append(request)
-        answer = await _resolve(self.handler, request)
-        if isinstance(answer, BaseException):
-            raise answer
-        if not isinstance(answer, Completion):
-            raise TypeError(f"fake handler returned {type(answer).__name__}, not a Completion")
-        return answer
+        return await _answer(self.handler, request, Completion)
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        """Record the request and answer it from `embed_handler` (TypeError without one)."""
+        if self.embed_handler is None:
+            raise TypeError(f"{self!r} has no embed_handler")
+        self.embed_requests.append(request)
+        return await _answer(self.embed_handler, request, Embeddings)
 
     async def aclose(self) -> None:
         """Nothing to close; records that it was called."""

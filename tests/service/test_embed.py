@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+from consumer.core.completion import Usage
+from consumer.core.embed import EmbeddingRequest, Embeddings
+from consumer.providers.fake import FakeProvider
 from consumer.testing.harness import tier_file_dict
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
 from consumer.testing.simulator.embeddings import MAX_INPUT_TOKENS, embedding_vector
@@ -95,3 +98,36 @@ async def test_a_tier_without_embeddings_refuses_embed_jobs(
     (dead,) = outcomes.dead["emb-0"]
     assert dead["error"]["kind"] == "invalid_job"
     assert "no embeddings endpoint" in dead["error"]["message"]
+
+
+async def test_the_fake_provider_embeds_in_memory(make_bus: Callable[..., Any]) -> None:
+    """The in-memory provider (what the embed benchmark's fake variant runs on) answers embed
+    jobs as array requests: each job gets the vector its handler made for its own input."""
+
+    def handler(request: EmbeddingRequest) -> Embeddings:
+        vectors = tuple([float(len(text)), 0.5] for text in request.inputs)
+        usage = Usage(input_tokens=len(request.inputs))
+        return Embeddings(vectors=vectors, usage=usage, provider="fake", model="m")
+
+    no_chat = AssertionError("no chat request")
+    fake = FakeProvider(lambda _r: no_chat, name="openai_compat", embed_handler=handler)
+    bus = make_bus(partitions=2)
+    service = bus.service(tier_file_dict("http://127.0.0.1:9/v1", max_items=8), providers={"small": fake})
+    async with service:
+        jobs = [embed_job(i, "x" * (i + 1)) for i in range(40)]
+        await bus.produce(jobs)
+        outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=60)
+    assert not outcomes.dead and outcomes.duplicates() == {}
+    for j in jobs:
+        (result,) = outcomes.results[j["id"]]
+        assert result["embedding"] == [float(len(j["input"])), 0.5], j["id"]
+    assert not fake.requests, "embed jobs never go to the chat endpoint"
+    assert sum(len(r.inputs) for r in fake.embed_requests) == len(jobs)
+    assert len(fake.embed_requests) < len(jobs), "windowed into array requests"
+
+
+async def test_a_fake_provider_without_an_embed_handler_fails_the_call() -> None:
+    fake = FakeProvider(lambda _r: AssertionError("no chat request"))
+    with pytest.raises(TypeError, match="no embed_handler"):
+        await fake.embed(EmbeddingRequest(("text",), "m"))
+    assert fake.embed_requests == []
