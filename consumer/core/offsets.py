@@ -343,6 +343,9 @@ class _Partition:
     order: deque[int] = field(default_factory=deque)
     #: tracked offsets not finished yet
     pending: set[int] = field(default_factory=set)
+    #: finished offsets still in `order` (above the watermark): what a commit names, kept
+    #: apart so a commit costs what is finished, not everything in flight
+    done: set[int] = field(default_factory=set)
     last_tracked: int = -1
     #: the position last committed (or, before any commit, the first offset tracked)
     committed: int = -1
@@ -353,15 +356,14 @@ class _Partition:
 
     def watermark(self) -> int:
         # Finished offsets at the front no longer hold the watermark back: drop them.
-        order, pending = self.order, self.pending
+        order, pending, done = self.order, self.pending, self.done
         while order and order[0] not in pending:
-            order.popleft()
+            done.discard(order.popleft())
         return order[0] if order else self.last_tracked + 1
 
     def done_above(self) -> DoneOffsets:
         """Finished offsets above the watermark (call `watermark` first: it trims the front)."""
-        pending = self.pending
-        return DoneOffsets.of_sorted([off for off in self.order if off not in pending])
+        return DoneOffsets.of_sorted(sorted(self.done))
 
 
 class OffsetTracker:
@@ -401,6 +403,7 @@ class OffsetTracker:
         if part is None or offset not in part.pending:
             return False
         part.pending.discard(offset)
+        part.done.add(offset)
         self._completions += 1
         part.completed_stamp = self._completions
         return True

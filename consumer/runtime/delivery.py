@@ -122,7 +122,7 @@ class OutcomeWriter:
             self._stats.lane(lane.name).ended(0.0, ok=False)
         if rejection.tenant is not None:  # a record whose tenant cannot be read counts in none
             self.ledger.stats_of(rejection.tenant).ended(ok=False)
-        self._sink.deliver(ticket, [record])
+        self._sink.deliver(ticket, record)
 
     def fail(
         self,
@@ -208,7 +208,7 @@ class OutcomeWriter:
         # the jobs of one answer share their records' tail and their counters: per (tier,
         # lane, mode, tenant), its tail and the jobs that ended in it
         groups: dict[tuple[str, str | None, str, str], tuple[bytes, list[JobContext]]] = {}
-        outcomes: list[tuple[Ticket, Sequence[OutRecord]]] = []
+        outcomes: list[tuple[Ticket, OutRecord | None]] = []
         max_bytes, result = self.limits.results, results.result
         for ctx, output, embedding, attempts in answered:
             if ctx.done:
@@ -238,7 +238,7 @@ class OutcomeWriter:
                 continue
             ctx.done = True
             group[1].append(ctx)
-            outcomes.append((ctx.ticket, (record,)))
+            outcomes.append((ctx.ticket, record))
         if not outcomes:
             return
         self._stats.results += len(outcomes)
@@ -313,7 +313,7 @@ class OutcomeWriter:
             return
         ctx.done = True
         self._telemetry.end_job(ctx.trace)
-        self._sink.deliver(ctx.ticket, [])
+        self._sink.deliver(ctx.ticket, None)
 
     def offline_failed(self, ctx: JobContext, kind: ErrorKind, message: str, error: ProviderError) -> None:
         """An offline job whose submission failed for good."""
@@ -336,7 +336,7 @@ class OutcomeWriter:
         ok = error is None
         ctx.done = True
         self._telemetry.end_job(ctx.trace, record, error=error)
-        self._sink.deliver(ctx.ticket, [record])
+        self._sink.deliver(ctx.ticket, record)
         lane_stats, series = self._ends_of(ctx)
         if lane_stats is not None:
             lane_stats.ended((self._clock() if now_s is None else now_s) - ctx.received_s, ok=ok)

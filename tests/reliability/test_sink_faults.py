@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import types
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -136,8 +136,8 @@ def eos_sink(factory: FakeFactory, rejoin: Rejoins | None = None) -> ExactlyOnce
     return ExactlyOnceSink(factory, GROUP, commit=None, rejoin=rejoin or Rejoins())  # type: ignore[arg-type]
 
 
-def outcome(offset: int) -> Sequence[OutRecord]:
-    return [OutRecord("results", f"job-{offset}".encode(), f"result-{offset}".encode())]
+def outcome(offset: int) -> OutRecord:
+    return OutRecord("results", f"job-{offset}".encode(), f"result-{offset}".encode())
 
 
 async def test_revoke_forgets_the_partition_even_when_its_last_commit_fails() -> None:
@@ -154,19 +154,19 @@ async def test_revoke_forgets_the_partition_even_when_its_last_commit_fails() ->
     await sink.on_assigned({tp})
     tickets = [sink.track(SourceOffset(TopicPartition(TOPIC, 0), o)) for o in range(3)]
     for ticket in tickets[:2]:
-        sink.deliver(ticket, [])  # an empty outcome completes at once (no producer involved)
+        sink.deliver(ticket, None)  # an empty outcome completes at once (no producer involved)
 
     await sink.on_revoked({tp}, timeout_s=0.1)  # must not raise: the group has moved on
     assert sink.inflight() == 0
 
-    sink.deliver(tickets[2], [])  # a late completion from before the revoke
+    sink.deliver(tickets[2], None)  # a late completion from before the revoke
     assert sink.dropped_late == 1
 
     # assigned again: read again from the committed offset (0), below what was tracked before
     await sink.on_assigned({tp})
     again = [sink.track(SourceOffset(TopicPartition(TOPIC, 0), o)) for o in range(3)]
     for ticket in again:
-        sink.deliver(ticket, [])
+        sink.deliver(ticket, None)
     await sink.flush(timeout_s=1)
     assert commits[-1] == {tp: 3}
 

@@ -46,12 +46,12 @@ class _Tier:
 
 class _RecordingSink:
     def __init__(self) -> None:
-        self.delivered: list[tuple[Ticket, Sequence[OutRecord]]] = []
+        self.delivered: list[tuple[Ticket, OutRecord | None]] = []
 
-    def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
-        self.delivered.append((ticket, records))
+    def deliver(self, ticket: Ticket, record: OutRecord | None) -> None:
+        self.delivered.append((ticket, record))
 
-    def deliver_all(self, outcomes: Sequence[tuple[Ticket, Sequence[OutRecord]]]) -> None:
+    def deliver_all(self, outcomes: Sequence[tuple[Ticket, OutRecord | None]]) -> None:
         self.delivered.extend(outcomes)
 
 
@@ -113,11 +113,11 @@ def _end(together: bool) -> tuple[_RecordingSink, ServiceStats]:
 
 def _comparable(sink: _RecordingSink) -> list[tuple[Any, ...]]:
     out = []
-    for ticket, records in sink.delivered:
-        for r in records:
-            value = orjson.loads(r.value or b"")
-            value.pop("failed_at", None)  # a dead letter's own clock reading
-            out.append((ticket, r.topic, r.key, value, r.headers))
+    for ticket, r in sink.delivered:
+        assert r is not None  # an answered job's outcome is a record
+        value = orjson.loads(r.value or b"")
+        value.pop("failed_at", None)  # a dead letter's own clock reading
+        out.append((ticket, r.topic, r.key, value, r.headers))
     return sorted(out, key=lambda row: (row[1], row[2]))
 
 
@@ -125,7 +125,7 @@ def test_answered_all_ends_each_job_as_answered_does() -> None:
     one_by_one, one_stats = _end(together=False)
     together, all_stats = _end(together=True)
     assert _comparable(together) == _comparable(one_by_one)
-    topics = {r.key: r.topic for _, rs in together.delivered for r in rs}
+    topics = {r.key: r.topic for _, r in together.delivered if r is not None}
     settings = SETTINGS
     assert topics == {
         b"j0": settings.results_topic,

@@ -3,7 +3,6 @@ and served as Prometheus families with a `lane` label."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, cast
 
 import orjson
@@ -74,11 +73,11 @@ def test_lane_metrics_carry_a_lane_label() -> None:
 def test_a_record_rejected_in_a_lane_is_a_dead_letter_of_that_lane_too() -> None:
     """The lane lines count dead letters as the totals do: a record rejected at admission
     (`unknown_tier`) counts in the dead letters of the lane it was read in."""
-    delivered: list[Sequence[OutRecord]] = []
+    delivered: list[OutRecord | None] = []
 
     class RecordingSink:
-        def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
-            delivered.append(records)
+        def deliver(self, ticket: Ticket, record: OutRecord | None) -> None:
+            delivered.append(record)
 
     settings = settings_from_env(service_env("127.0.0.1:9"))
     stats = ServiceStats(instance="a")
@@ -88,7 +87,7 @@ def test_a_record_rejected_in_a_lane_is_a_dead_letter_of_that_lane_too() -> None
     source = SourceOffset(TopicPartition("jobs.bulk", 0), 7)
     writer.reject(Ticket(source, 0), rejection, Lane("bulk", "jobs.bulk", rank=1))
 
-    assert [r.topic for records in delivered for r in records] == [settings.dlq_topic]
+    assert [r.topic for r in delivered if r is not None] == [settings.dlq_topic]
     snap = read_snapshot(orjson.dumps(stats.snapshot()))
     merged = merge_snapshots([snap], now_s=snap["updated_at"], live_within_s=10.0)
     assert merged["dead_letters"] == {"unknown_tier": 1}

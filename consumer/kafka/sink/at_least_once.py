@@ -13,7 +13,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -35,17 +35,8 @@ SETTLE_TIMEOUT_S = 30.0
 SETTLE_COMMIT_RETRY_S = 0.2
 
 
-class _Outgoing:
-    """One job's outcome records on their way to the broker."""
-
-    __slots__ = ("failed", "handed", "records", "remaining", "ticket")
-
-    def __init__(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
-        self.ticket = ticket
-        self.records = records
-        self.remaining = len(records)  # records not acknowledged yet
-        self.handed = 0  # records handed to the producer
-        self.failed = False
+#: a job's outcome on its way to the broker: its ticket and its record
+Outgoing = tuple[Ticket, OutRecord]
 
 
 class AtLeastOnceSink(SinkBase):
@@ -58,14 +49,14 @@ class AtLeastOnceSink(SinkBase):
         self._producer = producer
         # One sender task hands outcomes to the producer in order; acks arrive as future
         # callbacks (a task per outcome, each awaiting its send, would cost more CPU than the job).
-        self._queue: collections.deque[tuple[Ticket, Sequence[OutRecord]]] = collections.deque()
+        self._queue: collections.deque[Outgoing] = collections.deque()
         self._queued = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         #: the outcomes being handed to the producer now, and those of each record batch the
         #: producer holds (by its delivery future): with `_queue`, every outcome delivered and
         #: not acknowledged yet (a revoke waits for its partitions' ones: `_unsettled`)
-        self._sending: list[_Outgoing] = []
-        self._in_flight: dict[asyncio.Future[Any], list[_Outgoing]] = {}
+        self._sending: Sequence[Outgoing] = ()
+        self._in_flight: dict[asyncio.Future[Any], Sequence[Outgoing]] = {}
         #: set whenever a record batch is acknowledged or fails
         self._settled = asyncio.Event()
 
@@ -82,19 +73,19 @@ class AtLeastOnceSink(SinkBase):
                 await self._sender
         await self._producer.stop()
 
-    def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
-        self.deliver_all(((ticket, records),))
+    def deliver(self, ticket: Ticket, record: OutRecord | None) -> None:
+        self.deliver_all(((ticket, record),))
 
-    def deliver_all(self, outcomes: Sequence[tuple[Ticket, Sequence[OutRecord]]]) -> None:
+    def deliver_all(self, outcomes: Sequence[tuple[Ticket, OutRecord | None]]) -> None:
         recordless: list[Ticket] = []
         queue, current = self._queue, self._current
         queued = len(queue)
         for outcome in outcomes:
-            ticket, records = outcome
+            ticket = outcome[0]
             if not current(ticket):
                 continue
-            if records:
-                queue.append(outcome)
+            if outcome[1] is not None:
+                queue.append(outcome)  # type: ignore[arg-type]  # its record is not None: an Outgoing
             else:
                 recordless.append(ticket)  # nothing to make durable (an offline job's record)
         if recordless:
@@ -102,7 +93,7 @@ class AtLeastOnceSink(SinkBase):
         if len(queue) > queued:
             self._queued.set()
 
-    def _complete_all(self, tickets: list[Ticket]) -> None:
+    def _complete_all(self, tickets: Iterable[Ticket]) -> None:
         """These outcomes are durable: their offsets may commit (a revoked partition's are
         late, and dropped)."""
         epoch_of, complete = self.owned.epoch, self._tracker.complete
@@ -126,7 +117,7 @@ class AtLeastOnceSink(SinkBase):
             self._queued.clear()
             while self._queue:
                 # everything queued goes out now, as one batch per output partition
-                outcomes = [_Outgoing(ticket, records) for ticket, records in self._queue]
+                outcomes = list(self._queue)
                 self._queue.clear()
                 try:
                     await self._send_batches(outcomes)
@@ -139,63 +130,55 @@ class AtLeastOnceSink(SinkBase):
                     continue
                 delay_s = 0.5
 
-    async def _send_batches(self, outcomes: list[_Outgoing]) -> None:
+    async def _send_batches(self, outcomes: list[Outgoing]) -> None:
+        handed: list[Sequence[Outgoing]] = []
+
+        def handed_over(delivered: asyncio.Future[Any], batch: Sequence[Outgoing]) -> None:
+            handed.append(batch)
+            self._in_flight[delivered] = batch
+            delivered.add_done_callback(lambda fut: self._batch_done(fut, batch))
+
         self._sending = outcomes
         try:
-            await produce_record_batches(
-                self._producer, [(o, r) for o in outcomes for r in o.records], self._handed_over
-            )
+            await produce_record_batches(self._producer, outcomes, handed_over)
         except BaseException:
-            # records not handed over count as failed: their outcomes go out again whole
-            for outgoing in outcomes:
-                for _ in range(len(outgoing.records) - outgoing.handed):
-                    self._record_done(outgoing, ok=False)
-            self._settled.set()
+            # the outcomes not handed over go out again
+            went = {ticket for batch in handed for ticket, _ in batch}
+            self._send_again([outcome for outcome in outcomes if outcome[0] not in went])
             raise
         finally:
-            self._sending = []
+            self._sending = ()
 
-    def _handed_over(self, delivered: asyncio.Future[Any], members: list[_Outgoing]) -> None:
-        for outgoing in members:
-            outgoing.handed += 1
-        self._in_flight[delivered] = members
-        delivered.add_done_callback(lambda fut: self._batch_done(fut, members))
-
-    def _batch_done(self, fut: asyncio.Future[Any], members: list[_Outgoing]) -> None:
-        """A record batch was acknowledged (or failed): the outcomes whose last record it
-        carried complete their tickets, in one pass (a batch carries hundreds)."""
+    def _batch_done(self, fut: asyncio.Future[Any], batch: Sequence[Outgoing]) -> None:
+        """A record batch was acknowledged (or failed): its outcomes complete their tickets,
+        in one pass (a batch carries hundreds), or go out again."""
         del self._in_flight[fut]
-        ok = not fut.cancelled() and fut.exception() is None
-        acked = [ticket for outgoing in members if (ticket := self._record_done(outgoing, ok=ok)) is not None]
-        self._settled.set()
-        self._complete_all(acked)
+        if not fut.cancelled() and fut.exception() is None:
+            self._settled.set()
+            self._complete_all(ticket for ticket, _ in batch)
+        else:
+            # the idempotent producer already retried up to its delivery timeout
+            self._send_again(batch)
 
-    def _record_done(self, outgoing: _Outgoing, *, ok: bool) -> Ticket | None:
-        """One of the outcome's records was acked (or failed): its ticket, to complete, once
-        every record is acked; the outcome is sent again when any failed (None until then),
-        unless its partition was revoked meanwhile: its offset was not committed, so the
-        partition's owner does the job again, and sending it too would repeat it."""
-        outgoing.remaining -= 1
-        outgoing.failed |= not ok
-        if outgoing.remaining:
-            return None
-        ticket = outgoing.ticket
-        if not outgoing.failed:
-            return ticket
-        if self.owned.epoch(ticket.source.tp) == ticket.epoch:
-            # the idempotent producer already retried up to its delivery timeout: try again
-            log.warning("outcome for %s was not acknowledged; sending it again", ticket.source)
-            self._queue.append((ticket, outgoing.records))
+    def _send_again(self, outcomes: Sequence[Outgoing]) -> None:
+        """Queue outcomes that were not acknowledged again, but those of a partition revoked
+        meanwhile: their offsets were not committed, so the partition's owner does their jobs
+        again, and sending them too would repeat them."""
+        epoch_of = self.owned.epoch
+        again = [outcome for outcome in outcomes if epoch_of(outcome[0].source.tp) == outcome[0].epoch]
+        if again:
+            log.warning("%d outcomes were not acknowledged; sending them again", len(again))
+            self._queue.extend(again)
             self._queued.set()
-        return None
+        self._settled.set()
 
     def _unsettled(self, partitions: set[TopicPartition]) -> int:
         """Outcomes of `partitions` delivered and not acknowledged yet: queued, being handed
         to the producer, or in its record batches."""
-        outgoing = {o for members in self._in_flight.values() for o in members}
-        outgoing.update(self._sending)
-        waiting = sum(1 for o in outgoing if o.remaining and o.ticket.source.tp in partitions)
-        return waiting + sum(1 for ticket, _ in self._queue if ticket.source.tp in partitions)
+        tickets = {ticket for batch in self._in_flight.values() for ticket, _ in batch}
+        tickets.update(ticket for ticket, _ in self._sending)
+        tickets.update(ticket for ticket, _ in self._queue)
+        return sum(1 for ticket in tickets if ticket.source.tp in partitions)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
         # A partition is committed again when its watermark stays put but outcomes above it

@@ -54,12 +54,13 @@ class OutcomeSink(Protocol):
 
     def track(self, source: SourceOffset) -> Ticket: ...
 
-    def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
-        """The job's outcome is decided: make `records` durable, then its offset committable."""
+    def deliver(self, ticket: Ticket, record: OutRecord | None) -> None:
+        """The job's outcome is decided: make its `record` (a result or a dead letter; None:
+        an offline job's, which has none yet) durable, then its offset committable."""
         ...
 
-    def deliver_all(self, outcomes: Sequence[tuple[Ticket, Sequence[OutRecord]]]) -> None:
-        """`deliver` each (ticket, records), in one call (the jobs one answer ended)."""
+    def deliver_all(self, outcomes: Sequence[tuple[Ticket, OutRecord | None]]) -> None:
+        """`deliver` each (ticket, record), in one call (the jobs one answer ended)."""
         ...
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None: ...

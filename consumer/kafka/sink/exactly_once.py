@@ -48,7 +48,7 @@ class ExactlyOnceSink(SinkBase):
         self._group_id = group_id
         self._rejoin = rejoin
         self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
-        self._ready: dict[TopicPartition, dict[int, Sequence[OutRecord]]] = {}
+        self._ready: dict[TopicPartition, dict[int, OutRecord | None]] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
 
     def transactional_id(self, tp: TopicPartition) -> str:
@@ -64,14 +64,14 @@ class ExactlyOnceSink(SinkBase):
                 self._producers[tp] = producer
                 self._locks[tp] = asyncio.Lock()
 
-    def deliver(self, ticket: Ticket, records: Sequence[OutRecord]) -> None:
-        self.deliver_all(((ticket, records),))
+    def deliver(self, ticket: Ticket, record: OutRecord | None) -> None:
+        self.deliver_all(((ticket, record),))
 
-    def deliver_all(self, outcomes: Sequence[tuple[Ticket, Sequence[OutRecord]]]) -> None:
-        for ticket, records in outcomes:
+    def deliver_all(self, outcomes: Sequence[tuple[Ticket, OutRecord | None]]) -> None:
+        for ticket, record in outcomes:
             if self._current(ticket):
                 tp = ticket.source.tp
-                self._ready.setdefault(tp, {})[ticket.source.offset] = records
+                self._ready.setdefault(tp, {})[ticket.source.offset] = record
                 self._completed(tp, ticket.source.offset)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
@@ -177,7 +177,7 @@ class ExactlyOnceSink(SinkBase):
             sent: list[asyncio.Future[Any]] = []
             try:
                 async with producer.transaction():
-                    records = [(o, r) for o in offsets for r in waiting[o]]
+                    records = [(o, r) for o in offsets if (r := waiting[o]) is not None]
                     await produce_record_batches(producer, records, lambda fut, _offsets: sent.append(fut))
                     await producer.send_offsets_to_transaction({tp: next_offset}, self._group_id)
             finally:

@@ -44,42 +44,46 @@ def kafka_producer_factory(settings: Settings, client_id: str) -> ProducerFactor
     return make
 
 
-def _append(batch: Any, record: OutRecord) -> Any:
-    """Add `record` to an aiokafka BatchBuilder; None when the batch is full."""
-    return batch.append(key=record.key, value=record.value, timestamp=None, headers=list(record.headers))
-
-
 M = TypeVar("M")
+#: one record to produce, with what its sender tags it with
+Tagged = tuple[M, OutRecord]
 
 
 async def produce_record_batches(
     producer: AIOKafkaProducer,
-    items: Sequence[tuple[M, OutRecord]],
-    on_batch: Callable[[asyncio.Future[Any], list[M]], None],
+    items: Sequence[Tagged[M]],
+    on_batch: Callable[[asyncio.Future[Any], Sequence[Tagged[M]]], None],
 ) -> None:
-    """Hand `items` to `producer` as record batches, one per (topic, partition), in order.
+    """Hand `items` ((tag, record) pairs) to `producer` as record batches, one per (topic,
+    partition), in order.
 
     A batch carries one delivery future instead of one per record, which costs far less CPU
     per record than producing them one by one (bench/README.md). Records keep the default
     partitioning (murmur2 of the key, `consumer.kafka.partitioning`; keyless ones spread).
-    `on_batch(delivered, members)` is called for each batch handed over, with the tags of its
-    records (one per record); whatever was not passed to it was not handed over when this
-    raises. Serves both sinks (in exactly_once, inside the partition's transaction).
+    `on_batch(delivered, batch_items)` is called for each batch handed over, with its items;
+    whatever was not passed to it was not handed over when this raises. Serves both sinks
+    (in exactly_once, inside the partition's transaction).
     """
-    by_partition: dict[tuple[str, int], list[tuple[M, OutRecord]]] = {}
+    by_partition: dict[tuple[str, int], list[Tagged[M]]] = {}
     partitions: dict[str, list[int]] = {}
-    for member, record in items:
-        known = partitions.get(record.topic)
+    for item in items:
+        topic, key = item[1].topic, item[1].key
+        known = partitions.get(topic)
         if known is None:
-            known = partitions[record.topic] = sorted(await producer.partitions_for(record.topic))
-        by_partition.setdefault((record.topic, partition_for(record.key, known)), []).append((member, record))
+            known = partitions[topic] = sorted(await producer.partitions_for(topic))
+        place = (topic, partition_for(key, known))
+        group = by_partition.get(place)
+        if group is None:
+            group = by_partition[place] = []
+        group.append(item)
     for (topic, partition), group in by_partition.items():
-        batch = producer.create_batch()
-        members: list[M] = []
-        for member, record in group:
-            if _append(batch, record) is None:
-                on_batch(await producer.send_batch(batch, topic, partition=partition), members)
-                batch, members = producer.create_batch(), []
-                _append(batch, record)  # a fresh batch always takes its first record
-            members.append(member)
-        on_batch(await producer.send_batch(batch, topic, partition=partition), members)
+        batch, first = producer.create_batch(), 0
+        for i, (_, record) in enumerate(group):
+            # aiokafka's record builder takes headers as a list only
+            headers = list(record.headers)
+            if batch.append(key=record.key, value=record.value, timestamp=None, headers=headers) is None:
+                on_batch(await producer.send_batch(batch, topic, partition=partition), group[first:i])
+                batch, first = producer.create_batch(), i
+                # a fresh batch always takes its first record
+                batch.append(key=record.key, value=record.value, timestamp=None, headers=headers)
+        on_batch(await producer.send_batch(batch, topic, partition=partition), group[first:])
