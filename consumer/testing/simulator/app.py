@@ -1,14 +1,13 @@
-"""The simulator's Starlette app: every route of both providers and the control routes."""
+"""The simulator's ASGI app: every route of both providers and the control routes."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 
 import orjson
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, Router
 
 from consumer.testing.simulator.batches import BatchRoutes
 from consumer.testing.simulator.chat import ChatRoutes
@@ -17,7 +16,9 @@ from consumer.testing.simulator.responses import OrjsonResponse
 
 
 class SimulatorApp(ChatRoutes, BatchRoutes):
-    """The Starlette app (`app`) and its state. `server` (a uvicorn.Server) is set when served,
+    """The ASGI app (`app`, Starlette's router alone: the application wrapper's error and
+    exception middleware would cost every request two more layers, and an unhandled error is a
+    500 from uvicorn as from them) and its state. `server` (a uvicorn.Server) is set when served,
     so drops can close the client's connection."""
 
     def __init__(self, config: SimulatorConfig) -> None:
@@ -40,7 +41,7 @@ class SimulatorApp(ChatRoutes, BatchRoutes):
             Route("/_sim/reset", self.reset_route, methods=["POST"]),
             Route("/_sim/config", self.config_route, methods=["GET", "POST"]),
         ]
-        self.app = Starlette(routes=routes)
+        self.app = Router(routes=routes)
 
     # -------- control routes
 
