@@ -18,8 +18,9 @@ Prints one JSON object on stdout; progress goes to stderr.
    interleaved repeats), with each provider of `--providers`: `fake`, the in-memory
    `FakeProvider` answering every input with the same short vector (the service's own cost, as
    pipeline_bench's fake variant), and `sim`, the simulator with no latency in its own process.
-   Target: >= 0.6 of raw, as for batched chat jobs. Needs a broker (KAFKA_BOOTSTRAP_SERVERS,
-   default 127.0.0.1:9092).
+   Target: >= 0.6 of raw, as for batched chat jobs. Raw and the service run on the service's
+   own event loop (uvloop where installed), as in pipeline_bench. Needs a broker
+   (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from consumer.kafka.clients import submit_jobs
 from consumer.providers.embeddings import EmbeddingProvider
 from consumer.providers.factory import build_provider, make_http_client
 from consumer.providers.fake import FakeProvider
+from consumer.runtime import eventloop
 from consumer.runtime.heap import tune_gc
 from consumer.settings import Settings, TierConfig
 from consumer.testing.benchreport import add_save_option, emit_report
@@ -256,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not args.providers:
         parser.error(f"--providers: unknown {unknown}; known: fake, sim")
     with contextlib.suppress(KeyboardInterrupt):
-        report = asyncio.run(main_async(args))
+        # on the loop the service runs on (`promptbus run`'s default: uvloop where installed)
+        report = eventloop.run(main_async(args))
         emit_report(report, args.save, name="embed_bench_" + "_".join(args.parts))
         return 0
     return 130
