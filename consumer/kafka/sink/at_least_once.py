@@ -31,8 +31,6 @@ log = logging.getLogger(__name__)
 #: acknowledged: through a leader failover (the dead broker fenced, the ISR shrunk, batches
 #: retried on the new leader) but well inside the group's rebalance timeout (max.poll.interval)
 SETTLE_TIMEOUT_S = 30.0
-#: between two tries of a revoke's last commit (the group coordinator may be failing over too)
-SETTLE_COMMIT_RETRY_S = 0.2
 
 
 #: a job's outcome on its way to the broker: its ticket and its record
@@ -200,33 +198,10 @@ class AtLeastOnceSink(SinkBase):
         finally:
             self._forget(partitions)
 
-    async def _finish_revoke(self, partitions: set[TopicPartition], timeout_s: float) -> None:
-        """Wait (bounded by timeout_s) for the partitions' work, then (bounded by
-        SETTLE_TIMEOUT_S) for their outcomes already on the way to the broker, and commit,
-        retrying the commit until then. Never raises (see `SinkBase._finish_revoke`)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(timeout_s, SETTLE_TIMEOUT_S)
-        try:
-            await self._wait_done(partitions, timeout_s)
-        except Exception:  # a commit on the way failed: the commit below is tried again
-            log.debug("revoke of %s: a commit while waiting failed", sorted(partitions), exc_info=True)
-        await self._wait_settled(partitions, deadline)
-        while True:
-            try:
-                await self._commit_ready(partitions)
-                return
-            except Exception:
-                if loop.time() + SETTLE_COMMIT_RETRY_S >= deadline:
-                    log.warning(
-                        "revoke of %s: final commit failed; the next owner starts at the last "
-                        "committed offsets",
-                        sorted(partitions),
-                        exc_info=True,
-                    )
-                    return
-            await asyncio.sleep(SETTLE_COMMIT_RETRY_S)
+    def _settle_s(self) -> float:
+        return SETTLE_TIMEOUT_S
 
-    async def _wait_settled(self, partitions: set[TopicPartition], deadline: float) -> None:
+    async def _settle(self, partitions: set[TopicPartition], deadline: float) -> None:
         """Until `deadline`: wait for the outcomes of `partitions` already delivered (queued,
         being sent or in the producer) to be acknowledged. Their records reach the log
         whatever this revoke does; acknowledged, their offsets commit now."""

@@ -32,6 +32,8 @@ COMMIT_INTERVAL_S = 0.2
 COMMIT_GATHER_S = 0.005
 #: one commit may not take longer than this; it is retried on the next round
 COMMIT_TIMEOUT_S = 10.0
+#: between two tries of a revoke's last commit (the group coordinator may be failing over too)
+REVOKE_COMMIT_RETRY_S = 0.2
 
 
 class Ticket(NamedTuple):
@@ -204,17 +206,39 @@ class SinkBase:
         self.owned.revoke(partitions)
 
     async def _finish_revoke(self, partitions: set[TopicPartition], timeout_s: float) -> None:
-        """Wait (bounded) for the partitions' work and commit it; a failure only loses progress.
+        """Wait (up to `timeout_s`) for the partitions' work, then (up to `_settle_s`) for what
+        `_settle` waits for, and commit, retrying the commit until then; a failure only loses
+        progress.
 
         Never raises: the caller forgets the partitions whatever happens here, else a stale
         watermark would outlive the revoke and reject the offsets read after a reassignment.
         """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_s, self._settle_s())
         try:
             await self._wait_done(partitions, timeout_s)
-            await self._commit_ready(partitions)
-        except Exception:
-            log.warning(
-                "revoke of %s: final commit failed; the next owner starts at the last committed offsets",
-                sorted(partitions),
-                exc_info=True,
-            )
+        except Exception:  # a commit on the way failed: the commit below is tried again
+            log.debug("revoke of %s: a commit while waiting failed", sorted(partitions), exc_info=True)
+        await self._settle(partitions, deadline)
+        while True:
+            try:
+                await self._commit_ready(partitions)
+                return
+            except Exception:
+                if loop.time() + REVOKE_COMMIT_RETRY_S >= deadline:
+                    log.warning(
+                        "revoke of %s: final commit failed; the next owner starts at the last "
+                        "committed offsets",
+                        sorted(partitions),
+                        exc_info=True,
+                    )
+                    return
+            await asyncio.sleep(REVOKE_COMMIT_RETRY_S)
+
+    def _settle_s(self) -> float:
+        """How long a revoke may wait in `_settle` (none here)."""
+        return 0.0
+
+    async def _settle(self, partitions: set[TopicPartition], deadline: float) -> None:
+        """What a revoke waits for, until `deadline`, once the partitions' work is done or its
+        time is up, before the last commit (nothing here)."""
