@@ -45,6 +45,7 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -186,17 +187,41 @@ class ShareWatch:
         return sum(latest.values())
 
 
-async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: Path) -> dict[str, Any]:
-    instances, kind, with_quota, kill = ROWS[name]
-    faults = simulator_faults(kind)
+async def group_env(bootstrap: str, shutdown_timeout_s: float) -> tuple[dict[str, str], Settings]:
+    """A fresh group's service environment (PARTITIONS, SESSION_TIMEOUT_S) and settings, its
+    topics created."""
     env = service_env(
         bootstrap,
         partitions=PARTITIONS,
-        PROMPTBUS_SHUTDOWN_TIMEOUT_S="10",
+        PROMPTBUS_SHUTDOWN_TIMEOUT_S=str(shutdown_timeout_s),
         PROMPTBUS_SESSION_TIMEOUT_S=str(SESSION_TIMEOUT_S),
     )
     settings = settings_from_env(env)
     await ensure_topics(settings)
+    return env, settings
+
+
+@contextlib.asynccontextmanager
+async def running_group(settings: Settings, procs: list[ServiceProcess]) -> AsyncIterator[float]:
+    """The processes started and waited for until the group has formed (yields the seconds
+    that took); SIGTERM, then stopped for sure, at the end."""
+    try:
+        for proc in procs:
+            proc.log_path.unlink(missing_ok=True)
+            proc.start()
+        yield await wait_for_group(settings, procs, 180.0)
+    finally:
+        for proc in procs:
+            if proc.alive():
+                proc.terminate(timeout_s=30)
+        for proc in procs:
+            proc.ensure_stopped()
+
+
+async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: Path) -> dict[str, Any]:
+    instances, kind, with_quota, kill = ROWS[name]
+    faults = simulator_faults(kind)
+    env, settings = await group_env(bootstrap, 10.0)
     async with SimProcess(faults, REPO_ROOT / f"bench/out/sim-fleet-{name}.log") as sim:
         tiers = fleet_tier_file(f"{sim.base}/v1", kind, quota=with_quota)
         jobs = make_jobs(args.jobs, batched_share=0.0, seed=2)
@@ -213,11 +238,8 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
             "jobs": len(jobs),
             "ceiling_per_s": round(ceiling, 2),
         }
-        try:
-            for proc in procs:
-                proc.log_path.unlink(missing_ok=True)
-                proc.start()
-            out["group_formed_s"] = round(await wait_for_group(settings, procs, 180.0), 1)
+        async with running_group(settings, procs) as formed_s:
+            out["group_formed_s"] = round(formed_s, 1)
             await sim.reset()
             sampler = Sampler(sim)
             expected = {j["id"] for j in jobs}
@@ -245,12 +267,6 @@ async def run_row(args: argparse.Namespace, name: str, bootstrap: str, workdir: 
             out["all_answered"] = answered_all
             out["dead_letters"] = len({o.job_id for o in dead})
             out["duplicates"] = recorder.duplicates()
-        finally:
-            for proc in procs:
-                if proc.alive():
-                    proc.terminate(timeout_s=30)
-            for proc in procs:
-                proc.ensure_stopped()
     return out
 
 

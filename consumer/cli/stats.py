@@ -82,6 +82,19 @@ def format_lanes(merged: dict[str, Any]) -> list[str]:
     ]
 
 
+def _limit_reason_text(merged: dict[str, Any]) -> str:
+    """Why the limit is where it is, as the live instances say (`consumer.core.limit.LimitReason`):
+    ` (paced)`, or ` (paced: 2 instances, growing: 1)` when they differ; "" when none says."""
+    reasons: dict[str, int] = merged.get("limit_reasons") or {}
+    if not reasons:
+        return ""
+    if len(reasons) == 1:
+        return f" ({next(iter(reasons))})"
+    ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
+    parts = [f"{reason}: {n} instance{'s' if n != 1 else ''}" for reason, n in ranked]
+    return f" ({', '.join(parts)})"
+
+
 def deployment_lines(tier: str, deployments: dict[str, dict[str, Any]]) -> list[str]:
     """`promptbus stats` lines of a tier's deployments (`TIER/NAME` in the merged snapshot),
     one per deployment; none for a tier without `deployments`."""
@@ -95,8 +108,8 @@ def deployment_lines(tier: str, deployments: dict[str, dict[str, Any]]) -> list[
             circuit += f" (opened {d['circuit_opened']}x)"
         lines.append(
             f"tier {tier} deployment {key.removeprefix(prefix)}: requests={d.get('provider_requests', 0)} "
-            f"429s={d.get('rate_limited', 0)} errors={d.get('provider_errors', 0)} limit={d.get('limit', 0)} "
-            f"inflight={d.get('inflight', 0)} tokens={d.get('input_tokens', 0)} in, "
+            f"429s={d.get('rate_limited', 0)} errors={d.get('provider_errors', 0)} limit={d.get('limit', 0)}"
+            f"{_limit_reason_text(d)} inflight={d.get('inflight', 0)} tokens={d.get('input_tokens', 0)} in, "
             f"{d.get('output_tokens', 0)} out; circuit {circuit}" + _budget_text(d)
         )
     return lines
@@ -189,8 +202,8 @@ def format_stats(merged: dict[str, Any]) -> str:
         lines.append(
             f"tier {name}: requests={t.get('provider_requests', 0)} batched={t.get('batched_requests', 0)} "
             f"saved={t.get('requests_saved', 0)} reasks={t.get('reasks', 0)} splits={t.get('splits', 0)} "
-            f"retries={t.get('retries', 0)} 429s={t.get('rate_limited', 0)} limit={t.get('limit', 0)} "
-            f"batch_size={t.get('batch_size', 0)}" + _budget_text(t)
+            f"retries={t.get('retries', 0)} 429s={t.get('rate_limited', 0)} limit={t.get('limit', 0)}"
+            f"{_limit_reason_text(t)} batch_size={t.get('batch_size', 0)}" + _budget_text(t)
         )
         if t.get("batch_size_reason"):
             # the adaptive rule's own words: the size in use and the evidence for it

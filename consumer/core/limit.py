@@ -28,19 +28,56 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
-__all__ = ["AIMD_RTT_TOLERANCE", "AIMDLimit", "ConcurrencyLimit", "FixedLimit", "GradientLimit", "limit_for"]
+__all__ = [
+    "AIMD_RTT_TOLERANCE",
+    "DEFAULT_MAX_LIMIT",
+    "LIMIT_REASONS",
+    "QUEUEING_PROVIDERS",
+    "AIMDLimit",
+    "ConcurrencyLimit",
+    "FixedLimit",
+    "GradientLimit",
+    "LimitReason",
+    "limit_for",
+]
+
+#: why a limit is where it is. The algorithm's own: `growing` (answers come back with the limit
+#: in use: it grows), `at_max` (it reached the tier's max), `latency` (answers slow down as
+#: concurrency grows: the server queues), `overload` (429s, overloads or timeouts cut it; it
+#: stays so until it has grown back to where the last cut was), `idle` (fewer requests than
+#: half the limit: nothing to learn), `fixed`. The limiter's, on top (`consumer.runtime.limiter`):
+#: `paused` (Retry-After or an exhausted quota), `paced` (the provider's announced budget holds
+#: requests back), `quota_share` (this instance's share of a fleet quota does)
+LimitReason = Literal[
+    "growing", "at_max", "latency", "overload", "idle", "fixed", "paused", "paced", "quota_share"
+]
+LIMIT_REASONS: tuple[LimitReason, ...] = get_args(LimitReason)
+#: a tier's highest limit unless it sets one: a hosted provider's quota needs its rate times
+#: its answer time in flight (20 requests/s of answers taking 0.2-8 s: about 82), and a tier
+#: that wants fewer sets `max`
+DEFAULT_MAX_LIMIT = 256
+#: the providers that may queue instead of refusing (self-hosted OpenAI-compatible servers):
+#: only their tiers watch latency, until they announce a budget or answer 429
+QUEUEING_PROVIDERS = frozenset({"openai_compat"})
 
 
 class ConcurrencyLimit(Protocol):
     """A concurrency limit algorithm, as `consumer.runtime.limiter.AsyncLimiter` drives it: `limit`
-    is the current limit; `update(...)` takes one finished request and returns the new limit."""
+    is the current limit; `update(...)` takes one finished request and returns the new limit;
+    `reason` says why the limit is where it is; `provider_refuses()` tells it the provider
+    refuses past its budget (rate-limit headers, a 429) rather than queueing."""
 
     @property
     def limit(self) -> int: ...
 
+    @property
+    def reason(self) -> LimitReason: ...
+
     def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int: ...
+
+    def provider_refuses(self) -> None: ...
 
 
 def _check_bounds(initial: int, min_limit: int, max_limit: int) -> None:
@@ -60,9 +97,16 @@ class FixedLimit:
     def limit(self) -> int:
         return self._limit
 
+    @property
+    def reason(self) -> LimitReason:
+        return "fixed"
+
     def update(self, rtt_ms: float, inflight: int, dropped: bool, now_s: float) -> int:
         """Ignores the sample."""
         return self._limit
+
+    def provider_refuses(self) -> None:
+        """Changes nothing."""
 
 
 #: AIMD's default `rtt_tolerance`: how much slower than the no-load RTT answers may get before
@@ -88,7 +132,9 @@ class AIMDLimit:
     only drops shrink the limit);
     smoothing: weight of a new sample in the smoothed RTT;
     probe_interval_s: how often the limit drops to `initial` for a moment so the no-load RTT
-    is measured afresh (while latency is watched).
+    is measured afresh (while latency is watched);
+    watch_latency: whether the latency rule starts on (False for a provider known to refuse
+    rather than queue); `provider_refuses()` turns it off for good.
     """
 
     def __init__(
@@ -102,6 +148,7 @@ class AIMDLimit:
         rtt_tolerance: float | None = AIMD_RTT_TOLERANCE,
         smoothing: float = 0.1,
         probe_interval_s: float = 60.0,
+        watch_latency: bool = True,
     ) -> None:
         _check_bounds(initial, min_limit, max_limit)
         if not 0.0 < backoff_ratio < 1.0:
@@ -127,10 +174,32 @@ class AIMDLimit:
         self._last_step_down_s = float("-inf")
         self._probed_s = float("-inf")  # the last probe; samples sent before it are not no-load
         self._next_probe_s: float | None = None
+        #: the tolerance the latency rule applies (None: latency is not watched)
+        self._tolerance = rtt_tolerance if watch_latency else None
+        self._reason: LimitReason = "idle"
+        #: the limit at the last overload cut: `overload` lasts until the limit is back there
+        self._cut_from = 0
 
     @property
     def limit(self) -> int:
         return self._limit
+
+    @property
+    def reason(self) -> LimitReason:
+        return self._reason
+
+    @property
+    def watches_latency(self) -> bool:
+        """Whether the latency rule is on (the provider may queue instead of refusing)."""
+        return self._tolerance is not None
+
+    def provider_refuses(self) -> None:
+        """The provider refuses past its budget: only drops shrink the limit from now on."""
+        if self._tolerance is None:
+            return
+        self._tolerance = None
+        if self._reason == "latency":
+            self._reason = "growing"
 
     @property
     def no_load_rtt_ms(self) -> float:
@@ -151,20 +220,26 @@ class AIMDLimit:
             if sent_s < self._last_decrease_s:
                 return self._limit
             self._last_decrease_s = now_s
+            self._cut_from = self._limit
             self._limit = max(self.min_limit, int(self._limit * self.backoff_ratio))
+            self._reason = "overload"
             return self._limit
+        tolerance = self._tolerance
         if inflight * 2 < self._limit:
-            if self.rtt_tolerance is not None and sent_s >= self._probed_s:
-                self._latency_grew(rtt_ms, self.rtt_tolerance)  # an idle limit proves nothing
+            if tolerance is not None and sent_s >= self._probed_s:
+                self._latency_grew(rtt_ms, tolerance)  # an idle limit proves nothing
+            if self._reason != "overload":
+                self._reason = "idle"
             return self._limit
-        if self.rtt_tolerance is not None:
+        if tolerance is not None:
             if sent_s < self._probed_s or self._probe(now_s):
                 return self._limit  # sent before the probe, at the higher limit: not no-load
-            smoothed_over, latest_over = self._latency_grew(rtt_ms, self.rtt_tolerance)
+            smoothed_over, latest_over = self._latency_grew(rtt_ms, tolerance)
             if smoothed_over:
-                self._step_down(inflight, self.rtt_tolerance, sent_s, now_s)
+                self._step_down(inflight, tolerance, sent_s, now_s)
             if latest_over or smoothed_over:
                 self._per_success = False
+                self._reason = "latency"
                 return self._limit
             if not self._per_success:
                 # one step per RTT: requests sent before the last step say nothing of it yet
@@ -172,6 +247,10 @@ class AIMDLimit:
                     return self._limit
                 self._last_increase_s = now_s
         self._limit = min(self.max_limit, self._limit + 1)
+        if self._limit >= self.max_limit:
+            self._reason = "at_max"
+        elif self._reason != "overload" or self._limit >= self._cut_from:
+            self._reason = "growing"
         return self._limit
 
     def _probe(self, now_s: float) -> bool:
@@ -275,10 +354,18 @@ class GradientLimit:
         self._min_rtt = math.inf
         self._samples_since_probe = 0
         self.last_gradient = 1.0
+        self._reason: LimitReason = "idle"
 
     @property
     def limit(self) -> int:
         return int(self._estimate)
+
+    @property
+    def reason(self) -> LimitReason:
+        return self._reason
+
+    def provider_refuses(self) -> None:
+        """Changes nothing: a tier names `gradient` for a server that queues."""
 
     @property
     def long_rtt_ms(self) -> float:
@@ -310,6 +397,7 @@ class GradientLimit:
             return self.limit
         # Don't grow while the limit is not used (app-limited); a drop still shrinks.
         if not dropped and inflight < self._estimate / 2:
+            self._reason = "idle"
             return self.limit
         if dropped:
             gradient = 0.5
@@ -318,15 +406,28 @@ class GradientLimit:
         self.last_gradient = gradient
         new_estimate = self._estimate * gradient + math.sqrt(self._estimate)
         self._estimate = self._clamp(self._estimate * (1 - self.smoothing) + new_estimate * self.smoothing)
+        if dropped:
+            self._reason = "overload"
+        elif gradient < 1.0:
+            self._reason = "latency"
+        else:
+            self._reason = "at_max" if self.limit >= self.max_limit else "growing"
         return self.limit
 
 
-def limit_for(config: Any) -> ConcurrencyLimit:
+def limit_for(config: Any, provider: str = "openai_compat") -> ConcurrencyLimit:
     """The algorithm a `consumer.settings.LimiterConfig` names (algorithm, initial, min, max,
-    and aimd's rtt_tolerance)."""
+    and aimd's rtt_tolerance) for a tier of `provider`: aimd watches latency only for a
+    provider that may queue (`QUEUEING_PROVIDERS`)."""
     if config.algorithm == "aimd":
         tolerance = getattr(config, "rtt_tolerance", AIMD_RTT_TOLERANCE)
-        return AIMDLimit(config.initial, min_limit=config.min, max_limit=config.max, rtt_tolerance=tolerance)
+        return AIMDLimit(
+            config.initial,
+            min_limit=config.min,
+            max_limit=config.max,
+            rtt_tolerance=tolerance,
+            watch_latency=provider in QUEUEING_PROVIDERS,
+        )
     if config.algorithm == "gradient":
         return GradientLimit(config.initial, min_limit=config.min, max_limit=config.max)
     if config.algorithm == "fixed":

@@ -52,6 +52,8 @@ _OWN_GAUGES = {"limit", "inflight", "paused_s"}
 _SHARED_GAUGES = {"batch_size", "budget_requests_per_s", "budget_tokens_per_s", "circuit_open", "outage_s"}
 #: text that goes with a shared gauge: taken from the live instance that has its largest value
 _GAUGE_TEXTS = {"batch_size_reason": "batch_size"}
+#: why an instance's limit is where it is: merged as `limit_reasons`, reason -> live instances
+_LIMIT_REASON = "limit_reason"
 #: a lane's gauges are each instance's own (summed over live instances); its largest latency is
 #: the largest of any instance; its mean is worked out from the sums
 _LANE_GAUGES = {"inflight", "paused"}
@@ -226,6 +228,11 @@ def _merge_tier(agg: dict[str, Any], ts: dict[str, Any], *, live: bool) -> None:
             agg[text_key] = ts[text_key] if live else ""
     for k, v in ts.items():
         if k in _GAUGE_TEXTS:
+            continue
+        if k == _LIMIT_REASON:
+            if live and v:  # each live instance's own: how many give each reason
+                reasons = agg.setdefault("limit_reasons", {})
+                reasons[v] = reasons.get(v, 0) + 1
             continue
         if k in _SHARED_GAUGES:
             agg[k] = max(agg.get(k, 0), v) if live else agg.get(k, 0)

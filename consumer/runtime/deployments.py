@@ -45,9 +45,11 @@ class Deployment:
         """How logs name it: `tier NAME`, or `tier NAME deployment DEPLOYMENT`."""
         return f"tier {tier}" if self.name is None else f"tier {tier} deployment {self.name}"
 
-    def refresh_gauges(self) -> None:
+    def refresh_gauges(self, limit_reason: str) -> None:
+        """Copy its gate's state into its stats; `limit_reason`: why its limit is where it is."""
         gate, stats = self.gate, self.stats
         stats.limit = gate.limit
+        stats.limit_reason = limit_reason
         stats.inflight = gate.inflight
         stats.circuit_open = int(self.circuit.open)
         stats.circuit_opened = self.circuit.opened_count

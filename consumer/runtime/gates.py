@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from consumer.core.deployments import Room
-from consumer.core.limit import ConcurrencyLimit
+from consumer.core.limit import ConcurrencyLimit, LimitReason
 from consumer.core.pacing import BudgetPacer, TokenBudget
 from consumer.runtime.quotas import FleetQuota
 
@@ -97,6 +97,19 @@ class Gate:
     def wait_s(self, estimated_tokens: float, now_s: float) -> float:
         """Seconds until its pause and mirrors admit the request (0.0: now; the quota apart)."""
         return max(self.paused_until_s - now_s, self.mirror_wait_s(estimated_tokens, now_s), 0.0)
+
+    def limit_reason(self, waiting: bool, now_s: float) -> LimitReason:
+        """Why the deployment admits what it does: paused, or (with requests `waiting` and a
+        slot free) held back by its provider's announced budget or its fleet quota share, else
+        what its limit algorithm says."""
+        if self.paused_until_s > now_s:
+            return "paused"
+        if waiting and self.inflight < self.limit:
+            if self.mirror_wait_s(0.0, now_s) > 0:
+                return "paced"
+            if self.quota is not None:
+                return "quota_share"
+        return self.algorithm.reason
 
     def room(self, ready: bool, now_s: float) -> Room:
         level = self.pacer.level(now_s)

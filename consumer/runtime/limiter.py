@@ -51,7 +51,7 @@ from consumer.core.completion import Usage
 from consumer.core.deployments import Room, choose_deployment
 from consumer.core.errors import RateLimitHint
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
-from consumer.core.limit import ConcurrencyLimit
+from consumer.core.limit import ConcurrencyLimit, LimitReason
 from consumer.core.pacing import BudgetPacer, TokenBudget
 from consumer.core.quota import NOTHING_USED, QuotaCost, Reservation
 from consumer.core.scheduling import LaneScheduler
@@ -67,6 +67,8 @@ COST_RATIO_SMOOTHING = 0.2
 COST_RATIO_MIN, COST_RATIO_MAX = 0.25, 8.0
 #: the lane of a waiter that names none
 UNLANED = Lane(DEFAULT_LANE_NAME, "")
+#: a hint that says nothing (a 429 without headers still says the provider refuses)
+_NO_HINT = RateLimitHint()
 
 #: a waiter: the future its token is handed to, its request's estimated tokens and max_tokens,
 #: and the deployment it probes (None: any)
@@ -243,6 +245,11 @@ class AsyncLimiter:
     def inflight(self) -> int:
         return sum(g.inflight for g in self._gates)
 
+    def limit_reasons(self) -> list[LimitReason]:
+        """Per deployment, why its limit admits what it does (`Gate.limit_reason`)."""
+        now_s, waiting = self._clock(), bool(self._waiters)
+        return [g.limit_reason(waiting, now_s) for g in self._gates]
+
     @property
     def waiting(self) -> int:
         return len(self._waiters)
@@ -302,10 +309,14 @@ class AsyncLimiter:
         newest admission); rejected: the answer was a 429, or the request was never sent (the
         provider did not count it; after a 429 its bucket is empty); usage: what the answer
         says the request used, which corrects later estimates and settles its fleet quota
-        reservation. Hints older than the newest applied one are ignored.
+        reservation. Hints older than the newest applied one are ignored. A hint that says
+        anything, or a 429's, tells the deployment's limit algorithm that its provider refuses
+        past a budget rather than queueing (`ConcurrencyLimit.provider_refuses`).
         """
         now_s = self._clock()
         gate = self._gates[0] if token is None else token.gate
+        if hint is not None and (rejected or hint != _NO_HINT):
+            gate.algorithm.provider_refuses()  # it announced a budget, or answered 429: it refuses
         seq, admitted_s = (gate.seq, now_s) if token is None else (token.seq, token.started_s)
         applied = gate.pacer.observe(hint, seq, admitted_s, now_s, rejected=rejected)
         applied = gate.tokens.observe(hint, seq, admitted_s, rejected=rejected) or applied

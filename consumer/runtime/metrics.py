@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from consumer.core.deployments import DEFAULT_DEPLOYMENT
 from consumer.core.errors import ConfigError
+from consumer.core.limit import LIMIT_REASONS
 from consumer.runtime.latency import HISTOGRAMS
 from consumer.runtime.stats import ServiceStats, budget_left
 
@@ -117,6 +118,15 @@ def _per_deployment(field: str, *, counter: bool) -> Samples:
         return out
 
     return samples
+
+
+def _limit_reasons(s: ServiceStats) -> list[tuple[tuple[str, ...], float]]:
+    """Per (tier, deployment), one sample per limit reason: 1 for the current one."""
+    out: list[tuple[tuple[str, ...], float]] = []
+    for tier, ts in sorted(s.tiers.items()):
+        for label, ds in sorted(ts.deployments.items()):
+            out += [((tier, label, reason), float(ds.limit_reason == reason)) for reason in LIMIT_REASONS]
+    return out
 
 
 def _tier_metric(name: str, text: str, counter: bool) -> _Metric:
@@ -340,6 +350,14 @@ METRICS: tuple[_Metric, ...] = (
         _agreement("agreed"),
     ),
     *(_tier_metric(name, text, False) for name, text in _TIER_GAUGES.items()),
+    _Metric(
+        ("tier", "limit_reason"),
+        "1 for the reason the deployment's concurrency limit is where it is, 0 for the others: "
+        + ", ".join(LIMIT_REASONS),
+        False,
+        ("tier", "deployment", "reason"),
+        _limit_reasons,
+    ),
     *LANE_METRICS,
     *TENANT_METRICS,
     *QUOTA_METRICS,

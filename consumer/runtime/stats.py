@@ -34,6 +34,8 @@ class DeploymentStats:
     listing_probes: int = 0
     # gauges
     limit: int = 0
+    #: why the limit is where it is (`consumer.core.limit.LimitReason`)
+    limit_reason: str = ""
     inflight: int = 0
     circuit_open: int = 0
     budget_requests_per_s: float = 0.0
@@ -93,6 +95,8 @@ class TierStats:
     deployments: dict[str, DeploymentStats] = field(default_factory=dict)
     # gauges
     limit: int = 0
+    #: why the limit is where it is (`consumer.core.limit.LimitReason`)
+    limit_reason: str = ""
     inflight: int = 0
     batch_size: int = 0
     paused_s: float = 0.0

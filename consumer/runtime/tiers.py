@@ -196,8 +196,11 @@ class TierRuntime:
         stats.circuit_open = int(all(d.circuit.open for d in self.deployments))
         stats.outage_s = round(self.outage_s(now_s), 1)
         stats.circuit_opened = sum(d.circuit.opened_count for d in self.deployments)
-        for deployment in self.deployments:
-            deployment.refresh_gauges()
+        reasons = limiter.limit_reasons()
+        # the tier's: what holds most of its deployments (the first of them on a tie)
+        stats.limit_reason = max(reasons, key=reasons.count)
+        for deployment, reason in zip(self.deployments, reasons, strict=True):
+            deployment.refresh_gauges(reason)
 
     def current_batch_size(self) -> int:
         """The largest current adaptive size over this tier's keys (the trusted size before
@@ -235,7 +238,10 @@ class TierRuntime:
             )
             watch = QuotaWatch()
             gate = Gate(
-                limit_for(dep_config.limiter), quota=dep_quota, weight=weight, up=_up(circuit, watch)
+                limit_for(dep_config.limiter, dep_config.provider),
+                quota=dep_quota,
+                weight=weight,
+                up=_up(circuit, watch),
             )
             label = dep_name if dep_name is not None else DEFAULT_DEPLOYMENT
             own_stats = stats.deployment(label)

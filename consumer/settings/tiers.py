@@ -11,7 +11,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from consumer.core.cost import Pricing
 from consumer.core.errors import ConfigError, JobError
 from consumer.core.fallback import FallbackCause, FallbackRule
-from consumer.core.limit import AIMD_RTT_TOLERANCE
+from consumer.core.limit import AIMD_RTT_TOLERANCE, DEFAULT_MAX_LIMIT
 from consumer.core.output import output_format
 from consumer.core.routing import ModePolicy, parse_duration_s
 from consumer.settings.base import StrictModel
@@ -97,13 +97,14 @@ class LimiterConfig(StrictModel):
     )
     initial: int = Field(4, ge=1, description="concurrency limit at start")
     min: int = Field(1, ge=1, description="lowest limit")
-    max: int = Field(64, ge=1, description="highest limit")
+    max: int = Field(DEFAULT_MAX_LIMIT, ge=1, description="highest limit")
     rtt_tolerance: float | None = Field(
         AIMD_RTT_TOLERANCE,
         gt=1.0,
         description=(
-            "aimd: grow only while answers stay within this multiple of the no-load latency (a "
-            "server that queues past its capacity); null: only 429s, overloads and timeouts stop it"
+            "aimd on openai_compat: grow only while answers stay within this multiple of the no-load "
+            "latency (a server that queues past its capacity), until the server announces a rate "
+            "limit or answers 429; null: only 429s, overloads and timeouts stop it"
         ),
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from hypothesis import given
@@ -256,3 +257,106 @@ def test_aimd_stops_growing_once_a_fast_server_queues_past_the_noise() -> None:
         rtt_ms = 1.0 * max(1.0, limit.limit / 8) + (RTT_NOISE_MS * 2 if limit.limit > 8 else 0.0)
         limit.update(rtt_ms, inflight=limit.limit, dropped=False, now_s=i * 0.01)
     assert limit.limit <= 12
+
+
+def _hosted(
+    limit: AIMDLimit, answer_s: object, answers: int, rng: random.Random, *, headers: bool = True
+) -> list[int]:
+    """A fake clock's run of `answers` answers from a hosted provider with room for every
+    request (no queue, no 429): the limit's requests always in flight, each answered after
+    `answer_s(rng)` seconds; `headers`: its answers announce a rate-limit budget (the limiter
+    then calls `provider_refuses`). Returns the limit after each answer."""
+    import heapq
+
+    now_s, inflight, seen = 0.0, 0, []
+    done: list[tuple[float, float]] = []  # (answered at, sent at)
+    for _ in range(answers):
+        while inflight < limit.limit:
+            heapq.heappush(done, (now_s + answer_s(rng), now_s))  # type: ignore[operator]
+            inflight += 1
+        now_s, sent_s = heapq.heappop(done)
+        if headers:
+            limit.provider_refuses()
+        seen.append(limit.update((now_s - sent_s) * 1000.0, inflight, False, now_s))
+        inflight -= 1
+    return seen
+
+
+#: answer times of hosted models: uniform over wide ranges, and a long-tailed lognormal
+_SPREADS = st.one_of(
+    st.tuples(st.floats(0.05, 0.5), st.floats(4.0, 40.0)).map(
+        lambda p: lambda r: r.uniform(p[0], p[0] * p[1])
+    ),
+    st.floats(0.5, 1.5).map(lambda sigma: lambda r: r.lognormvariate(0.0, sigma)),
+)
+
+
+@given(_SPREADS, st.integers(0, 2**32))
+def test_aimd_fills_a_refusing_providers_room_whatever_the_spread_of_answer_times(
+    answer_s: object, seed: int
+) -> None:
+    """A provider that announces its budget: answer times that vary with the answer's length say
+    nothing of load, and the limit grows to what the demand needs (here: its max)."""
+    limit = AIMDLimit(4, max_limit=256)
+    seen = _hosted(limit, answer_s, 1000, random.Random(seed))
+    assert seen[-1] == 256 and seen == sorted(seen)
+    assert limit.reason == "at_max" and not limit.watches_latency
+
+
+def test_aimd_watching_latency_reads_a_wide_spread_as_a_queue() -> None:
+    """Why the latency rule stays off for a provider that refuses: judged by its lowest sample,
+    answers of 0.1-1.9 s read as a queue and the limit stays at initial."""
+    limit = AIMDLimit(4, max_limit=256)
+    seen = _hosted(limit, lambda r: r.uniform(0.1, 1.9), 3000, random.Random(1), headers=False)
+    assert max(seen) <= 8 and seen[-1] <= 6 and limit.watches_latency
+    limit.provider_refuses()  # the first answer with rate-limit headers
+    assert limit.reason == "growing"
+    seen = _hosted(limit, lambda r: r.uniform(0.1, 1.9), 1000, random.Random(1))
+    assert seen[-1] == 256
+
+
+@given(st.integers(4, 24), st.floats(0.0, 0.2), st.integers(0, 2**32))
+def test_aimd_stops_where_a_queueing_servers_latency_grows_with_concurrency(
+    slots: int, noise: float, seed: int
+) -> None:
+    """A server that queues past `slots` and never refuses (no headers, no 429): latency is the
+    overload signal, and the limit stays within the RTT tolerance of the knee."""
+    limit = AIMDLimit(4, max_limit=256)
+    rng = random.Random(seed)
+    seen = []
+    for i in range(3000):
+        c = limit.limit
+        rtt = 100.0 * max(1.0, c / slots) * rng.uniform(1.0 - noise, 1.0 + noise)
+        seen.append(limit.update(rtt, inflight=c, dropped=False, now_s=i * 0.05))
+    assert max(seen[-1000:]) <= 2 * slots * (1 + noise) / (1 - noise) + 1
+    assert limit.reason in ("latency", "growing")
+
+
+def test_aimd_reasons() -> None:
+    limit = AIMDLimit(4, max_limit=8, rtt_tolerance=None)
+    assert limit.reason == "idle"
+    limit.update(100, inflight=4, dropped=False, now_s=1)
+    assert limit.reason == "growing"
+    for i in range(5):
+        limit.update(100, inflight=limit.limit, dropped=False, now_s=2 + i)
+    assert limit.limit == 8 and limit.reason == "at_max"
+    limit.update(100, inflight=8, dropped=True, now_s=10)
+    assert limit.limit == 4 and limit.reason == "overload"
+    for i in range(3):  # regrowing below where the cut was: still held by the overload
+        limit.update(100, inflight=limit.limit, dropped=False, now_s=11 + i)
+        assert limit.reason == "overload"
+    limit.update(100, inflight=limit.limit, dropped=False, now_s=15)
+    assert limit.limit == 8 and limit.reason == "at_max"
+    limit.update(100, inflight=1, dropped=False, now_s=16)
+    assert limit.reason == "idle"
+    assert FixedLimit(3).reason == "fixed"
+
+
+def test_limit_for_watches_latency_only_where_the_provider_may_queue() -> None:
+    from consumer.settings import LimiterConfig
+
+    config = LimiterConfig(algorithm="aimd")
+    for provider, watches in (("openai_compat", True), ("openai", False), ("anthropic", False)):
+        limit = limit_for(config, provider)
+        assert isinstance(limit, AIMDLimit) and limit.watches_latency is watches
+    assert not cast(AIMDLimit, limit_for(LimiterConfig(algorithm="aimd", rtt_tolerance=None))).watches_latency

@@ -272,3 +272,60 @@ def test_no_oldest_uncommitted_age_is_shown_beside_a_lag_of_zero() -> None:
     assert behind["oldest_uncommitted_age_s"] == 5.6
     assert "lag: 40 records over 12 partitions, oldest uncommitted 5.6 s" in format_stats(behind).splitlines()
     assert merged["lag_records"] == 3, "the merged snapshot itself is left as it was"
+
+
+async def test_the_limit_says_why_it_is_where_it_is_in_stats_text_and_metrics() -> None:
+    """From the tier's limiter (its algorithm, the provider's announced budget, a pause) into
+    the snapshot, the merged `promptbus stats` line and `promptbus_tier_limit_reason`."""
+    from aiohttp.test_utils import TestClient, TestServer
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from consumer.core.completion import Completion, CompletionRequest
+    from consumer.core.errors import RateLimitHint
+    from consumer.core.limit import AIMDLimit
+    from consumer.providers.fake import FakeProvider
+    from consumer.runtime.metrics import build_app
+    from consumer.runtime.tiers import TierRuntime
+    from consumer.settings import TierConfig
+
+    config = TierConfig.model_validate(
+        {"provider": "openai_compat", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    )
+
+    def unused(_request: CompletionRequest) -> Completion:
+        raise AssertionError("nothing is sent here")
+
+    stats = ServiceStats(instance="a")
+    tier = TierRuntime.build("small", config, FakeProvider(unused), stats.tier("small"))
+    limiter = tier.limiter
+    algorithm = limiter.gates[0].algorithm
+    assert isinstance(algorithm, AIMDLimit) and algorithm.watches_latency
+    tier.refresh_gauges(0.0)
+    assert stats.tier("small").limit_reason == "idle"
+    tokens = [await limiter.acquire() for _ in range(4)]
+    limiter.note_budget(RateLimitHint(remaining_requests=100, limit_requests=200), tokens[0])
+    assert not algorithm.watches_latency, "a provider that announces its budget refuses past it"
+    for token in tokens[:2]:  # answered with the limit in use: it grows
+        token.success()
+    tier.refresh_gauges(0.0)
+    assert stats.tier("small").limit_reason == "growing" and stats.tier("small").limit == 6
+    limiter.pause(30.0)
+    tier.refresh_gauges(0.0)
+    assert stats.tier("small").limit_reason == "paused"
+
+    other = snapshot("b", 0.0, limit=9, limit_reason="growing")
+    third = snapshot("c", 0.0, limit=9, limit_reason="paused")
+    mine = read_snapshot(orjson.dumps(stats.snapshot()))
+    merged = merge_snapshots([mine, other, third], now_s=mine["updated_at"], live_within_s=1e12)
+    assert merged["tiers"]["small"]["limit_reasons"] == {"paused": 2, "growing": 1}
+    line = next(x for x in format_stats(merged).splitlines() if x.startswith("tier small: requests="))
+    assert "limit=24 (paused: 2 instances, growing: 1 instance) batch_size=" in line
+    async with TestClient(TestServer(build_app(stats, lambda: True))) as client:
+        body = await (await client.get("/metrics")).text()
+    reasons = {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+        if s.name == "promptbus_tier_limit_reason" and s.labels["tier"] == "small"
+    }
+    assert reasons["paused"] == 1 and sum(reasons.values()) == 1 and "quota_share" in reasons
