@@ -32,10 +32,12 @@ the rate estimate). A 429 is counted by nobody (not in `k`) and leaves the mirro
 With no hints (local servers) the pacer is inactive and admits everything.
 
 Two resets give a rate only when they are far apart against the round trip's jitter (a
-reset measured from the answer's arrival moves with it). Known limit: a bucket that refills
-completely within about a round trip (a few requests of budget, long answers) yields no rate;
-the pacer then spends the bucket each time it is surely full: slower than the limit, without
-429s. Real limits are per minute, far longer than a round trip.
+reset measured from the answer's arrival moves with it). A bucket that refills completely
+within about a round trip (a few requests of budget, long answers) yields no rate that way;
+where the answers name the limit, each hint bounds the rate from both sides ((limit -
+remaining - 1) / reset to (limit - remaining) / reset, `_bound_rate_by_limit`), and the highest
+lower bound is the rate. Without the limit such a bucket is spent each time it is surely full:
+slower than the limit, without 429s.
 
 Token budgets (TPM) are mirrored by `TokenBudget`, more simply: the answers also say the
 token limit, so the refill rate is exact ((limit - remaining) / reset: a bucket refills at a
@@ -134,6 +136,8 @@ class BudgetPacer:
         self._rtt_jitter_s = 0.0  # its smoothed absolute deviation
         #: upper bounds on the refill rate from the newest hints that named the limit
         self._rate_bounds: collections.deque[float] = collections.deque(maxlen=RATE_BOUNDS)
+        #: lower bounds on it from the same hints
+        self._rate_floors: collections.deque[float] = collections.deque(maxlen=RATE_BOUNDS)
 
     @property
     def active(self) -> bool:
@@ -220,7 +224,7 @@ class BudgetPacer:
         if reset_s is not None and reset_s > 0:
             remaining_now = 0 if rejected else max(0, hint.remaining_requests)
             self._learn_rate(_Mark(seq, admitted_s, admitted_s + reset_s, remaining_now))
-            self._cap_rate_by_limit(hint, reset_s)
+            self._bound_rate_by_limit(hint, reset_s)
         if seq <= self._newest_seq:
             return False
         if rejected and self._rate_per_s is not None:
@@ -255,16 +259,20 @@ class BudgetPacer:
         self._level_s = now_s
         return True
 
-    def _cap_rate_by_limit(self, hint: RateLimitHint, reset_s: float) -> None:
-        """Hold the learnt rate under what the provider's own numbers allow.
+    def _bound_rate_by_limit(self, hint: RateLimitHint, reset_s: float) -> None:
+        """Hold the learnt rate within what the provider's own numbers allow.
 
-        A hint that names the bucket's size bounds its refill rate from above, all in the
-        provider's time: the (limit - remaining) requests missing refill in reset_s, and the
-        level may be up to one more than `remaining` (rounded down), so the rate is at most
-        (limit - remaining) / reset_s. The tightest of the newest RATE_BOUNDS such bounds caps
-        the rate learnt from the hints' timing, which is measured by the client's clock and so
-        runs high when sends or answers wait behind a busy event loop (three requests whose
-        resets seem 20 ms too close together read 55/s from a 40/s bucket).
+        A hint that names the bucket's size bounds its refill rate, all in the provider's time:
+        the level is `remaining` to one more (rounded down), so the (limit - remaining) requests
+        missing, less up to one, refill in reset_s: the rate is at most (limit - remaining) /
+        reset_s and at least (limit - remaining - 1) / reset_s. The tightest of the newest
+        RATE_BOUNDS upper bounds caps the rate learnt from the hints' timing, which is measured
+        by the client's clock and so runs high when sends or answers wait behind a busy event
+        loop (three requests whose resets seem 20 ms too close together read 55/s from a 40/s
+        bucket). The highest of the newest lower bounds is a floor under it, and the rate itself
+        where the timing gives none: a bucket that refills within about a round trip (20 a
+        second, answers that take seconds) leaves no two hints far enough apart for it, and
+        holding its rate unknown would spend it only each time it is surely full.
         """
         if hint.limit_requests is None or hint.remaining_requests is None:
             return
@@ -272,8 +280,15 @@ class BudgetPacer:
         if missing < 1 or reset_s <= RESET_ROUNDING_S:
             return
         self._rate_bounds.append(missing / (reset_s - RESET_ROUNDING_S))
-        if self._rate_per_s is not None:
-            self._rate_per_s = min(self._rate_per_s, min(self._rate_bounds))
+        if missing >= 2:
+            self._rate_floors.append((missing - 1) / (reset_s + RESET_ROUNDING_S))
+        ceiling = min(self._rate_bounds)
+        floor = min(max(self._rate_floors), ceiling) if self._rate_floors else None
+        rate = self._rate_per_s
+        if floor is not None:
+            rate = floor if rate is None else max(rate, floor)
+        if rate is not None:
+            self._rate_per_s = min(rate, ceiling)
 
     def _note_rtt(self, rtt_s: float) -> None:
         """Track the answers' round trip and how much it varies (mean absolute deviation)."""

@@ -464,3 +464,41 @@ def test_a_token_paced_client_uses_the_budget_with_few_429s(
     ceiling = (limit + tpm_per_s * 30.0) / mean_cost  # what 30 s of the bucket can pay for
     assert answered >= 0.9 * ceiling
     assert rejected <= 0.03 * (answered + rejected)
+
+
+def test_a_bucket_that_refills_within_a_round_trip_is_paced_at_its_rate_from_the_named_limit() -> None:
+    """20 requests a second, a bucket of 20, answers of 0.1-1.9 s: no two hints are far enough
+    apart for the timing to give a rate, but each names the limit and bounds the rate from both
+    sides; the pacer keeps the bucket busy at its rate without running it dry."""
+    import random as _random
+
+    rng = _random.Random(4)
+    pacer = BudgetPacer()
+    bucket, level, last_s = 20.0, 20.0, 0.0
+    now_s, seq, admitted, rejected = 0.0, 0, 0, 0
+    pending: list[tuple[float, int, float, RateLimitHint]] = []  # (answered at, seq, sent, hint)
+    while now_s < 60.0:
+        level = min(bucket, level + (now_s - last_s) * 20.0)
+        last_s = now_s
+        while pacer.wait_s(now_s) <= 0.0 and len(pending) < 200:
+            seq += 1
+            pacer.admit(seq, now_s)
+            if level >= 1.0:
+                level -= 1.0
+                admitted += 1
+                hint = RateLimitHint(
+                    remaining_requests=int(level), reset_requests_s=(bucket - level) / 20.0, limit_requests=20
+                )
+                pending.append((now_s + rng.uniform(0.1, 1.9), seq, now_s, hint))
+            else:
+                rejected += 1
+                refused = RateLimitHint(remaining_requests=0, limit_requests=20)
+                pacer.observe(refused, seq, now_s, now_s, rejected=True)
+        pending.sort()
+        while pending and pending[0][0] <= now_s + 0.01:
+            _at, done_seq, sent_s, hint = pending.pop(0)
+            pacer.observe(hint, done_seq, sent_s, now_s)
+        now_s += 0.01
+    assert pacer.rate_per_s is not None and 19.0 <= pacer.rate_per_s <= 20.0
+    assert admitted / 60.0 >= 0.95 * 20.0
+    assert rejected <= 0.01 * admitted
