@@ -4,7 +4,8 @@
 #                      re-installs when pyproject.toml changes; then the local model server
 #   make lint          ruff check + mypy
 #   make test          venv, start the local Kafka broker unless KAFKA_BOOTSTRAP_SERVERS is
-#                      set, run lint and pytest, stop the broker it started (always)
+#                      set and the local Schema Registry unless SCHEMA_REGISTRY_URL is, run
+#                      lint and pytest, stop what it started (always)
 #   make broker-start  start the 1-node local broker (deploy/kafka-local/kafka start)
 #   make broker-stop   stop it
 #   make broker-status show it
@@ -17,13 +18,14 @@ VENV := .venv
 VENV_STAMP := $(VENV)/.promptbus-installed
 PY := $(VENV)/bin/python
 KAFKA := deploy/kafka-local/kafka
+REGISTRY := deploy/schema-registry/registry
 PYTEST_ARGS ?=
 # the suite mostly waits, so more workers than cores pay off; the slowest tests show in every
 # log (--durations), and the tests of a server of their own share one worker (--dist loadgroup)
 PYTEST_WORKERS ?= 4
 PYTEST_RUN := -ra --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup
 
-.PHONY: venv lint test broker-start broker-stop broker-status
+.PHONY: venv lint test broker-start broker-stop broker-status registry-start registry-stop
 
 # The local-model tests need llama-cpp-python's server (the `local` extra), which has no
 # prebuilt wheel: deploy/local-model/build-llama-cpp.sh builds it once per machine into a
@@ -56,10 +58,11 @@ lint: venv
 # but a killed pytest cannot, so it is stopped here too when it was not running before.
 CLUSTER_HOME := .local/kafka-cluster
 test: venv
-	@started=0; cluster_was_up=0; \
+	@started=0; cluster_was_up=0; registry_started=0; \
 	KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) status >/dev/null 2>&1 && cluster_was_up=1; \
 	stop_started() { \
 		if [ "$$started" = 1 ]; then $(KAFKA) stop; fi; \
+		if [ "$$registry_started" = 1 ]; then $(REGISTRY) stop; fi; \
 		if [ "$$cluster_was_up" = 0 ] && KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) status >/dev/null 2>&1; then \
 			KAFKA_LOCAL_HOME=$(CLUSTER_HOME) $(KAFKA) stop; fi; \
 	}; \
@@ -71,6 +74,13 @@ test: venv
 		export KAFKA_BOOTSTRAP_SERVERS; \
 	fi; \
 	echo "make test: Kafka at $$KAFKA_BOOTSTRAP_SERVERS"; \
+	if [ -z "$${SCHEMA_REGISTRY_URL:-}" ]; then \
+		$(REGISTRY) status >/dev/null 2>&1 || registry_started=1; \
+		out=$$($(REGISTRY) start) || exit $$?; \
+		SCHEMA_REGISTRY_URL=$$(printf '%s\n' "$$out" | tail -n 1); \
+		export SCHEMA_REGISTRY_URL; \
+	fi; \
+	echo "make test: Schema Registry at $$SCHEMA_REGISTRY_URL"; \
 	lint_rc=0; $(MAKE) --no-print-directory lint || lint_rc=$$?; \
 	test_rc=0; $(PY) -m pytest $(PYTEST_RUN) $(PYTEST_ARGS) || test_rc=$$?; \
 	if [ "$$test_rc" != 0 ]; then exit $$test_rc; fi; \
@@ -78,6 +88,12 @@ test: venv
 
 broker-start:
 	@$(KAFKA) start
+
+registry-start:
+	@$(REGISTRY) start
+
+registry-stop:
+	@$(REGISTRY) stop
 
 broker-stop:
 	@$(KAFKA) stop

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from consumer.core.errors import ConfigError
 from consumer.core.lanes import Lane
 from consumer.core.tenants import TenantPolicies
 from consumer.kafka.assignment import Assignment
@@ -35,6 +36,8 @@ from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchProvider, CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
+from consumer.registry.client import RegistryClient
+from consumer.registry.codecs import SourceCodec
 from consumer.runtime.accounts import TenantLedger
 from consumer.runtime.budgets import TenantBudgets
 from consumer.runtime.delivery import OutcomeWriter
@@ -42,6 +45,7 @@ from consumer.runtime.deployments import Deployment
 from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.heap import tune_gc
 from consumer.runtime.lag import LagMonitor
+from consumer.runtime.memo import EnrichmentMemo
 from consumer.runtime.metrics import MetricsServer, build_app, register_otel_metrics
 from consumer.runtime.offline import BatchTracker, OfflineCollector, provider_key
 from consumer.runtime.outcomes import RecordLimits
@@ -49,6 +53,7 @@ from consumer.runtime.pipeline import Pipeline
 from consumer.runtime.prober import CircuitProber
 from consumer.runtime.quotas import FleetQuota, QuotaSharing
 from consumer.runtime.reachability import ReachabilityCheck
+from consumer.runtime.sources import SourceIntake, SourceRuntime
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
@@ -200,7 +205,8 @@ async def build_service(
     stats = ServiceStats(instance=instance, group=settings.group_id)
     telemetry = open_telemetry(stack, stats, tracer_provider, meter_provider)
     lanes = tier_file.lane_list(settings.jobs_topic, settings.max_inflight)
-    limits, remembered = await prepare_topics(settings, edges, lanes, instance)
+    enriched = [source.into.topic for source in (tier_file.sources or {}).values()]
+    limits, remembered = await prepare_topics(settings, edges, lanes, instance, enriched)
     clients: list[Any] = []
     stack.push_async_callback(_close_all, clients)
     quotas = fleet_quotas(tier_file)
@@ -209,7 +215,10 @@ async def build_service(
     for tier in tiers.values():
         for deployment in tier.deployments:
             stack.push_async_callback(deployment.provider.aclose)
-    kafka = KafkaClients.build(settings, edges, f"promptbus-{instance}", lanes)
+    source_topics = [source.topic for source in (tier_file.sources or {}).values()]
+    kafka = KafkaClients.build(settings, edges, f"promptbus-{instance}", lanes, source_topics)
+    memo = build_memo(settings, edges, tier_file, instance, kafka.side_producer)
+    sources = build_sources(settings, tier_file, stats, lanes, stack, memo)
     policies = tier_file.tenant_policies()
     ledger = TenantLedger(policies, stats)
     outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits, ledger=ledger)
@@ -230,6 +239,7 @@ async def build_service(
         lanes=lanes,
         tenants=policies,
         gate=gate,
+        sources=sources,
         rng=random.Random(),
     )
     parts: list[Part] = [
@@ -240,6 +250,8 @@ async def build_service(
         *side_publishers(settings, kafka.side_producer, stats, remembered, tiers),
         # what the group spent today is read before any job is admitted
         *([budgets] if budgets is not None else []),
+        # what each source key's last enrichment read and answered, before any record is admitted
+        *([memo] if memo is not None else []),
     ]
     if settings.metrics_port is not None:
         app = build_app(stats, pipeline.ready.is_set)
@@ -254,6 +266,59 @@ async def build_service(
         CircuitProber(tiers, time.monotonic),
     ]
     return Service(instance, stats, pipeline, tuple(parts))
+
+
+def build_memo(
+    settings: Settings, edges: ServiceEdges, tier_file: TierFile, instance: str, producer: Any
+) -> EnrichmentMemo | None:
+    """The memo of the sources' last enrichments (None: no source skips unchanged updates)."""
+    if not any(source.unchanged == "skip" for source in (tier_file.sources or {}).values()):
+        return None
+    follower = edges.follower(settings, f"promptbus-{instance}-memo", settings.enrichments_topic)
+    return EnrichmentMemo(follower, producer, settings.enrichments_topic)
+
+
+def build_sources(
+    settings: Settings,
+    tier_file: TierFile,
+    stats: ServiceStats,
+    lanes: Sequence[Lane],
+    stack: contextlib.AsyncExitStack,
+    memo: EnrichmentMemo | None = None,
+) -> SourceIntake | None:
+    """The tier file's sources (None: it has none): each with its codec (through the Schema
+    Registry the settings name, one client for all, closed with `stack`) and its lane (the one
+    it names, else the lowest)."""
+    if not tier_file.sources:
+        return None
+    jobs_topics = {lane.topic for lane in lanes}
+    by_name = {lane.name: lane for lane in lanes}
+    registry: RegistryClient | None = None
+    runtimes = []
+    for name, config in tier_file.sources.items():
+        if config.topic in jobs_topics:
+            raise ConfigError(f"sources.{name}.topic", f"{config.topic} is a job topic this service reads")
+        if config.format != "json" and registry is None:
+            url = settings.schema_registry.url
+            if url is None:
+                raise ConfigError(
+                    f"sources.{name}.format",
+                    f"{config.format} needs a Schema Registry: set PROMPTBUS_SCHEMA_REGISTRY__URL",
+                )
+            registry = RegistryClient.from_settings(settings.schema_registry)
+            stack.push_async_callback(registry.aclose)
+        codec = SourceCodec(
+            config.format,
+            registry,
+            out_topic=config.into.topic,
+            out_format=config.into.format,
+            fields=config.output_fields(),
+        )
+        lane = by_name[config.lane] if config.lane is not None else lanes[-1]
+        runtimes.append(SourceRuntime(name, config, codec, lane, stats.source(name), memo))
+    intake = SourceIntake(runtimes)
+    stack.push_async_callback(intake.aclose)
+    return intake
 
 
 def open_telemetry(
@@ -275,11 +340,16 @@ def open_telemetry(
 
 
 async def prepare_topics(
-    settings: Settings, edges: ServiceEdges, lanes: Sequence[Lane], instance: str
+    settings: Settings,
+    edges: ServiceEdges,
+    lanes: Sequence[Lane],
+    instance: str,
+    enriched_topics: Sequence[str] = (),
 ) -> tuple[RecordLimits, RememberedEvidence]:
-    """Create the topics that are missing (the lanes' too); read the output topics' record
-    size limits and the batching evidence earlier runs left (`consumer.runtime.evidence`)."""
-    report = await edges.ensure_topics(settings, [lane.topic for lane in lanes])
+    """Create the topics that are missing (the lanes' and the sources' outputs too, not the
+    sources' own: they are a company's); read the output topics' record size limits and the
+    batching evidence earlier runs left (`consumer.runtime.evidence`)."""
+    report = await edges.ensure_topics(settings, [lane.topic for lane in lanes], enriched_topics)
     for topic, state in report.items():
         log.info("topic %s: %s", topic, state)
     outputs = [settings.results_topic, settings.dlq_topic]
@@ -379,11 +449,16 @@ class KafkaClients:
 
     @classmethod
     def build(
-        cls, settings: Settings, edges: ServiceEdges, client_id: str, lanes: Sequence[Lane]
+        cls,
+        settings: Settings,
+        edges: ServiceEdges,
+        client_id: str,
+        lanes: Sequence[Lane],
+        source_topics: Sequence[str] = (),
     ) -> KafkaClients:
         # the owned partitions' state, one object for the intake and the sink
         owned = Assignment()
-        intake = edges.intake(settings, client_id, owned, [lane.topic for lane in lanes])
+        intake = edges.intake(settings, client_id, owned, [*(lane.topic for lane in lanes), *source_topics])
 
         def make_producer(*, transactional_id: str | None) -> Any:
             return edges.producer(settings, client_id, transactional_id)

@@ -22,6 +22,7 @@ import fcntl
 import logging
 import os
 import re
+import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -157,6 +158,21 @@ def kafka_bootstrap(pytestconfig: pytest.Config) -> Iterator[str]:
         return
     with shared_start(LocalKafka(SINGLE_NODE_HOME, nodes=1), _run_id(pytestconfig)) as broker:
         yield broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url() -> str:
+    """A real Confluent-compatible Schema Registry: SCHEMA_REGISTRY_URL (make test starts
+    Apicurio and sets it), else the local one `deploy/schema-registry/registry` starts (once;
+    a second start finds it running and only prints its URL)."""
+    from_env = os.environ.get("SCHEMA_REGISTRY_URL")
+    if from_env:
+        return from_env
+    script = REPO_ROOT / "deploy" / "schema-registry" / "registry"
+    done = subprocess.run([str(script), "start"], capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"the local Schema Registry did not start: {done.stderr.strip()[-2000:]}")
+    return done.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from consumer.cli.environment import add_bootstrap, check_kafka, configure_logging, load_config
@@ -23,7 +24,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Validate the tier file and the environment as `run` does; print the tiers."""
-    _, tier_file = load_config(args)
+    settings, tier_file = load_config(args)
     for name, tier in tier_file.tiers.items():
         flags = []
         if tier.batching.enabled:
@@ -36,8 +37,57 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             print(f"note: {no_embeddings(name, tier.provider)}")
     for line in tenant_lines(tier_file):
         print(line)
-    print(f"ok: {len(tier_file.tiers)} tier(s)")
+    if tier_file.sources:
+        problems = source_lines(settings, tier_file)
+        if problems:
+            for problem in problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return 2
+    counted = f", {len(tier_file.sources)} source(s)" if tier_file.sources else ""
+    print(f"ok: {len(tier_file.tiers)} tier(s){counted}")
     return 0
+
+
+def source_lines(settings: Any, tier_file: Any) -> list[str]:
+    """Print a line per source (and what the registry says of it, where one is set and answers);
+    return the problems found there."""
+    import asyncio
+
+    from consumer.registry.checks import check_source
+    from consumer.registry.client import RegistryClient
+
+    registry_sources = {n: s for n, s in tier_file.sources.items() if s.format != "json"}
+    for name, source in tier_file.sources.items():
+        mapping = source.mapping(name)
+        print(
+            f"source {name}: {source.topic} ({source.format}, envelope {source.envelope}) -> tier "
+            f"{source.tier} -> {source.into.topic} field {source.into.field!r}; reads "
+            + ", ".join(mapping.paths)
+        )
+    url = settings.schema_registry.url
+    if not registry_sources:
+        return []
+    if url is None:
+        print("note: no PROMPTBUS_SCHEMA_REGISTRY__URL: the registry sources' fields are not checked")
+        return []
+
+    async def check_all() -> tuple[list[str], list[str]]:
+        registry = RegistryClient.from_settings(settings.schema_registry)
+        problems: list[str] = []
+        notes: list[str] = []
+        try:
+            for name, source in registry_sources.items():
+                found, said = await check_source(registry, name, source, source.mapping(name).paths)
+                problems += found
+                notes += said
+        finally:
+            await registry.aclose()
+        return problems, notes
+
+    problems, notes = asyncio.run(check_all())
+    for note in notes:
+        print(f"note: {note}")
+    return problems
 
 
 def tenant_lines(tier_file: Any) -> list[str]:

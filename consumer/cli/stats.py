@@ -176,6 +176,21 @@ def format_quotas(merged: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_sources(merged: dict[str, Any]) -> list[str]:
+    """`promptbus stats` lines of the sources (`sources:` of the tier file), one per source."""
+    lines = []
+    for name, s in sorted(merged.get("sources", {}).items()):
+        dead = s.get("dead_letters") or {}
+        dead_text = " ".join(f"{kind}={n}" for kind, n in sorted(dead.items())) or "0"
+        held = f" held={s['held']} (waiting for the registry)" if s.get("held") else ""
+        lines.append(
+            f"source {name}: in={s.get('records_in', 0)} enriched={s.get('enriched', 0)} "
+            f"skipped_unchanged={s.get('skipped_unchanged', 0)} tombstones={s.get('tombstones', 0)} "
+            f"stale_dropped={s.get('stale_dropped', 0)} dead_letters: {dead_text}{held}"
+        )
+    return lines
+
+
 def format_stats(merged: dict[str, Any]) -> str:
     """The text `promptbus stats` prints for one group's merged snapshots."""
     lines = [f"group {merged['group']}:"] if "group" in merged else []
@@ -214,6 +229,7 @@ def format_stats(merged: dict[str, Any]) -> str:
         lines.extend(routing_lines(name, t))
     lines.extend(format_lanes(merged))
     lines.extend(format_tenants(merged))
+    lines.extend(format_sources(merged))
     lines.extend(format_quotas(merged))
     for name, per_size in sorted(merged.get("agreement", {}).items()):
         parts = [

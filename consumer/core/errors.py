@@ -49,6 +49,10 @@ class ErrorKind(StrEnum):
     #: the job's tenant spent its daily budget and its policy is `on_exhausted: dead_letter`
     #: (not retryable today; `promptbus replay --kind budget_exhausted` sends it again later)
     BUDGET_EXHAUSTED = "budget_exhausted"
+    #: a source's record could not be decoded: a wrong magic byte, a schema id the registry does
+    #: not know, bytes its schema cannot read, JSON that is not JSON (there is no job to replay:
+    #: the producer's data or schema is what needs fixing)
+    UNDECODABLE = "undecodable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,11 @@ class JobError(PromptbusError):
     def __init__(self, kind: ErrorKind, message: str) -> None:
         self.kind = kind
         super().__init__(message)
+
+
+class RegistryUnavailable(PromptbusError):
+    """The Schema Registry did not answer (down, a timeout, a 5xx): the records that need it
+    wait, as a provider outage holds jobs; nothing is dead-lettered for it."""
 
 
 class NotSupportedError(PromptbusError):

@@ -393,8 +393,14 @@ def decode_job(raw: bytes) -> Job:
         raise JobError(ErrorKind.INVALID_JOB, f"not JSON: {exc.msg} at char {exc.pos}") from None
     if not isinstance(data, dict):
         raise JobError(ErrorKind.INVALID_JOB, f"not a JSON object (got {type(data).__name__})")
+    return job_from_fields(data)
+
+
+def job_from_fields(fields: dict[str, Any]) -> Job:
+    """A Job from its fields (a source's record mapped into one; a decoded record); raises
+    `JobError(ErrorKind.INVALID_JOB, message)` when they do not match the Job schema."""
     try:
-        return Job.model_validate(data)
+        return Job.model_validate(fields)
     except ValidationError as exc:
         raise JobError(ErrorKind.INVALID_JOB, validation_message(exc)) from None
 

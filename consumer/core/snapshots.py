@@ -52,6 +52,8 @@ _OWN_GAUGES = {"limit", "inflight", "paused_s"}
 _SHARED_GAUGES = {"batch_size", "budget_requests_per_s", "budget_tokens_per_s", "circuit_open", "outage_s"}
 #: text that goes with a shared gauge: taken from the live instance that has its largest value
 _GAUGE_TEXTS = {"batch_size_reason": "batch_size"}
+#: a source's gauge: the records an instance holds while the registry is unreachable
+_SOURCE_GAUGE = "held"
 #: why an instance's limit is where it is: merged as `limit_reasons`, reason -> live instances
 _LIMIT_REASON = "limit_reason"
 #: a lane's gauges are each instance's own (summed over live instances); its largest latency is
@@ -105,6 +107,7 @@ class _Snapshot(BaseModel):
     lag: list[_PartitionLag] = []
     instance: str = ""
     quotas: dict[str, _QuotaShare] = {}
+    sources: dict[str, dict[str, int | dict[str, int]]] = {}
 
 
 def read_snapshot(value: bytes) -> dict[str, Any]:
@@ -149,6 +152,7 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
         "oldest_uncommitted_age_s": 0.0,
         "quotas": {},
         "deployments": {},
+        "sources": {},
     }
     live_snapshots = []
     for snap in snapshots:
@@ -172,6 +176,8 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
             _merge_tenant(total["tenants"].setdefault(name, {}), tenant, live=live)
         for name, per_size in snap.get("agreement", {}).items():
             _add_agreement(total["agreement"].setdefault(name, {}), per_size)
+        for name, source in snap.get("sources", {}).items():
+            _merge_source(total["sources"].setdefault(name, {}), source, live=live)
     for per_size in total["agreement"].values():
         for count in per_size.values():
             count["rate"] = round(count["agreed"] / count["compared"], 4) if count["compared"] else None
@@ -243,6 +249,20 @@ def _merge_tier(agg: dict[str, Any], ts: dict[str, Any], *, live: bool) -> None:
                 agg.setdefault(k, 0)
         else:
             agg[k] = agg.get(k, 0) + v
+
+
+def _merge_source(agg: dict[str, Any], ss: dict[str, Any], *, live: bool) -> None:
+    """A source's counters add up over every snapshot, its dead letters by kind; the records it
+    holds (waiting for the registry) are each live instance's own."""
+    for k, v in ss.items():
+        if k == "dead_letters":
+            kinds = agg.setdefault(k, {})
+            for kind, n in dict(v).items():
+                kinds[kind] = kinds.get(kind, 0) + int(n)
+        elif k == _SOURCE_GAUGE:
+            agg[k] = agg.get(k, 0) + (int(v) if live else 0)
+        else:
+            agg[k] = agg.get(k, 0) + int(v)
 
 
 def _merge_lane(agg: dict[str, float], ls: dict[str, float], *, live: bool) -> None:

@@ -54,9 +54,13 @@ class TopicSpec:
         return cfg
 
 
-def topic_specs(settings: Settings, lane_topics: Sequence[str] = ()) -> list[TopicSpec]:
+def topic_specs(
+    settings: Settings, lane_topics: Sequence[str] = (), enriched_topics: Sequence[str] = ()
+) -> list[TopicSpec]:
     """Every topic promptbus reads or writes; `lane_topics`: the lanes' job topics, made like
-    the jobs topic. batches, stats, batching, quotas and budgets are compacted (latest per key);
+    the jobs topic; `enriched_topics`: the sources' outputs, compacted (the latest enrichment
+    of each key; a deleted row's tombstone forgets it). batches, stats, batching, quotas and
+    budgets are compacted (latest per key);
     quotas and budgets, groups' boards, are one partition so every instance reads their records
     in the order they were written."""
     p, r = settings.topic_partitions, settings.topic_replication
@@ -70,6 +74,9 @@ def topic_specs(settings: Settings, lane_topics: Sequence[str] = ()) -> list[Top
         TopicSpec(settings.batching_topic, 1, r, compacted=True),
         TopicSpec(settings.quotas_topic, 1, r, compacted=True, segment_ms=BOARD_SEGMENT_MS),
         TopicSpec(settings.budgets_topic, 1, r, compacted=True, retention_ms=BUDGETS_RETENTION_MS),
+        *(TopicSpec(topic, p, r, compacted=True) for topic in dict.fromkeys(enriched_topics)),
+        # what each source key's last enrichment read and answered (`consumer.runtime.memo`)
+        *([TopicSpec(settings.enrichments_topic, p, r, compacted=True)] if enriched_topics else []),
     ]
 
 
@@ -123,11 +130,15 @@ async def with_admin(
 
 
 async def ensure_topics(
-    settings: Settings, specs: list[TopicSpec] | None = None, *, lane_topics: Sequence[str] = ()
+    settings: Settings,
+    specs: list[TopicSpec] | None = None,
+    *,
+    lane_topics: Sequence[str] = (),
+    enriched_topics: Sequence[str] = (),
 ) -> dict[str, str]:
     """Create missing topics (`topic_specs` unless `specs` are given); return
     {topic: "created" | "exists"} for the startup report."""
-    specs = specs if specs is not None else topic_specs(settings, lane_topics)
+    specs = specs if specs is not None else topic_specs(settings, lane_topics, enriched_topics)
     return await with_admin(settings, lambda admin: _ensure(admin, specs))
 
 

@@ -33,7 +33,9 @@ class ServiceEdges(Protocol):
     """The service's edges to Kafka: topics, the jobs intake, producers, the offline tracker's
     reader, the followers of compacted topics (the batches topic, the group's boards)."""
 
-    async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]: ...
+    async def ensure_topics(
+        self, settings: Settings, lane_topics: Sequence[str] = (), enriched_topics: Sequence[str] = ()
+    ) -> dict[str, str]: ...
 
     async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]: ...
 
@@ -62,8 +64,10 @@ class ServiceEdges(Protocol):
 class KafkaEdges:
     """The real edges: aiokafka's admin client, consumer and producers."""
 
-    async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]:
-        return await ensure_topics(settings, lane_topics=lane_topics)
+    async def ensure_topics(
+        self, settings: Settings, lane_topics: Sequence[str] = (), enriched_topics: Sequence[str] = ()
+    ) -> dict[str, str]:
+        return await ensure_topics(settings, lane_topics=lane_topics, enriched_topics=enriched_topics)
 
     async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]:
         return await max_record_bytes(settings, topics)

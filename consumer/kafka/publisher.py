@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from consumer.waits import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 
@@ -59,9 +61,6 @@ class SidePublisher:
         self._task = asyncio.create_task(self._loop(), name=f"promptbus-{self._what}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         with contextlib.suppress(Exception):
             await self.publish_once()  # the final state

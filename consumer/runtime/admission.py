@@ -18,9 +18,11 @@ record's original bytes) and routes an admitted job. The checks, in order:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -28,13 +30,16 @@ import orjson
 from consumer.core.content import MergedOptions, job_content, merged_options
 from consumer.core.embed import embed_limits, no_embeddings
 from consumer.core.errors import ErrorKind, JobError
-from consumer.core.jobs import Job, decode_job
+from consumer.core.jobs import Job, decode_job, encode
 from consumer.core.lanes import Lane
+from consumer.core.sources import change_of
 from consumer.core.tenants import DEFAULT_TENANT, TENANT_HEADER, tenant_problem
 from consumer.kafka.intake import InRecord
+from consumer.kafka.records import OutRecord
 from consumer.kafka.sink import Ticket
 from consumer.runtime.context import JobContext
 from consumer.runtime.outcomes import job_id_hint
+from consumer.runtime.sources import SourceOrigin, SourceRuntime
 from consumer.runtime.tiers import TierRuntime
 
 #: distinct (tier, options) merges kept for reuse: producers send a few option sets over and over
@@ -52,6 +57,10 @@ class Rejection:
     job: Job | None = None
     job_id: str | None = None
     tenant: str | None = None
+    #: a source record's: its key and headers (its dead letter keeps them) and its source
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    source: SourceRuntime | None = None
 
 
 class Admission:
@@ -97,6 +106,63 @@ class Admission:
             header = header_tenant(record.headers)
             tenant = header if header is not None and tenant_problem(header) is None else None
             return Rejection(exc.kind, str(exc), raw, job_id=job_id_hint(raw), tenant=tenant)
+        return self._admit_job(job, raw, record, ticket, now_s, lane)
+
+    def admit_source(
+        self, source: SourceRuntime, record: InRecord, ticket: Ticket, now_s: float, lane: Lane
+    ) -> JobContext | Rejection | OutRecord | None:
+        """A source record's job context (its `origin` set), or the reason it is rejected (a
+        dead letter with its key, bytes and headers), or the tombstone record of a deleted row
+        (None: a newer record of its key was written already)."""
+        raw = record.value
+        offset = record.source
+        try:
+            value, writer = source.codec.decode(raw) if raw is not None else (None, (0, ()))
+            change = change_of(value, source.mapping.envelope)
+            if change.row is None:
+                return source.tombstone(record)
+            mapping = source.mapping
+            read = mapping.read_fields(change.row)
+            digest = mapping.fingerprint(read)
+            decoded = value if isinstance(value, Mapping) else change.row  # a row was read: an object
+            kept = source.kept(record.key, digest)
+            if kept is not None:
+                return source.unchanged(record, decoded, writer, kept)
+            ref = offset.header_value().decode()
+            job_id = mapping.job_id(change.row, key_text(record.key), ref)
+            deadline = None
+            if mapping.deadline_s is not None:
+                deadline = datetime.fromtimestamp(self._wall_at(now_s) + mapping.deadline_s, UTC)
+            job = mapping.job_of(change.row, read, job_id, deadline=deadline)
+        except JobError as exc:
+            return Rejection(
+                exc.kind,
+                str(exc),
+                raw or b"",
+                job_id=key_text(record.key),
+                key=record.key,
+                headers=source.headers(record.headers, offset),
+                source=source,
+            )
+        admitted = self._admit_job(job, encode(job), record, ticket, now_s, lane)
+        if isinstance(admitted, Rejection):
+            return dataclasses.replace(
+                admitted,
+                raw=raw or b"",
+                key=record.key,
+                headers=source.headers(record.headers, offset),
+                source=source,
+            )
+        admitted.origin = SourceOrigin(
+            source, record.key, raw, record.headers, offset, decoded, writer, digest
+        )
+        source.order.admitted(record.key)
+        return admitted
+
+    def _admit_job(
+        self, job: Job, raw: bytes, record: InRecord, ticket: Ticket, now_s: float, lane: Lane | None
+    ) -> JobContext | Rejection:
+        """The checks after decoding (tenant, tier, mode, content), then the context."""
         tenant = job.tenant
         if tenant is None:
             tenant = header_tenant(record.headers)

@@ -10,7 +10,7 @@ exactly. `LaneGate.lane_of` also names a record's lane: the lane whose topic it 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from consumer.core.lanes import Lane
@@ -51,7 +51,9 @@ class LaneGate:
         stats: ServiceStats,
         *,
         max_poll_records: int,
+        extra_topics: Mapping[str, Lane] | None = None,
     ) -> None:
+        """extra_topics: topics read into a lane besides its own (the sources'), by topic."""
         if not lanes:
             raise ValueError("at least one lane")
         self.lanes = tuple(lanes)
@@ -60,6 +62,9 @@ class LaneGate:
         self._stats = stats
         self._states = [_LaneState(lane, resume_point(lane.max_inflight, max_poll_records)) for lane in lanes]
         self._by_topic = {s.lane.topic: s for s in self._states}
+        by_name = {s.lane.name: s for s in self._states}
+        for topic, lane in (extra_topics or {}).items():
+            self._by_topic[topic] = by_name[lane.name]
         self._first = self._states[0]
         for lane in lanes:
             stats.lane(lane.name)
@@ -71,16 +76,17 @@ class LaneGate:
 
     def _count(self) -> dict[str, list[TopicPartition]]:
         """Refresh each lane's in-flight count; return each lane's assigned partitions."""
-        owned: dict[str, list[TopicPartition]] = {s.lane.topic: [] for s in self._states}
+        owned: dict[str, list[TopicPartition]] = {s.lane.name: [] for s in self._states}
+        by_topic = self._by_topic
         for tp in self._intake.assignment():
-            parts = owned.get(tp.topic)
-            if parts is not None:
-                parts.append(tp)
+            state = by_topic.get(tp.topic)
+            if state is not None:
+                owned[state.lane.name].append(tp)
         if len(self._states) == 1:
             self._first.inflight = self._sink.inflight()
         else:
             for state in self._states:
-                state.inflight = sum(self._sink.inflight(tp) for tp in owned[state.lane.topic])
+                state.inflight = sum(self._sink.inflight(tp) for tp in owned[state.lane.name])
         return owned
 
     def room(self) -> int:
@@ -105,7 +111,7 @@ class LaneGate:
         owned = self._count()
         paused = self._intake.paused()
         for state in self._states:
-            lane, parts = state.lane, owned[state.lane.topic]
+            lane, parts = state.lane, owned[state.lane.name]
             if not state.paused and state.inflight >= lane.max_inflight:
                 state.paused = True
                 self._intake.pause(parts)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumer.core.completion import ChatMessage
 from consumer.core.jobs import Job, decode_job
@@ -15,6 +15,9 @@ from consumer.core.tenants import DEFAULT_TENANT
 from consumer.kafka.records import SourceOffset
 from consumer.kafka.sink import Ticket
 from consumer.runtime.tiers import TierRuntime
+
+if TYPE_CHECKING:
+    from consumer.runtime.sources import SourceOrigin
 
 
 class JobContext:
@@ -45,7 +48,9 @@ class JobContext:
     lane: the lane whose topic the job was read from (None: a job not read from a lane);
     timestamp_s, sent: the job record's Kafka timestamp (s since the epoch; job latency counts
     from it), and whether a request carrying it was sent yet (queue wait ends then);
-    tenant: whose job it is (`consumer.core.tenants`: its field, its header, else `default`).
+    tenant: whose job it is (`consumer.core.tenants`: its field, its header, else `default`);
+    origin: a source's job: the record it was made of, which its outcome is written back as
+    (`consumer.runtime.sources`; None: a job read from a job topic).
     """
 
     __slots__ = (
@@ -65,6 +70,7 @@ class JobContext:
         "mode",
         "options",
         "options_key",
+        "origin",
         "output_format",
         "raw",
         "received_s",
@@ -128,6 +134,7 @@ class JobContext:
         self.fallback_from: str | None = None
         self.done = False
         self.sent = False
+        self.origin: SourceOrigin | None = None
 
     @property
     def messages(self) -> tuple[ChatMessage, ...]:

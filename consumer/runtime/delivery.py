@@ -33,6 +33,7 @@ from consumer.runtime.admission import Rejection
 from consumer.runtime.context import JobContext
 from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATENCY, RESULT, Series
 from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
+from consumer.runtime.sources import SourceOrigin
 from consumer.runtime.stats import LaneStats, ServiceStats
 from consumer.settings import Settings
 from consumer.telemetry import ABANDONED, Telemetry
@@ -116,12 +117,23 @@ class OutcomeWriter:
             raw=rejection.raw,
             max_bytes=self.limits.dead_letters,
             tenant=rejection.tenant,
+            key=rejection.key,
+            headers=rejection.headers or None,
         )
         self._stats.dead_letters[rejection.kind.value] += 1
+        if rejection.source is not None:
+            rejection.source.stats.dead_letters[rejection.kind.value] += 1
         if lane is not None:  # rejected as it is read: its outcome took no time after its read
             self._stats.lane(lane.name).ended(0.0, ok=False)
         if rejection.tenant is not None:  # a record whose tenant cannot be read counts in none
             self.ledger.stats_of(rejection.tenant).ended(ok=False)
+        self._sink.deliver(ticket, record)
+
+    def deliver_record(self, ticket: Ticket, record: OutRecord | None, lane: Lane | None = None) -> None:
+        """An input's record that is no job's outcome (a source's tombstone; None: nothing to
+        write, the offset commits), counted in its lane as a result."""
+        if lane is not None:
+            self._stats.lane(lane.name).ended(0.0, ok=True)
         self._sink.deliver(ticket, record)
 
     def fail(
@@ -139,6 +151,10 @@ class OutcomeWriter:
         deduped to it get results from it (a failed request gives them dead letters)."""
         if ctx.done:
             return
+        origin = ctx.origin
+        if origin is not None and origin.source.config.on_error == "field":
+            self._source_failed_in_field(ctx, origin, kind, message, attempts)
+            return
         record = dead_letter_record(
             self._settings.dlq_topic,
             source=ctx.source,
@@ -152,8 +168,14 @@ class OutcomeWriter:
             traceparent=self._telemetry.traceparent(ctx.trace),
             max_bytes=self.limits.dead_letters,
             tenant=ctx.tenant,
+            # a source's job: the record's own key, bytes and headers
+            raw=origin.value if origin is not None else None,
+            key=origin.key if origin is not None else None,
+            headers=origin.source.headers(origin.headers, origin.offset) if origin is not None else None,
         )
         self._stats.dead_letters[kind.value] += 1
+        if origin is not None:
+            origin.source.stats.dead_letters[kind.value] += 1
         self._end(ctx, record, kind.value)
         if ctx.dedupe_key is not None:
             self._settle(ctx, answer, SharedFailure(kind, message, error))
@@ -177,6 +199,10 @@ class OutcomeWriter:
         if ctx.past_deadline(now_s):
             message = "answered after the job's deadline"
             self.fail(ctx, ErrorKind.DEADLINE_EXCEEDED, message, attempts=attempts, answer=shared)
+            return
+        origin = ctx.origin
+        if origin is not None:
+            self._source_answered(ctx, origin, output, embedding, attempts, shared, now_s)
             return
         record = results.record(
             job_id=ctx.id,
@@ -218,6 +244,7 @@ class OutcomeWriter:
                 ctx.dedupe_key is not None
                 or ctx.trace is not None
                 or ctx.fallback_from is not None
+                or ctx.origin is not None
                 or (deadline_s is not None and now_s >= deadline_s)
             ):
                 self.answered(ctx, results, output, attempts=attempts, now_s=now_s, embedding=embedding)
@@ -253,6 +280,52 @@ class OutcomeWriter:
                 lane_stats.ended_all([now_s - ctx.received_s for ctx in ended], ok=True)
             self.ledger.stats_of(tenant).ended(ok=True, jobs=len(ended))
             series[2 * (mode == "offline")].observe_all([wall_s - ctx.timestamp_s for ctx in ended])
+
+    def _source_answered(
+        self,
+        ctx: JobContext,
+        origin: SourceOrigin,
+        output: str | None,
+        embedding: Sequence[float] | None,
+        attempts: int,
+        shared: SharedAnswer | None,
+        now_s: float,
+    ) -> None:
+        """A source job's answer as its enriched record (none when a newer record of its key
+        was written: its offset commits all the same)."""
+        source = origin.source
+        answer = source.answer_of(output, embedding, ctx.output_format is not None)
+        record = source.enriched(origin, answer, tier=ctx.tier.name, attempts=attempts)
+        if record is None:
+            ctx.done = True
+            self._telemetry.end_job(ctx.trace)
+            self._sink.deliver(ctx.ticket, None)
+            source.order.ended(origin.key)
+            self._settle(ctx, shared, None)
+            return
+        if record.size_bytes > self.limits.results:
+            # the broker would refuse it on every attempt: a dead letter says why instead
+            problem = f"the enriched record would be {record.size_bytes} bytes, over {self.limits.results}"
+            self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts, answer=shared)
+            return
+        self.succeed(ctx, record, shared, now_s=now_s)
+
+    def _source_failed_in_field(
+        self, ctx: JobContext, origin: SourceOrigin, kind: ErrorKind, message: str, attempts: int
+    ) -> None:
+        """on_error: field: the enriched record with the answer null and the error beside it."""
+        source = origin.source
+        error = {"kind": kind.value, "message": message}
+        record = source.enriched(origin, None, tier=ctx.tier.name, attempts=attempts, error=error)
+        source.stats.dead_letters[kind.value] += 1
+        self._stats.dead_letters[kind.value] += 1
+        if record is None:
+            ctx.done = True
+            self._telemetry.end_job(ctx.trace)
+            self._sink.deliver(ctx.ticket, None)
+            source.order.ended(origin.key)
+            return
+        self._end(ctx, record, kind.value)
 
     def succeed(
         self,
@@ -323,6 +396,8 @@ class OutcomeWriter:
         """No outcome: the job stays uncommitted and is read again by the partition's next
         owner; so do the jobs deduped to it."""
         ctx.done = True
+        if ctx.origin is not None:
+            ctx.origin.source.order.ended(ctx.origin.key)
         self._telemetry.end_job(ctx.trace, error=ABANDONED)
         key, table = ctx.dedupe_key, ctx.tier.dedupe
         if key is not None and table is not None:
@@ -337,6 +412,8 @@ class OutcomeWriter:
         ctx.done = True
         self._telemetry.end_job(ctx.trace, record, error=error)
         self._sink.deliver(ctx.ticket, record)
+        if ctx.origin is not None:
+            ctx.origin.source.order.ended(ctx.origin.key)
         lane_stats, series = self._ends_of(ctx)
         if lane_stats is not None:
             lane_stats.ended((self._clock() if now_s is None else now_s) - ctx.received_s, ok=ok)

@@ -154,6 +154,45 @@ def _each(group: str, parts: tuple[tuple[str, str], ...]) -> Samples:
 _OUTCOMES = (("result", "results"), ("dead_letter", "dead_letters"))
 
 
+#: a source's records by what became of them (`consumer.runtime.sources`)
+_SOURCE_OUTCOMES = (
+    ("in", "records_in"),
+    ("enriched", "enriched"),
+    ("skipped_unchanged", "skipped_unchanged"),
+    ("tombstone", "tombstones"),
+    ("stale_dropped", "stale_dropped"),
+)
+
+#: per source (`sources:` of the tier file)
+SOURCE_METRICS: tuple[_Metric, ...] = (
+    _Metric(
+        ("source", "records"),
+        "Records of the source: read (in), written back enriched, written with the key's last answer "
+        "(skipped_unchanged), tombstones written, stale answers dropped",
+        True,
+        ("source", "outcome"),
+        _each("sources", _SOURCE_OUTCOMES),
+    ),
+    _Metric(
+        ("source", "dead_letters"),
+        "Records of the source dead-lettered, by kind",
+        True,
+        ("source", "kind"),
+        lambda s: [
+            ((name, kind), n)
+            for name, st in sorted(s.sources.items())
+            for kind, n in sorted(st.dead_letters.items())
+        ],
+    ),
+    _Metric(
+        ("source", "held"),
+        "Records of the source waiting for their schema (the registry unreachable)",
+        False,
+        ("source",),
+        _per("sources", "held"),
+    ),
+)
+
 #: per lane (`consumer.core.lanes`), beside the per-tier figures
 LANE_METRICS: tuple[_Metric, ...] = (
     _Metric(
@@ -359,6 +398,7 @@ METRICS: tuple[_Metric, ...] = (
         _limit_reasons,
     ),
     *LANE_METRICS,
+    *SOURCE_METRICS,
     *TENANT_METRICS,
     *QUOTA_METRICS,
     _Metric(

@@ -252,9 +252,12 @@ def dead_letter_record(
     traceparent: str | None = None,
     max_bytes: int = MAX_VALUE_BYTES,
     tenant: str | None = None,
+    key: bytes | None = None,
+    headers: tuple[tuple[str, bytes], ...] | None = None,
 ) -> OutRecord:
     """A DeadLetter. `raw` (the original bytes) is kept whenever the caller has it and the
-    dead letter stays within `max_bytes` (see `_within`); `tenant`: the job's, when known."""
+    dead letter stays within `max_bytes` (see `_within`); `tenant`: the job's, when known;
+    `key`, `headers`: a source record's own (None: the job id, and the source header)."""
     jid = job.id if job is not None else job_id
     dead = DeadLetter(
         id=jid,
@@ -268,8 +271,10 @@ def dead_letter_record(
         failed_at=datetime.now(UTC),
         tenant=tenant,
     )
-    headers = (*_headers(source, traceparent), (ERROR_KIND_HEADER, kind.value.encode()))
-    return OutRecord(topic, jid.encode() if jid else None, _within(dead, source, max_bytes), headers)
+    base = _headers(source, traceparent) if headers is None else headers
+    out_headers = (*base, (ERROR_KIND_HEADER, kind.value.encode()))
+    out_key = key if key is not None else (jid.encode() if jid else None)
+    return OutRecord(topic, out_key, _within(dead, source, max_bytes), out_headers)
 
 
 def _within(dead: DeadLetter, source: SourceOffset, max_bytes: int) -> bytes:

@@ -46,6 +46,7 @@ from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.embed_runner import EmbedRunner
 from consumer.runtime.fallback import FallbackRouter
 from consumer.runtime.plangate import PlanGate, running_plan_limit
+from consumer.runtime.sources import Ready, SourceIntake
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
@@ -98,12 +99,14 @@ class Pipeline:
         lanes: tuple[Lane, ...] = (),
         tenants: TenantPolicies | None = None,
         gate: TenantGate | None = None,
+        sources: SourceIntake | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """tenants: their fair-share weights order the windows due together and the queued
         plans (None: every tenant weighs 1); gate: the tenants' budgets, when some account has
-        one (their spent tenants' jobs are held or dead-lettered before they go further)."""
+        one (their spent tenants' jobs are held or dead-lettered before they go further);
+        sources: the source topics' records, decoded before admission (None: no sources)."""
         self._settings = settings
         self._tiers = tiers
         self._intake = intake
@@ -134,7 +137,11 @@ class Pipeline:
         self._plans: set[asyncio.Task[None]] = set()
         # each lane pauses its own partitions at its own bound (no lanes: one on the jobs topic)
         lanes = lanes or (Lane(DEFAULT_LANE_NAME, settings.jobs_topic, max_inflight=settings.max_inflight),)
-        self._lanes = LaneGate(lanes, intake, sink, stats, max_poll_records=MAX_POLL_RECORDS)
+        self._sources = sources
+        source_lanes = {src.topic: src.lane for src in sources.sources} if sources is not None else {}
+        self._lanes = LaneGate(
+            lanes, intake, sink, stats, max_poll_records=MAX_POLL_RECORDS, extra_topics=source_lanes
+        )
         # plans start per (tier, lane, tenant account): a lane's or an account's queued plans
         # never wait behind another's running ones (within a key: fair between tenants)
         self._gate: PlanGate[tuple[str, str, str], tuple[list[JobContext], PackKey | None]] = PlanGate(
@@ -173,6 +180,8 @@ class Pipeline:
                     records = await self._intake.poll(timeout_s, min(MAX_POLL_RECORDS, room))
                 now_s = self._clock()
                 self._route_again(now_s)
+                if self._sources is not None:
+                    self._take_sources(self._sources.released(), now_s)
                 self._take_all(records, now_s)
                 self._dispatch(self._windows.due(now_s, can_still_join=self._can_still_join))
                 self._lanes.apply()
@@ -229,6 +238,8 @@ class Pipeline:
             self._outcomes.abandon(ctx)
         if self._offline is not None:
             self._offline.drop_partitions(partitions)
+        if self._sources is not None:
+            self._sources.drop_partitions(partitions)
         log.info("revoked %s: %d windowed jobs abandoned (not committed)", sorted(partitions), len(abandoned))
         await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
 
@@ -238,19 +249,42 @@ class Pipeline:
 
     # ------------------------------------------------------------------ intake and routing
     def _take_all(self, records: Iterable[InRecord], now_s: float) -> None:
-        """Admit and route a poll's records, in order."""
+        """Admit and route a poll's records, in order (a source's, once it can decode them)."""
         track, lane_of, admit = self._sink.track, self._lanes.lane_of, self._admission.admit
         route, stats = self._route, self._stats
+        sources = self._sources.by_topic if self._sources is not None else None
         for record in records:
             ticket = track(record.source)
             stats.items_in += 1
             try:
                 lane = lane_of(record.source.tp.topic)
+                if sources is not None:
+                    source = sources.get(record.source.tp.topic)
+                    if source is not None:
+                        assert self._sources is not None
+                        if self._sources.take(source, record, ticket, lane):
+                            self._take_sources([(record, ticket, lane, source)], now_s)
+                        continue
                 admitted = admit(record, ticket, now_s, lane)
                 if isinstance(admitted, Rejection):
                     self._outcomes.reject(ticket, admitted, lane)
                 else:
                     route(admitted, now_s)
+            except Exception:
+                self._not_taken(record)
+
+    def _take_sources(self, ready: Iterable[Ready], now_s: float) -> None:
+        """Admit and route source records: a job, a dead letter, or a tombstone for its key."""
+        admit = self._admission.admit_source
+        for record, ticket, lane, source in ready:
+            try:
+                admitted = admit(source, record, ticket, now_s, lane)
+                if isinstance(admitted, Rejection):
+                    self._outcomes.reject(ticket, admitted, lane)
+                elif isinstance(admitted, JobContext):
+                    self._route(admitted, now_s)
+                else:  # a deleted row's tombstone, or nothing when a newer record was written
+                    self._outcomes.deliver_record(ticket, admitted, lane)
             except Exception:
                 self._not_taken(record)
 

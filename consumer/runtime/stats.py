@@ -236,6 +236,26 @@ class QuotaStats:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+@dataclass
+class SourceStats:
+    """Counters of one source: what `promptbus stats` prints per source and `/metrics` labels
+    `source`."""
+
+    records_in: int = 0
+    enriched: int = 0
+    skipped_unchanged: int = 0
+    tombstones: int = 0
+    stale_dropped: int = 0
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    #: gauge: records waiting for their schema (the registry unreachable)
+    held: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "dead_letters"}
+        out["dead_letters"] = dict(self.dead_letters)
+        return out
+
+
 def budget_left(budget: float, spent: float) -> float:
     """What a budget has left (0 once spent; 0 also for no budget: callers check `budget`)."""
     return max(budget - spent, 0.0)
@@ -271,6 +291,8 @@ class ServiceStats:
     latency: LatencyHistograms = field(default_factory=LatencyHistograms)
     #: per owned (topic, partition): records not committed, age of the oldest read of them
     lag: dict[tuple[str, int], PartitionLag] = field(default_factory=dict)
+    #: per source (`sources:` of the tier file), by name
+    sources: dict[str, SourceStats] = field(default_factory=dict)
 
     def tier(self, name: str) -> TierStats:
         ts = self.tiers.get(name)
@@ -283,6 +305,12 @@ class ServiceStats:
         if ls is None:
             ls = self.lanes[name] = LaneStats()
         return ls
+
+    def source(self, name: str) -> SourceStats:
+        found = self.sources.get(name)
+        if found is None:
+            found = self.sources[name] = SourceStats()
+        return found
 
     def tenant(self, account: str) -> TenantStats:
         found = self.tenants.get(account)
@@ -308,6 +336,7 @@ class ServiceStats:
             "lanes": {name: ls.as_dict() for name, ls in sorted(self.lanes.items())},
             "tenants": {name: ts.as_dict() for name, ts in sorted(self.tenants.items())},
             "quotas": {name: qs.as_dict() for name, qs in sorted(self.quotas.items())},
+            "sources": {name: ss.as_dict() for name, ss in sorted(self.sources.items())},
             # the deployments of tiers that configure them ("TIER/NAME"); a tier's own one is the tier
             "deployments": {
                 f"{tier}/{label}": ds.as_dict()

@@ -25,6 +25,20 @@ class KafkaSecurity(BaseModel):
     ssl_cafile: str | None = Field(None, description="CA file that signs the brokers' certificates")
 
 
+class SchemaRegistry(BaseModel):
+    """A Confluent-compatible Schema Registry (sources in avro, protobuf or json_schema)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str | None = Field(
+        None,
+        description="the registry's API root (Confluent's, or Apicurio's /apis/ccompat/v7); unset: none",
+    )
+    username: str | None = Field(None, description="basic-auth user")
+    password: SecretStr | None = Field(None, description="basic-auth password; a secret, never logged")
+    timeout_s: float = Field(10.0, gt=0, description="one registry request's bound")
+
+
 class Settings(BaseSettings):
     """Environment settings (PROMPTBUS_*, nested with __)."""
 
@@ -128,6 +142,14 @@ class Settings(BaseSettings):
     )
     kafka: KafkaSecurity = Field(
         KafkaSecurity(), description="Kafka client security (nested: PROMPTBUS_KAFKA__...)"
+    )
+    schema_registry: SchemaRegistry = Field(
+        SchemaRegistry(),
+        description="the Schema Registry of sources (nested: PROMPTBUS_SCHEMA_REGISTRY__...)",
+    )
+    enrichments_topic: str = Field(
+        "promptbus.enrichments",
+        description="compacted: per source and record key, what its last enrichment read and answered",
     )
 
 

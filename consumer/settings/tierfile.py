@@ -17,6 +17,7 @@ from consumer.core.tenants import TenantPolicies
 from consumer.settings.base import StrictModel
 from consumer.settings.lanes import LaneConfig, lane_list, lanes_problem
 from consumer.settings.quotas import QuotaConfig
+from consumer.settings.sources import SourceConfig, sources_problem
 from consumer.settings.tenants import TenantConfig, tenant_policies, tenants_problem
 from consumer.settings.tiers import TierConfig
 from consumer.yaml12 import YAMLError, load_yaml
@@ -51,12 +52,27 @@ class TierFile(StrictModel):
         description="quota name -> what one API key and model may spend per minute, shared by every "
         "instance of the group; a tier names one with quota: NAME",
     )
+    sources: dict[str, SourceConfig] | None = Field(
+        None,
+        min_length=1,
+        description="source name -> an existing topic read into one tier, each record written back "
+        "enriched under its key (docs/sources.md)",
+    )
 
     @model_validator(mode="after")
     def _check_lanes(self) -> TierFile:
         problem = lanes_problem(self.lanes) if self.lanes else None
         if problem is not None:
             raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> TierFile:
+        if self.sources:
+            lane_topics = {name: lane.topic for name, lane in (self.lanes or {}).items()}
+            problem = sources_problem(self.sources, self.tiers, lane_topics)
+            if problem is not None:
+                raise KeyedProblem(*problem)
         return self
 
     @model_validator(mode="after")

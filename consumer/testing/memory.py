@@ -364,8 +364,10 @@ class MemoryEdges:
 
     broker: MemoryBroker
 
-    async def ensure_topics(self, settings: Settings, lane_topics: Sequence[str] = ()) -> dict[str, str]:
-        specs = topic_specs(settings, lane_topics)
+    async def ensure_topics(
+        self, settings: Settings, lane_topics: Sequence[str] = (), enriched_topics: Sequence[str] = ()
+    ) -> dict[str, str]:
+        specs = topic_specs(settings, lane_topics, enriched_topics)
         report = {s.name: "exists" if s.name in self.broker.topics else "created" for s in specs}
         for spec in specs:
             self.broker.topic(spec.name, spec.partitions)

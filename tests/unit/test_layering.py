@@ -1,7 +1,7 @@
 """Imports under consumer/ go one way (STYLE.md habit 3), checked on every module's AST.
 
-    core, yaml12  <-  settings  <-  providers, kafka, telemetry, schemas, localmodel
-                  <-  runtime (providers, kafka, telemetry)  <-  app  <-  cli
+    core, yaml12  <-  settings  <-  providers, kafka, registry, telemetry, schemas, localmodel
+                  <-  runtime (providers, kafka, registry, telemetry)  <-  app  <-  cli
     client: core, settings and kafka only (the producer side never loads the service)
     testing: may import anything; nothing else imports it (tests/ and bench/ do), except
              the CLI's `simulate`, which loads the simulator by name when it is parsed
@@ -31,7 +31,7 @@ SETTINGS = "consumer.settings"
 WAITS = "consumer.waits"
 YAML12 = "consumer.yaml12"
 BASE = frozenset({CORE, SETTINGS, WAITS})
-EDGES = BASE | {"consumer.kafka", "consumer.providers", "consumer.telemetry"}
+EDGES = BASE | {"consumer.kafka", "consumer.providers", "consumer.registry", "consumer.telemetry"}
 RUNTIME = EDGES | {"consumer.runtime"}
 
 #: top-level name -> the top-level names its modules may import (besides their own)
@@ -42,6 +42,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     YAML12: frozenset(),
     "consumer.kafka": BASE,
     "consumer.providers": BASE,
+    "consumer.registry": BASE,
     "consumer.telemetry": BASE,
     "consumer.schemas": BASE,
     "consumer.docs_tables": BASE | {"consumer.schemas"},

@@ -1,0 +1,318 @@
+"""A source's record codec: its values decoded into rows, and enriched rows encoded back.
+
+`SourceCodec` serves one source: `json` values are UTF-8 JSON; `avro`, `protobuf` and
+`json_schema` values are in the Confluent wire format, a zero magic byte and the 4-byte
+big-endian schema id (then, for Protobuf, the message indexes: a zigzag varint count and the
+indexes, a single 0 for the first message), then the payload. A registry format's codec learns
+each writer schema once (`prepare`, the one step that awaits the registry) and, when the
+enriched record keeps the input's format, the output schema made from it: the writer schema
+plus the answer's field (and its error field), registered under the output topic's subject
+(TopicNameStrategy: `<topic>-value`). After that, `decode` and `encode` are plain CPU work.
+
+Decoding problems are `JobError(UNDECODABLE)`: the record is dead-lettered with its bytes.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from consumer.core.errors import ErrorKind, JobError, PromptbusError
+from consumer.registry.client import SchemaNotFound, SchemaRegistry, SchemaType
+
+__all__ = ["MAGIC_BYTE", "SourceCodec", "WriterKey", "avro_output_schema", "to_json", "wire_schema_id"]
+
+MAGIC_BYTE = 0
+Format = Literal["json", "avro", "protobuf", "json_schema"]
+_SCHEMA_TYPES: dict[str, SchemaType] = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}
+
+
+def wire_schema_id(value: bytes) -> int:
+    """The schema id of a Confluent wire-format value (JobError UNDECODABLE when it is none)."""
+    if len(value) < 5:
+        problem = f"{len(value)} bytes: too short for the wire format's header"
+        raise JobError(ErrorKind.UNDECODABLE, problem)
+    if value[0] != MAGIC_BYTE:
+        problem = f"magic byte {value[0]}, not 0: not in the Confluent wire format"
+        raise JobError(ErrorKind.UNDECODABLE, problem)
+    return int.from_bytes(value[1:5], "big")
+
+
+def _message_indexes(value: bytes, at: int) -> tuple[tuple[int, ...], int]:
+    """The Protobuf message indexes after the schema id, and where the payload starts."""
+
+    def varint(pos: int) -> tuple[int, int]:
+        shift = result = 0
+        while True:
+            if pos >= len(value):
+                raise JobError(ErrorKind.UNDECODABLE, "the message indexes run past the value")
+            byte = value[pos]
+            result |= (byte & 0x7F) << shift
+            pos += 1
+            if not byte & 0x80:
+                return (result >> 1) ^ -(result & 1), pos  # zigzag
+            shift += 7
+
+    count, pos = varint(at)
+    if count == 0:
+        return (0,), pos
+    indexes = []
+    for _ in range(count):
+        index, pos = varint(pos)
+        indexes.append(index)
+    return tuple(indexes), pos
+
+
+def _zigzag_varints(numbers: tuple[int, ...]) -> bytes:
+    out = bytearray()
+    for n in numbers:
+        z = (n << 1) ^ (n >> 63)
+        while True:
+            if z < 0x80:
+                out.append(z)
+                break
+            out.append((z & 0x7F) | 0x80)
+            z >>= 7
+    return bytes(out)
+
+
+def _json_default(value: Any) -> Any:
+    """What JSON cannot hold as it is (Avro's decimals, bytes, dates): text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def to_json(row: Any) -> bytes:
+    """A row as JSON bytes (Avro's decimals, bytes and dates as text)."""
+    return orjson.dumps(row, default=_json_default)
+
+
+#: what a value was written with: its schema id and, for Protobuf, its message indexes
+WriterKey = tuple[int, tuple[int, ...]]
+
+
+@dataclass(slots=True)
+class _Writer:
+    """What one writer schema (and message) reads, and the schema id its enriched records are
+    written with (None: JSON)."""
+
+    decode: Any  # (payload bytes) -> row
+    encode: Any  # (row) -> payload bytes
+    out_id: int | None
+
+
+class SourceCodec:
+    """One source's values: decoded into rows, enriched rows encoded back (module docstring).
+
+    fields: the answer's field and, with on_error: field, its error field (a registry format's
+    output schema gets them as optional strings: an object answer is kept as its JSON text).
+    """
+
+    def __init__(
+        self,
+        fmt: Format,
+        registry: SchemaRegistry | None,
+        *,
+        out_topic: str,
+        out_format: Literal["same", "json"],
+        fields: tuple[str, ...],
+    ) -> None:
+        if fmt != "json" and registry is None:
+            raise PromptbusError(f"format {fmt} needs a Schema Registry (PROMPTBUS_SCHEMA_REGISTRY__URL)")
+        self.format = fmt
+        self._registry = registry
+        self._out_subject = f"{out_topic}-value"
+        self._out_format = out_format
+        self._fields = fields
+        self._writers: dict[WriterKey, _Writer] = {}
+
+    @property
+    def uses_registry(self) -> bool:
+        return self.format != "json"
+
+    def _key(self, value: bytes) -> tuple[WriterKey, int]:
+        """The writer key of a wire-format value and where its payload starts (JobError
+        UNDECODABLE when it is not in the wire format)."""
+        schema_id = wire_schema_id(value)
+        if self.format != "protobuf":
+            return (schema_id, ()), 5
+        indexes, at = _message_indexes(value, 5)
+        return (schema_id, indexes), at
+
+    def missing(self, value: bytes | None) -> WriterKey | None:
+        """The writer `value` needs that `prepare` has not learnt yet (None: none; a value that
+        is not in the wire format needs none: `decode` dead-letters it)."""
+        if self.format == "json" or not value:
+            return None
+        try:
+            key, _at = self._key(value)
+        except JobError:
+            return None
+        return None if key in self._writers else key
+
+    async def prepare(self, key: WriterKey) -> None:
+        """Learn the writer `key` names (and register its output schema). An id the registry
+        does not know is remembered as undecodable; RegistryUnavailable propagates: try again."""
+        assert self._registry is not None
+        schema_id, indexes = key
+        try:
+            registered = await self._registry.schema(schema_id)
+        except SchemaNotFound as exc:
+            self._writers[key] = _Writer(_unknown(str(exc)), None, None)
+            return
+        expected = _SCHEMA_TYPES[self.format]
+        if registered.schema_type != expected:
+            problem = f"schema id {schema_id} is {registered.schema_type}, not {expected}"
+            self._writers[key] = _Writer(_unknown(problem), None, None)
+            return
+        try:
+            made = _writer_for(self.format, registered.text, indexes, self._fields)
+        except (PromptbusError, ValueError) as exc:  # a schema this codec cannot read
+            self._writers[key] = _Writer(_unknown(f"schema id {schema_id}: {exc}"), None, None)
+            return
+        if self._out_format == "same":
+            made.writer.out_id = await self._registry.register(self._out_subject, expected, made.out_text)
+        self._writers[key] = made.writer
+
+    def decode(self, value: bytes) -> tuple[Any, WriterKey]:
+        """The row of a value and what it was written with ((0, ()) for JSON); JobError
+        UNDECODABLE."""
+        if self.format == "json":
+            try:
+                return orjson.loads(value), (0, ())
+            except orjson.JSONDecodeError as exc:
+                raise JobError(ErrorKind.UNDECODABLE, f"not JSON: {exc.msg} at char {exc.pos}") from None
+        key, at = self._key(value)
+        writer = self._writers.get(key)
+        if writer is None:  # the caller prepares every writer first
+            problem = f"schema id {key[0]} was never read from the registry"
+            raise JobError(ErrorKind.UNDECODABLE, problem)
+        try:
+            return writer.decode(value[at:]), key
+        except JobError:
+            raise
+        except Exception as exc:
+            problem = f"schema id {key[0]} cannot read the value: {exc}"
+            raise JobError(ErrorKind.UNDECODABLE, problem) from None
+
+    def encode(self, row: Mapping[str, Any], key: WriterKey) -> bytes:
+        """An enriched row in the output's format (`key`: what its input was written with)."""
+        writer = self._writers.get(key)
+        if writer is None or writer.out_id is None:
+            return to_json(row)
+        header = bytes((MAGIC_BYTE,)) + writer.out_id.to_bytes(4, "big")
+        if self.format == "protobuf":
+            indexes = key[1]
+            header += b"\x00" if indexes in ((), (0,)) else _zigzag_varints((len(indexes), *indexes))
+        return header + writer.encode(row)
+
+
+def _unknown(problem: str) -> Any:
+    def decode(_payload: bytes) -> Any:
+        raise JobError(ErrorKind.UNDECODABLE, problem)
+
+    return decode
+
+
+@dataclass(slots=True)
+class _Made:
+    writer: _Writer
+    out_text: str
+
+
+def _writer_for(fmt: Format, text: str, indexes: tuple[int, ...], fields: tuple[str, ...]) -> _Made:
+    if fmt == "avro":
+        return _avro(text, fields)
+    if fmt == "json_schema":
+        return _json_schema(text, fields)
+    return _protobuf(text, indexes, fields)
+
+
+def avro_output_schema(text: str, fields: tuple[str, ...]) -> str:
+    """The enriched records' Avro schema: the writer's record plus `fields`, each an optional
+    string (null by default, so the output subject stays BACKWARD compatible)."""
+    writer_schema = orjson.loads(text)
+    if not isinstance(writer_schema, dict) or writer_schema.get("type") != "record":
+        raise PromptbusError("an Avro source's schema must be a record")
+    taken = {f["name"] for f in writer_schema.get("fields", [])}
+    extra = [{"name": f, "type": ["null", "string"], "default": None} for f in fields if f not in taken]
+    return orjson.dumps({**writer_schema, "fields": [*writer_schema.get("fields", []), *extra]}).decode()
+
+
+def _avro(text: str, fields: tuple[str, ...]) -> _Made:
+    import fastavro
+
+    out_text = avro_output_schema(text, fields)
+    parsed_in = fastavro.parse_schema(orjson.loads(text))
+    parsed_out = fastavro.parse_schema(orjson.loads(out_text))
+
+    def decode(payload: bytes) -> Any:
+        return fastavro.schemaless_reader(io.BytesIO(payload), parsed_in, None)
+
+    def encode(row: Mapping[str, Any]) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed_out, _strings(row, fields))
+        return buf.getvalue()
+
+    return _Made(_Writer(decode, encode, None), out_text)
+
+
+def _json_schema(text: str, fields: tuple[str, ...]) -> _Made:
+    writer_schema = orjson.loads(text)
+    if not isinstance(writer_schema, dict):
+        raise PromptbusError("a JSON Schema source's schema must be an object")
+    properties = dict(writer_schema.get("properties") or {})
+    for name in fields:
+        properties.setdefault(name, {"type": ["string", "object", "array", "null"]})
+    out_schema = {**writer_schema, "properties": properties}
+
+    def decode(payload: bytes) -> Any:
+        return orjson.loads(payload)
+
+    def encode(row: Mapping[str, Any]) -> bytes:
+        return to_json(row)
+
+    return _Made(_Writer(decode, encode, None), orjson.dumps(out_schema).decode())
+
+
+def _protobuf(text: str, indexes: tuple[int, ...], fields: tuple[str, ...]) -> _Made:
+    """The message `indexes` name, and the same schema with the fields added to it (a
+    top-level message: a nested one is refused, as undecodable)."""
+    from consumer.registry.protobuf import ProtoSchema, with_string_field
+
+    indexes = indexes or (0,)
+    if len(indexes) > 1:
+        raise PromptbusError(f"message indexes {list(indexes)}: a nested message is not enriched")
+    schema_in = ProtoSchema(text)
+    message = schema_in.descriptor(indexes)
+    out_text = text
+    number = max((f.number for f in message.fields), default=0)
+    for name in fields:
+        if name not in message.fields_by_name:
+            number += 1
+            out_text = with_string_field(out_text, message.name, name, number)
+    schema_out = ProtoSchema(out_text)
+
+    def decode(payload: bytes) -> Any:
+        return schema_in.decode(indexes, payload)
+
+    def encode(row: Mapping[str, Any]) -> bytes:
+        return schema_out.encode(indexes, _strings(row, fields))
+
+    return _Made(_Writer(decode, encode, None), out_text)
+
+
+def _strings(row: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """The row with the answer's fields as text (an object answer as its JSON) for a schema
+    whose added fields are strings."""
+    out = dict(row)
+    for name in fields:
+        value = out.get(name)
+        if value is not None and not isinstance(value, str):
+            out[name] = orjson.dumps(value).decode()
+    return out

@@ -1,0 +1,346 @@
+"""Sources at run time: an existing topic's records read as jobs, their answers written back as
+enriched records under the records' own keys.
+
+A record of a source topic is taken in like a job record (tracked for its commit, counted in
+its lane), then:
+
+1. `SourceIntake.take` hands it on at once when its codec can decode it now (JSON, or a registry
+   format whose writer schema it has learnt); else it is held, with every later record of its
+   partition (their order per key must hold), while its schema is read from the registry in the
+   background. A registry that is down holds them, as a provider outage holds jobs: nothing is
+   dead-lettered for it, and the lane's in-flight bound pauses the partitions meanwhile.
+2. Admission decodes it and maps it (`consumer.core.sources`) into an ordinary job whose context
+   carries its `SourceOrigin`; a tombstone or a Debezium delete becomes a tombstone record for the
+   key at once; an undecodable record is a dead letter with its key, bytes and headers.
+3. Nothing after admission knows the job came from a source until its outcome is written: then
+   `SourceRuntime.enriched` makes its record, the original value plus the answer's field, with the
+   original key and headers (and promptbus-* ones), to the partition the producer's default
+   partitioner gives that key. Per key, order holds: an answer older than the record already
+   written for its key is dropped and counted (`KeyOrder`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import orjson
+
+from consumer.core.errors import PromptbusError, RegistryUnavailable
+from consumer.core.lanes import Lane
+from consumer.core.sources import SourceMapping, enriched_value
+from consumer.kafka.intake import InRecord
+from consumer.kafka.records import SOURCE_HEADER, OutRecord, SourceOffset, TopicPartition
+from consumer.kafka.sink import Ticket
+from consumer.registry.codecs import SourceCodec, WriterKey, to_json
+from consumer.runtime.memo import EnrichmentMemo, Recalled
+from consumer.runtime.stats import SourceStats
+from consumer.settings.sources import SourceConfig
+
+__all__ = ["KeyOrder", "SourceIntake", "SourceOrigin", "SourceRuntime"]
+
+log = logging.getLogger(__name__)
+
+TIER_HEADER = "promptbus-tier"
+ATTEMPTS_HEADER = "promptbus-attempts"
+#: the headers promptbus sets on an enriched record (an input's own of these names are replaced)
+_OWN_HEADERS = frozenset({SOURCE_HEADER, TIER_HEADER, ATTEMPTS_HEADER, "promptbus-error-kind"})
+#: how long held records wait before the registry is asked again, doubling up to the second
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 30.0
+
+
+class KeyOrder:
+    """Per record key, while records of the key are in flight: the newest input offset whose
+    enriched record was written. An answer for an older offset than that is stale."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        #: key -> [newest written offset (-1: none yet), records in flight]
+        self._keys: dict[bytes, list[int]] = {}
+
+    def admitted(self, key: bytes | None) -> None:
+        if key is None:
+            return
+        entry = self._keys.get(key)
+        if entry is None:
+            self._keys[key] = [-1, 1]
+        else:
+            entry[1] += 1
+
+    def write(self, key: bytes | None, offset: int) -> bool:
+        """Whether the record for `offset` may be written (False: a newer one was)."""
+        if key is None:
+            return True
+        entry = self._keys.get(key)
+        if entry is None:  # a tombstone: nothing of the key in flight
+            return True
+        if entry[0] > offset:
+            return False
+        entry[0] = offset
+        return True
+
+    def ended(self, key: bytes | None) -> None:
+        if key is None:
+            return
+        entry = self._keys.get(key)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._keys[key]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+class SourceOrigin(NamedTuple):
+    """What a source job's enriched record and dead letter are made of: its source, the input
+    record (key, value bytes, headers, where it was read), its decoded value (a Debezium
+    event's whole envelope: the enriched record is the original value plus the field) and the
+    writer schema it was read with."""
+
+    source: SourceRuntime
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    offset: SourceOffset
+    decoded: Mapping[str, Any]
+    writer: WriterKey
+    #: the digest of what the job read of it (`SourceMapping.fingerprint`)
+    read_digest: str
+
+
+class SourceRuntime:
+    """One configured source: its mapping, codec, lane, counters and key order."""
+
+    def __init__(
+        self,
+        name: str,
+        config: SourceConfig,
+        codec: SourceCodec,
+        lane: Lane,
+        stats: SourceStats,
+        memo: EnrichmentMemo | None = None,
+    ) -> None:
+        """memo: where each key's last enrichment is kept (None: every record is asked)."""
+        self.name = name
+        self.memo = memo if config.unchanged == "skip" else None
+        self.config = config
+        self.mapping: SourceMapping = config.mapping(name)
+        self.codec = codec
+        self.lane = lane
+        self.stats = stats
+        self.order = KeyOrder()
+        self.topic = config.topic
+        self.output_topic = config.into.topic
+        self._field = config.into.field
+
+    def __repr__(self) -> str:
+        return f"SourceRuntime({self.name!r}, {self.topic} -> {self.output_topic})"
+
+    def headers(
+        self,
+        record_headers: Sequence[tuple[str, bytes | None]],
+        offset: SourceOffset,
+        *extra: tuple[str, bytes],
+    ) -> tuple[tuple[str, bytes], ...]:
+        """The input's own headers (without promptbus's names), then `promptbus-source` and `extra`."""
+        own = tuple((k, v if v is not None else b"") for k, v in record_headers if k not in _OWN_HEADERS)
+        return (*own, (SOURCE_HEADER, offset.header_value()), *extra)
+
+    def tombstone(self, record: InRecord) -> OutRecord | None:
+        """The tombstone of a deleted row's key (None: a newer record of the key was written)."""
+        if not self.order.write(record.key, record.source.offset):
+            self.stats.stale_dropped += 1
+            return None
+        self.stats.tombstones += 1
+        if self.memo is not None:
+            self.memo.forget(self.name, record.key)
+        return OutRecord(self.output_topic, record.key, None, self.headers(record.headers, record.source))
+
+    def kept(self, key: bytes | None, read_digest: str) -> Recalled | None:
+        """The key's last enrichment when it read what `read_digest` says (`unchanged: skip`):
+        an update that changed nothing the prompt reads; None: ask the model."""
+        if self.memo is None:
+            return None
+        recalled = self.memo.recall(self.name, key)
+        return recalled if recalled is not None and recalled.read == read_digest else None
+
+    def unchanged(
+        self, record: InRecord, decoded: Mapping[str, Any], writer: WriterKey, kept: Recalled
+    ) -> OutRecord | None:
+        """The enriched record of an unchanged update, with its key's kept answer (None: a newer
+        record of the key was written)."""
+        if not self.order.write(record.key, record.source.offset):
+            self.stats.stale_dropped += 1
+            return None
+        self.stats.skipped_unchanged += 1
+        return self._record(record.key, record.headers, record.source, decoded, writer, kept.answer, 0)
+
+    def enriched(
+        self,
+        origin: SourceOrigin,
+        answer: Any,
+        *,
+        tier: str,
+        attempts: int,
+        error: Mapping[str, Any] | None = None,
+    ) -> OutRecord | None:
+        """The enriched record of `origin` with `answer` in its field (`error`: on_error field's
+        failure); None when a newer record of its key was written already (dropped, counted)."""
+        if not self.order.write(origin.key, origin.offset.offset):
+            self.stats.stale_dropped += 1
+            return None
+        if error is None:
+            self.stats.enriched += 1
+            if self.memo is not None:
+                self.memo.remember(self.name, origin.key, origin.read_digest, answer)
+        return self._record(
+            origin.key, origin.headers, origin.offset, origin.decoded, origin.writer, answer, attempts,
+            tier=tier, error=error,
+        )
+
+    def _record(
+        self,
+        key: bytes | None,
+        record_headers: Sequence[tuple[str, bytes | None]],
+        offset: SourceOffset,
+        decoded: Mapping[str, Any],
+        writer: WriterKey,
+        answer: Any,
+        attempts: int,
+        *,
+        tier: str | None = None,
+        error: Mapping[str, Any] | None = None,
+    ) -> OutRecord:
+        """The enriched record: the decoded value plus the answer, in the output's format."""
+        row = enriched_value(decoded, self._field, answer, error)
+        value = self.codec.encode(row, writer) if self.config.into.format == "same" else to_json(row)
+        headers = self.headers(
+            record_headers,
+            offset,
+            (TIER_HEADER, (tier or self.config.tier).encode()),
+            (ATTEMPTS_HEADER, str(attempts).encode()),
+        )
+        return OutRecord(self.output_topic, key, value, headers)
+
+    def answer_of(self, output: str | None, embedding: Sequence[float] | None, structured: bool) -> Any:
+        """What goes in the field: the embedding, the object a response_format gave, or the text."""
+        if embedding is not None:
+            return list(embedding)
+        if structured and output is not None:
+            try:
+                return orjson.loads(output)
+            except orjson.JSONDecodeError:
+                return output
+        return output
+
+
+class _Held(NamedTuple):
+    record: InRecord
+    ticket: Ticket
+    lane: Lane
+
+
+#: a record ready for admission: the record, its ticket, lane and source
+Ready = tuple[InRecord, Ticket, Lane, SourceRuntime]
+
+
+class SourceIntake:
+    """Hands a poll's source records to admission once their codecs can decode them; holds the
+    others (and what follows them in their partition) while their schemas are read."""
+
+    def __init__(self, sources: Sequence[SourceRuntime], *, rng: random.Random | None = None) -> None:
+        self.by_topic: dict[str, SourceRuntime] = {s.topic: s for s in sources}
+        self._held: dict[TopicPartition, list[_Held]] = {}
+        self._tasks: dict[tuple[str, WriterKey], asyncio.Task[None]] = {}
+        self._rng = rng or random.Random()
+
+    @property
+    def sources(self) -> list[SourceRuntime]:
+        return list(self.by_topic.values())
+
+    def held(self) -> int:
+        return sum(len(v) for v in self._held.values())
+
+    def take(self, source: SourceRuntime, record: InRecord, ticket: Ticket, lane: Lane) -> bool:
+        """True when `record` may be admitted now; else it is held (its schema is being read,
+        or an earlier record of its partition waits)."""
+        source.stats.records_in += 1
+        tp = record.source.tp
+        queue = self._held.get(tp)
+        missing = source.codec.missing(record.value)
+        if queue is None and missing is None:
+            return True
+        if missing is not None:
+            self._prepare(source, missing)
+        self._held.setdefault(tp, []).append(_Held(record, ticket, lane))
+        source.stats.held += 1
+        return False
+
+    def released(self) -> list[Ready]:
+        """The held records whose schemas are known now, per partition in offset order (a
+        partition's queue stops at its first record still waiting)."""
+        out: list[Ready] = []
+        for tp in list(self._held):
+            queue = self._held[tp]
+            source = self.by_topic[tp.topic]
+            taken = 0
+            for held in queue:
+                missing = source.codec.missing(held.record.value)
+                if missing is not None:
+                    self._prepare(source, missing)
+                    break
+                out.append((held.record, held.ticket, held.lane, source))
+                taken += 1
+            source.stats.held -= taken
+            if taken == len(queue):
+                del self._held[tp]
+            elif taken:
+                del queue[:taken]
+        return out
+
+    def drop_partitions(self, partitions: set[TopicPartition]) -> None:
+        """Forget the held records of revoked partitions (uncommitted: read again by their next owner)."""
+        for tp in partitions:
+            queue = self._held.pop(tp, None)
+            if queue:
+                self.by_topic[tp.topic].stats.held -= len(queue)
+
+    def _prepare(self, source: SourceRuntime, writer: WriterKey) -> None:
+        key = (source.name, writer)
+        if key in self._tasks:
+            return
+        self._tasks[key] = asyncio.get_running_loop().create_task(self._learn(source, writer))
+
+    async def _learn(self, source: SourceRuntime, writer: WriterKey) -> None:
+        """Read one writer schema, retrying while the registry is unreachable."""
+        delay_s = RETRY_FIRST_S
+        try:
+            while True:
+                try:
+                    await source.codec.prepare(writer)
+                    return
+                except RegistryUnavailable as exc:
+                    log.warning(
+                        "source %s: schema id %d: %s; its records wait (retry in %.1f s)",
+                        source.name, writer[0], exc, delay_s,
+                    )
+                except PromptbusError as exc:
+                    log.error(
+                        "source %s: schema id %d cannot be used: %s; its records wait",
+                        source.name, writer[0], exc,
+                    )
+                await asyncio.sleep(delay_s * self._rng.uniform(0.8, 1.2))
+                delay_s = min(delay_s * 2, RETRY_MAX_S)
+        finally:
+            self._tasks.pop((source.name, writer), None)
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
