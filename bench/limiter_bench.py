@@ -15,13 +15,14 @@ the providers enforce theirs (a token bucket, full at the start):
 
     rpm60   1,200 requests a minute, a bucket of 1,200 refilled over 60 s (20 requests/s)
     rpm1    the same 20 requests/s, a bucket of 20 refilled over 1 s
-    tpm     600 tokens/s (input + output), a bucket of 600 refilled over 1 s
+    tpm     36,000 tokens a minute (input + output), a bucket of 36,000 refilled over 60 s
+            (600 tokens/s), as OpenAI's TPM
 
 Row names: `LATENCY-LIMIT-JOBS-INSTANCES`, LATENCY `short` (0.1-1.9 s) or `long` (0.2-8 s),
 JOBS `unbatched` or `batched` (every job `batch: true`, the tier's batching on, max_items 20).
 Each run: a fresh 12-partition jobs topic and group, the processes started and waited for until
 the group has formed, then enough jobs produced that they never run out, then `--run-s` seconds
-(90 s for rpm60 rows, whose bucket of 1,200 must run dry first), then SIGTERM.
+(60 s more for a bucket refilled over 60 s, which must run dry first), then SIGTERM.
 
 From the simulator's own counters, sampled every 0.1 s: the bucket's level is replayed from the
 requests (or tokens) it admitted; the steady part of the run starts once the bucket has run dry
@@ -63,7 +64,7 @@ RPS, TOKENS_PER_S = 20, 600
 #: answer time ranges, seconds (uniform)
 LATENCIES = {"short": (0.1, 1.9), "long": (0.2, 8.0)}
 #: limit kind -> (requests or tokens, refill window in seconds)
-LIMITS = {"rpm60": ("requests", 60.0), "rpm1": ("requests", 1.0), "tpm": ("tokens", 1.0)}
+LIMITS = {"rpm60": ("requests", 60.0), "rpm1": ("requests", 1.0), "tpm": ("tokens", 60.0)}
 MAX_ITEMS = 20
 
 
@@ -198,7 +199,7 @@ def jobs_needed(shape: Shape, run_s: float, token_cost: float) -> int:
 
 async def run_row(args: argparse.Namespace, shape: Shape, bootstrap: str, workdir: Path) -> dict[str, Any]:
     env, settings = await group_env(bootstrap, 5.0)
-    run_s = args.run_s + (30.0 if shape.limit == "rpm60" else 0.0)
+    run_s = args.run_s + (60.0 if LIMITS[shape.limit][1] >= 60.0 else 0.0)
     faults = simulator_faults(shape)
     async with SimProcess(faults, REPO_ROOT / f"bench/out/sim-limiter-{shape.name}.log") as sim:
         tiers = tier_file(f"{sim.base}/v1", shape)
@@ -286,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help=f"rows {', '.join(QUICK_ROWS)}")
     parser.add_argument("--rows", default=None, help="comma list of rows, or 'all' (default: DEFAULT_ROWS)")
-    parser.add_argument("--run-s", type=float, default=60.0, help="seconds per row (rpm60 rows: +30)")
+    parser.add_argument(
+        "--run-s", type=float, default=60.0, help="seconds per row (a bucket refilled over 60 s: +60)"
+    )
     parser.add_argument("--warmup-s", type=float, default=20.0, help="the steady part starts no sooner")
     add_save_option(parser)
     args = parser.parse_args(argv)

@@ -274,8 +274,10 @@ def build_memo(
     """The memo of the sources' last enrichments (None: no source skips unchanged updates)."""
     if not any(source.unchanged == "skip" for source in (tier_file.sources or {}).values()):
         return None
-    follower = edges.follower(settings, f"promptbus-{instance}-memo", settings.enrichments_topic)
-    return EnrichmentMemo(follower, producer, settings.enrichments_topic)
+    # read at start and caught up when partitions are assigned (`consumer.runtime.memo`)
+    topic = settings.enrichments_topic
+    follower = edges.follower(settings, f"promptbus-{instance}-memo", topic, follow=False)
+    return EnrichmentMemo(follower, producer, topic)
 
 
 def build_sources(

@@ -27,8 +27,9 @@ from typing import Any, Literal
 import orjson
 
 from consumer.core.errors import ErrorKind, JobError
-from consumer.core.jobs import Job, job_from_fields
+from consumer.core.jobs import Job, Message, job_from_fields
 from consumer.core.templates import placeholders, render
+from consumer.core.tenants import tenant_problem
 
 __all__ = [
     "Change",
@@ -57,8 +58,12 @@ def source_placeholders(text: str) -> list[str]:
 def get_path(value: Any, path: str) -> Any:
     """The value at `path` (dots between keys; a digit part indexes a list), or raise KeyError
     naming the first part that is missing."""
+    return _get_parts(value, tuple(path.split(".")))
+
+
+def _get_parts(value: Any, parts: tuple[str, ...]) -> Any:
     current = value
-    for part in path.split("."):
+    for part in parts:
         if isinstance(current, Mapping) and part in current:
             current = current[part]
         elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
@@ -140,6 +145,36 @@ def _to_template(text: str, names: Mapping[str, str]) -> str:
     return _PATH_PLACEHOLDER.sub(sub, text)
 
 
+#: distinct prompts a mapping keeps made (records of one product, say, share theirs)
+PROMPTS_KEPT = 4096
+#: a `$` that starts a placeholder (`${name}`), in a value written into a prompt
+_STARTS_PLACEHOLDER = re.compile(r"\$(?=\{[A-Za-z_][A-Za-z0-9_]*\})")
+
+
+def _as_text(value: str) -> str:
+    """A value as template text that renders as itself: each `${name}` in it escaped (`$${name}`;
+    a `${` that names nothing is text already)."""
+    return _STARTS_PLACEHOLDER.sub("$$", value) if "${" in value else value
+
+
+def _pieces(template: str | None) -> tuple[tuple[tuple[str, str | None], ...], str] | None:
+    """A compiled prompt that ends with a placeholder used once: the pieces before it (literal
+    text, then the variable after it or None) and its variable; None for any other prompt."""
+    if template is None:
+        return None
+    last = _TRAILING.search(template)
+    if last is None or template.count("${" + last.group(1) + "}") > 1:
+        return None
+    prefix, pieces, at = template[: last.start()], [], 0
+    for m in _VARIABLE.finditer(prefix):
+        if m.group(1) is not None:  # `$${x}` renders as `${x}`: keep it escaped, as text
+            continue
+        pieces.append((prefix[at : m.start()], m.group(2)))
+        at = m.end()
+    pieces.append((prefix[at:], None))
+    return tuple(pieces), last.group(1)
+
+
 def mapping_problem(fields: Mapping[str, Any]) -> str | None:
     """What a source's job fields cannot be (None: nothing): a chat source gives exactly one of
     prompt or messages, an embed source its input; each has a placeholder; `id` and the
@@ -183,6 +218,15 @@ class SourceMapping:
     _prompt: str | None = field(init=False)
     _messages: tuple[tuple[str, str], ...] | None = field(init=False)
     _input: str | None = field(init=False)
+    #: each path split at its dots, once
+    _split: tuple[tuple[str, tuple[str, ...]], ...] = field(init=False)
+    #: a prompt that ends with a placeholder: the literal text and the variable (None: none)
+    #: of each piece before it, and its own variable; None: the prompt stays a template
+    _pieces: tuple[tuple[tuple[str, str | None], ...], str] | None = field(init=False)
+    #: the first job, checked against the Job schema whole: later ones are copies of it
+    _template: Job | None = field(init=False, default=None)
+    #: prompts made so far, by the values written into them (at most PROMPTS_KEPT)
+    _prompts: dict[tuple[str, ...], str] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         texts = [t for t in (self.prompt, self.input) if t is not None]
@@ -196,23 +240,28 @@ class SourceMapping:
             tuple((r, _to_template(c, names)) for r, c in self.messages) if self.messages else None,
         )
         object.__setattr__(self, "_input", _to_template(self.input, names) if self.input else None)
+        object.__setattr__(self, "_split", tuple((p, tuple(p.split("."))) for p in names))
+        object.__setattr__(self, "_pieces", _pieces(self._prompt))
 
     def _prompt_of(self, variables: Mapping[str, str]) -> tuple[str, dict[str, str]]:
         """The job's prompt and variables. A prompt that ends with a placeholder keeps only that
-        one: the others are written into its text, so jobs whose other fields are equal share a
-        prefix and can share a request (DESIGN rules 1 and 2)."""
-        template = self._prompt or ""
-        last = _TRAILING.search(template)
-        if last is None or template.count("${" + last.group(1) + "}") > 1:
-            return template, dict(variables)
-        trailing = last.group(1)
-        rest = {k: v.replace("${", "$${") for k, v in variables.items() if k != trailing}
-
-        def fill(m: re.Match[str]) -> str:
-            return rest.get(m.group(2), m.group(0)) if m.group(1) is None else m.group(0)
-
-        prefix = _VARIABLE.sub(fill, template[: last.start()])
-        return prefix + "${" + trailing + "}", {trailing: variables[trailing]}
+        one: the others are written into its text (escaped, so a value stays text), so jobs
+        whose other fields are equal share a prefix and can share a request (DESIGN rules 1
+        and 2)."""
+        if self._pieces is None:
+            return self._prompt or "", dict(variables)
+        pieces, trailing = self._pieces
+        # records of one product share a prompt: the same text object each time, whose hash
+        # the template caches downstream have computed once
+        key = tuple(variables[name] for _literal, name in pieces if name is not None)
+        text = self._prompts.get(key)
+        if text is None:
+            text = "".join(
+                literal if name is None else literal + _as_text(variables[name]) for literal, name in pieces
+            ) + "${" + trailing + "}"
+            if len(self._prompts) < PROMPTS_KEPT:
+                self._prompts[key] = text
+        return text, {trailing: variables[trailing]}
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -222,9 +271,9 @@ class SourceMapping:
     def read_fields(self, row: Mapping[str, Any]) -> dict[str, str]:
         """What the job reads of `row`, path -> text; JobError naming the first missing field."""
         out = {}
-        for path in self.names:
+        for path, parts in self._split:
             try:
-                out[path] = _text(get_path(row, path))
+                out[path] = _text(_get_parts(row, parts))
             except KeyError as exc:
                 raise JobError(
                     ErrorKind.INVALID_JOB,
@@ -234,8 +283,14 @@ class SourceMapping:
 
     @staticmethod
     def fingerprint(read: Mapping[str, str]) -> str:
-        """A digest of what the job read (equal for an update that changed nothing it reads)."""
-        return hashlib.blake2b(orjson.dumps(read, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()
+        """A digest of what the job read (equal for an update that changed nothing it reads):
+        its fields' texts in the mapping's order, each prefixed by its length."""
+        digest = hashlib.blake2b(digest_size=16)
+        for text in read.values():
+            data = text.encode()
+            digest.update(b"%d:" % len(data))
+            digest.update(data)
+        return digest.hexdigest()
 
     def job_id(self, row: Mapping[str, Any], key: str | None, offset_ref: str) -> str:
         """The job's id: the record key (its offset reference for a record without one), its
@@ -259,7 +314,7 @@ class SourceMapping:
         plus `deadline_s`, when the source sets one. JobError when it is not a valid job."""
         variables = {self.names[path]: text for path, text in read.items()}
         fields: dict[str, Any] = {
-            "id": job_id,
+            "id": job_id[:256] or "-",
             "tier": self.tier,
             "kind": self.kind,
             "batch": self.batch,
@@ -283,14 +338,26 @@ class SourceMapping:
                     ErrorKind.INVALID_JOB,
                     f"source {self.name!r}: the record has no tenant field {self.tenant_path!r}",
                 ) from None
+            if (problem := tenant_problem(tenant)) is not None:
+                raise JobError(ErrorKind.INVALID_JOB, f"source {self.name!r}: tenant: {problem}")
         if tenant is not None:
             fields["tenant"] = tenant
         if deadline is not None:
             fields["deadline"] = deadline
+        template = self._template
+        if template is not None:
+            # what varies per record is text this mapping made (an id of 1..256 characters,
+            # the prompt and its variables, messages of the configured roles) or was checked
+            # above (the tenant): the first job checked the rest against the Job schema
+            if "messages" in fields:
+                fields["messages"] = [Message.model_construct(**m) for m in fields["messages"]]
+            return template.model_copy(update=fields)
         try:
-            return job_from_fields(fields)
+            job = job_from_fields(fields)
         except JobError as exc:
             raise JobError(ErrorKind.INVALID_JOB, f"source {self.name!r}: {exc}") from None
+        object.__setattr__(self, "_template", job)
+        return job
 
 
 def _render(template: str, variables: Mapping[str, str]) -> str:

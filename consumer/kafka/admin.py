@@ -75,8 +75,9 @@ def topic_specs(
         TopicSpec(settings.quotas_topic, 1, r, compacted=True, segment_ms=BOARD_SEGMENT_MS),
         TopicSpec(settings.budgets_topic, 1, r, compacted=True, retention_ms=BUDGETS_RETENTION_MS),
         *(TopicSpec(topic, p, r, compacted=True) for topic in dict.fromkeys(enriched_topics)),
-        # what each source key's last enrichment read and answered (`consumer.runtime.memo`)
-        *([TopicSpec(settings.enrichments_topic, p, r, compacted=True)] if enriched_topics else []),
+        # what each source key's last enrichment read and answered (`consumer.runtime.memo`):
+        # every instance reads all of it, so one partition spreads nothing it could share
+        *([TopicSpec(settings.enrichments_topic, 1, r, compacted=True)] if enriched_topics else []),
     ]
 
 

@@ -107,6 +107,11 @@ class TopicFollower(Protocol):
 
     async def stop(self) -> None: ...
 
+    async def catch_up(self) -> None:
+        """Read what was written since, up to the topic's end as it is now (what a follower made
+        with `follow=False` reads only when asked)."""
+        ...
+
     def latest(self) -> Mapping[bytes, FollowedRecord]:
         """Every key's latest record read so far."""
         ...
@@ -138,9 +143,14 @@ class KafkaTopicFollower:
         client_id: str,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        follow: bool = True,
     ) -> None:
+        """follow: keep reading new records as they come (False: only at `start` and when
+        `catch_up` is asked)."""
         self._settings = settings
         self._topic = topic
+        self._follows = follow
+        self._tps: list[TopicPartition] = []
         self._clock = clock
         self._wall_clock = wall_clock
         self._consumer = AIOKafkaConsumer(
@@ -163,15 +173,20 @@ class KafkaTopicFollower:
             raise RuntimeError(f"topic {self._topic} does not exist (it is created at start)")
         await self._consumer.start()
         self._started = True
-        tps = [TopicPartition(self._topic, p) for p in partitions]
+        tps = self._tps = [TopicPartition(self._topic, p) for p in partitions]
         self._consumer.assign(tps)
         await self._consumer.seek_to_beginning(*tps)
+        await self.catch_up()
+        if self._follows:
+            self._task = asyncio.create_task(self._follow(), name=f"promptbus-follow-{self._topic}")
+
+    async def catch_up(self) -> None:
+        tps = self._tps
         ends = await self._consumer.end_offsets(tps)
         if not await wait_at_most(self._catch_up(tps, ends), CATCH_UP_TIMEOUT_S):
             log.warning(
-                "topic %s: not read to its end within %.0f s; following on", self._topic, CATCH_UP_TIMEOUT_S
+                "topic %s: not read to its end within %.0f s; going on", self._topic, CATCH_UP_TIMEOUT_S
             )
-        self._task = asyncio.create_task(self._follow(), name=f"promptbus-follow-{self._topic}")
 
     async def _catch_up(self, tps: list[TopicPartition], ends: Mapping[TopicPartition, int]) -> None:
         while True:

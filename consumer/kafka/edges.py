@@ -51,9 +51,12 @@ class ServiceEdges(Protocol):
         """`topic` read by one member of `group_id` at a time, from its beginning."""
         ...
 
-    def follower(self, settings: Settings, client_id: str, topic: str) -> TopicFollower:
+    def follower(
+        self, settings: Settings, client_id: str, topic: str, *, follow: bool = True
+    ) -> TopicFollower:
         """Every key's latest record of the compacted `topic`, read by every instance alike
-        (a group's board, `consumer.kafka.board`: fleet quotas, tenants' budgets)."""
+        (a group's board, `consumer.kafka.board`: fleet quotas, tenants' budgets); `follow`:
+        kept current as records come (False: read at start and when caught up)."""
         ...
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
@@ -83,8 +86,10 @@ class KafkaEdges:
     def topic_reader(self, settings: Settings, client_id: str, topic: str, group_id: str) -> KafkaTopicReader:
         return KafkaTopicReader(settings, topic=topic, group_id=group_id, client_id=client_id)
 
-    def follower(self, settings: Settings, client_id: str, topic: str) -> KafkaTopicFollower:
-        return KafkaTopicFollower(settings, topic=topic, client_id=client_id)
+    def follower(
+        self, settings: Settings, client_id: str, topic: str, *, follow: bool = True
+    ) -> KafkaTopicFollower:
+        return KafkaTopicFollower(settings, topic=topic, client_id=client_id, follow=follow)
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:
         return await read_latest(settings, topic)

@@ -48,6 +48,8 @@ def murmur2(data: bytes) -> int:
 
 def partition_for(key: bytes | None, partitions: Sequence[int]) -> int:
     """The partition the default partitioner gives `key` (a keyless record: any of them)."""
+    if len(partitions) == 1:
+        return partitions[0]
     if key is None:
         return random.choice(partitions)
     return partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]

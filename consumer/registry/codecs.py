@@ -310,6 +310,8 @@ def _protobuf(text: str, indexes: tuple[int, ...], fields: tuple[str, ...]) -> _
 def _strings(row: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     """The row with the answer's fields as text (an object answer as its JSON) for a schema
     whose added fields are strings."""
+    if all(isinstance(row.get(name), (str, type(None))) for name in fields):
+        return dict(row) if not isinstance(row, dict) else row
     out = dict(row)
     for name in fields:
         value = out.get(name)

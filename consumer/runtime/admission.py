@@ -30,7 +30,7 @@ import orjson
 from consumer.core.content import MergedOptions, job_content, merged_options
 from consumer.core.embed import embed_limits, no_embeddings
 from consumer.core.errors import ErrorKind, JobError
-from consumer.core.jobs import Job, decode_job, encode
+from consumer.core.jobs import Job, decode_job
 from consumer.core.lanes import Lane
 from consumer.core.sources import change_of
 from consumer.core.tenants import DEFAULT_TENANT, TENANT_HEADER, tenant_problem
@@ -144,7 +144,9 @@ class Admission:
                 headers=source.headers(record.headers, offset),
                 source=source,
             )
-        admitted = self._admit_job(job, encode(job), record, ticket, now_s, lane)
+        # its context's `raw` stays empty: its dead letter carries the record's own bytes, and
+        # `parsed_job` the job from its origin
+        admitted = self._admit_job(job, b"", record, ticket, now_s, lane)
         if isinstance(admitted, Rejection):
             return dataclasses.replace(
                 admitted,
@@ -154,7 +156,7 @@ class Admission:
                 source=source,
             )
         admitted.origin = SourceOrigin(
-            source, record.key, raw, record.headers, offset, decoded, writer, digest
+            source, record.key, raw, record.headers, offset, decoded, writer, digest, job
         )
         source.order.admitted(record.key)
         return admitted

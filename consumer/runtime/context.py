@@ -156,7 +156,10 @@ class JobContext:
 
     def parsed_job(self) -> Job:
         """The job as it was read (decoded again from the record's bytes, which admission
-        accepted): what a dead letter or an offline batch carries whole."""
+        accepted; a source's job, as its record was mapped): what a dead letter or an offline
+        batch carries whole."""
+        if self.origin is not None:
+            return self.origin.job
         return decode_job(self.raw)
 
     # ------------------------------------------------------------------ as a plan member

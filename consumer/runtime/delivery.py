@@ -244,7 +244,6 @@ class OutcomeWriter:
                 ctx.dedupe_key is not None
                 or ctx.trace is not None
                 or ctx.fallback_from is not None
-                or ctx.origin is not None
                 or (deadline_s is not None and now_s >= deadline_s)
             ):
                 self.answered(ctx, results, output, attempts=attempts, now_s=now_s, embedding=embedding)
@@ -255,11 +254,23 @@ class OutcomeWriter:
             if group is None:
                 # not moved to a fallback tier: the tier that answers is the one it asked for
                 group = groups[key] = (results.tail(key[0], key[0], key[1], key[2], key[3]), [])
-            latency_ms = (now_s - ctx.received_s) * 1000.0
-            record = result(
-                group[0], ctx.id, ctx.metadata, ctx.ticket.source, output, attempts, latency_ms, embedding
-            )
-            problem = too_large_result(record, max_bytes)
+            origin = ctx.origin
+            if origin is None:
+                latency_ms = (now_s - ctx.received_s) * 1000.0
+                record: OutRecord | None = result(
+                    group[0], ctx.id, ctx.metadata, ctx.ticket.source, output, attempts, latency_ms, embedding
+                )
+                problem = too_large_result(record, max_bytes) if record is not None else None
+            else:
+                # a source's job: its enriched record (None: a newer one of its key was written)
+                source = origin.source
+                answer = source.answer_of(output, embedding, ctx.output_format is not None)
+                record = source.enriched(origin, answer, tier=key[0], attempts=attempts)
+                problem = None
+                if record is not None and record.size_bytes > max_bytes:
+                    problem = f"the enriched record would be {record.size_bytes} bytes, over {max_bytes}"
+                if problem is None:
+                    source.order.ended(origin.key)
             if problem is not None:
                 self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts)
                 continue
@@ -268,7 +279,7 @@ class OutcomeWriter:
             outcomes.append((ctx.ticket, record))
         if not outcomes:
             return
-        self._stats.results += len(outcomes)
+        self._stats.results += sum(1 for _, record in outcomes if record is not None)
         self._sink.deliver_all(outcomes)
         wall_s = time.time()
         for (_, _, mode, tenant), (_, ended) in groups.items():

@@ -98,14 +98,15 @@ class Gate:
         """Seconds until its pause and mirrors admit the request (0.0: now; the quota apart)."""
         return max(self.paused_until_s - now_s, self.mirror_wait_s(estimated_tokens, now_s), 0.0)
 
-    def limit_reason(self, waiting: bool, now_s: float) -> LimitReason:
-        """Why the deployment admits what it does: paused, or (with requests `waiting` and a
-        slot free) held back by its provider's announced budget or its fleet quota share, else
-        what its limit algorithm says."""
+    def limit_reason(self, waiting_tokens: float | None, now_s: float) -> LimitReason:
+        """Why the deployment admits what it does: paused, or (with a request of
+        `waiting_tokens` estimated tokens waiting, None: none, and a slot free) held back by its
+        provider's announced budgets or its fleet quota share, else what its limit algorithm
+        says."""
         if self.paused_until_s > now_s:
             return "paused"
-        if waiting and self.inflight < self.limit:
-            if self.mirror_wait_s(0.0, now_s) > 0:
+        if waiting_tokens is not None and self.inflight < self.limit:
+            if self.mirror_wait_s(waiting_tokens, now_s) > 0:
                 return "paced"
             if self.quota is not None:
                 return "quota_share"

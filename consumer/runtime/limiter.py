@@ -246,9 +246,12 @@ class AsyncLimiter:
         return sum(g.inflight for g in self._gates)
 
     def limit_reasons(self) -> list[LimitReason]:
-        """Per deployment, why its limit admits what it does (`Gate.limit_reason`)."""
-        now_s, waiting = self._clock(), bool(self._waiters)
-        return [g.limit_reason(waiting, now_s) for g in self._gates]
+        """Per deployment, why its limit admits what it does (`Gate.limit_reason`), for the
+        request whose turn it is (None: nothing waits)."""
+        now_s = self._clock()
+        head = self._waiters.peek(now_s) if self._waiters else None
+        tokens = head[1] if head is not None else None
+        return [g.limit_reason(tokens, now_s) for g in self._gates]
 
     @property
     def waiting(self) -> int:

@@ -246,6 +246,8 @@ class Pipeline:
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
         log.info("assigned %s", sorted(partitions))
         await self._sink.on_assigned(partitions)
+        if self._sources is not None:
+            await self._sources.on_assigned(partitions)
 
     # ------------------------------------------------------------------ intake and routing
     def _take_all(self, records: Iterable[InRecord], now_s: float) -> None:

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from consumer.core.errors import PromptbusError, RegistryUnavailable
+from consumer.core.jobs import Job
 from consumer.core.lanes import Lane
 from consumer.core.sources import SourceMapping, enriched_value
 from consumer.kafka.intake import InRecord
@@ -111,6 +112,8 @@ class SourceOrigin(NamedTuple):
     writer: WriterKey
     #: the digest of what the job read of it (`SourceMapping.fingerprint`)
     read_digest: str
+    #: the job it was mapped into (a dead letter carries it)
+    job: Job
 
 
 class SourceRuntime:
@@ -137,6 +140,7 @@ class SourceRuntime:
         self.topic = config.topic
         self.output_topic = config.into.topic
         self._field = config.into.field
+        self._tier_header = (TIER_HEADER, config.tier.encode())
 
     def __repr__(self) -> str:
         return f"SourceRuntime({self.name!r}, {self.topic} -> {self.output_topic})"
@@ -148,6 +152,8 @@ class SourceRuntime:
         *extra: tuple[str, bytes],
     ) -> tuple[tuple[str, bytes], ...]:
         """The input's own headers (without promptbus's names), then `promptbus-source` and `extra`."""
+        if not record_headers:
+            return ((SOURCE_HEADER, offset.header_value()), *extra)
         own = tuple((k, v if v is not None else b"") for k, v in record_headers if k not in _OWN_HEADERS)
         return (*own, (SOURCE_HEADER, offset.header_value()), *extra)
 
@@ -219,12 +225,9 @@ class SourceRuntime:
         """The enriched record: the decoded value plus the answer, in the output's format."""
         row = enriched_value(decoded, self._field, answer, error)
         value = self.codec.encode(row, writer) if self.config.into.format == "same" else to_json(row)
-        headers = self.headers(
-            record_headers,
-            offset,
-            (TIER_HEADER, (tier or self.config.tier).encode()),
-            (ATTEMPTS_HEADER, str(attempts).encode()),
-        )
+        own_tier = tier is None or tier == self.config.tier
+        tier_header = self._tier_header if own_tier else (TIER_HEADER, (tier or "").encode())
+        headers = self.headers(record_headers, offset, tier_header, (ATTEMPTS_HEADER, b"%d" % attempts))
         return OutRecord(self.output_topic, key, value, headers)
 
     def answer_of(self, output: str | None, embedding: Sequence[float] | None, structured: bool) -> Any:
@@ -302,6 +305,13 @@ class SourceIntake:
             elif taken:
                 del queue[:taken]
         return out
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        """Catch the memos of the sources whose partitions came up on what was written since."""
+        memos = {id(s.memo): s.memo for s in self.by_topic.values() if s.memo is not None
+                 and any(tp.topic == s.topic for tp in partitions)}
+        for memo in memos.values():
+            await memo.catch_up()
 
     def drop_partitions(self, partitions: set[TopicPartition]) -> None:
         """Forget the held records of revoked partitions (uncommitted: read again by their next owner)."""

@@ -249,6 +249,9 @@ class MemoryTopicFollower:
     async def stop(self) -> None:
         self._positions = []
 
+    async def catch_up(self) -> None:
+        self._sync()
+
     def _sync(self, *, catching_up: bool = False) -> None:
         wall_s = time.time()
         read = []
@@ -389,7 +392,9 @@ class MemoryEdges:
     ) -> MemoryTopicReader:
         return MemoryTopicReader(self.broker, topic)
 
-    def follower(self, settings: Settings, client_id: str, topic: str) -> MemoryTopicFollower:
+    def follower(
+        self, settings: Settings, client_id: str, topic: str, *, follow: bool = True
+    ) -> MemoryTopicFollower:
         return MemoryTopicFollower(self.broker, topic)
 
     async def read_latest(self, settings: Settings, topic: str) -> dict[bytes, bytes]:

@@ -29,9 +29,9 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 3
 #: confluent-kafka's serdes default to the ASSOCIATED strategy, whose endpoint Apicurio lacks
 SERDE_CONF = {"subject.name.strategy.type": "TOPIC"}
-def record_of(name: str, **fields: Any) -> dict[str, Any]:
+def record_of(record: str, **fields: Any) -> dict[str, Any]:
     """An Avro record schema of `fields` (name -> type)."""
-    return {"type": "record", "name": name, "fields": [{"name": k, "type": v} for k, v in fields.items()]}
+    return {"type": "record", "name": record, "fields": [{"name": k, "type": v} for k, v in fields.items()]}
 
 
 REVIEW_SCHEMA = {

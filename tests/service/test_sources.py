@@ -198,3 +198,23 @@ async def test_an_unchanged_update_is_written_with_the_kept_answer_across_a_rest
         await produce_records(settings, source_topic, [version("a", 4)])
         await wait_for_records(settings, out_topic, 7, timeout_s=30)
     assert len(asked.requests) == 1
+
+
+async def test_exactly_once_writes_each_enrichment_in_the_transaction_of_its_offsets(
+    kafka_bootstrap: str, create_topic: Any, topic_name: str
+) -> None:
+    """exactly_once: the enriched records, tombstones and dead letters commit in one transaction
+    with the input offsets; a read_committed reader sees each exactly once."""
+    env = service_env(kafka_bootstrap, partitions=PARTITIONS, guarantee="exactly_once")
+    settings = settings_from_env(env)
+    source_topic = await create_topic(f"{topic_name}-reviews", partitions=PARTITIONS)
+    out_topic = f"{topic_name}-reviews-enriched"
+    records = [RawRecord(f"e-{i}".encode(), review(i, "good" if i % 2 else "bad")) for i in range(30)]
+    records += [RawRecord(b"gone", None), RawRecord(b"junk", b"\x00not json")]
+    tiers = source_tiers(source_topic, out_topic)
+    async with InProcessService(settings, tiers, providers={"small": FakeProvider(fake_answer)}):
+        await produce_records(settings, source_topic, records)
+        enriched = await wait_for_records(settings, out_topic, 31, timeout_s=60)
+        dead = await wait_for_records(settings, settings.dlq_topic, 1, timeout_s=30)
+    assert sorted(r.key or b"" for r in enriched) == sorted(r.key or b"" for r in records[:31])
+    assert [r.key for r in dead] == [b"junk"]
