@@ -1,7 +1,7 @@
 """Lanes benchmark: interactive job latency behind a bulk backlog, with and without lanes.
 
     .venv/bin/python bench/lanes_bench.py [--bulk 5000] [--interactive 100] [--rate 2]
-                                          [--limiter fixed|aimd|aimd-loss-only|gradient]
+                                          [--limiter fixed|aimd|aimd-loss-only|gradient|default]
                                           [--lanes-only] [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092). Prints one JSON object
@@ -12,7 +12,7 @@ requests wait for their slot in the service (where lanes order them), not in the
 queue; `--limiter aimd` or `gradient` (initial 4, max 16) shows whether the limiter itself
 finds that capacity: every request it admits past it waits in the simulator's queue, where no
 lane can reorder it (`aimd-loss-only`: AIMD with `rtt_tolerance: null`, stopped by 429s and
-timeouts only).
+timeouts only; `default`: the tier names no limiter, so AIMD with initial 4 and max 256).
 
 Runs, each with fresh topics and group:
   idle            the interactive jobs at `--rate`/s on an empty service;
@@ -78,6 +78,8 @@ LIMITERS: dict[str, dict[str, Any]] = {
         "algorithm": "aimd", "initial": CAPACITY, "min": 1, "max": 4 * CAPACITY, "rtt_tolerance": None
     },
     "gradient": {"algorithm": "gradient", "initial": CAPACITY, "min": 1, "max": 4 * CAPACITY},
+    # the tier names no limiter: the default (AIMD, initial 4, max 256)
+    "default": {},
 }
 
 
@@ -89,7 +91,7 @@ def tier_file(base_url: str, settings: Settings, *, lanes: bool, limiter: str = 
                 "base_url": base_url + "/v1",
                 "model": "sim-model",
                 "timeout_s": 600,
-                "limiter": LIMITERS[limiter],
+                **({"limiter": LIMITERS[limiter]} if LIMITERS[limiter] else {}),
             }
         }
     }

@@ -1,6 +1,7 @@
 """Sources: an Avro topic enriched by the service, against a raw loop on the same serdes.
 
-    .venv/bin/python bench/sources_bench.py [--records 50000] [--repeats 2] [--save [NAME]]
+    .venv/bin/python bench/sources_bench.py [--records 50000] [--repeats 2] [--unchanged skip|ask]
+        [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092) and a Schema Registry
 (SCHEMA_REGISTRY_URL, else `deploy/schema-registry/registry start`'s). Prints one JSON object on
@@ -153,7 +154,9 @@ async def raw_loop(settings: Settings, url: str, topic: str, out_topic: str, n: 
     return await _rate(settings, out_topic, time.monotonic() - t0)
 
 
-async def service_run(settings: Settings, url: str, topic: str, out_topic: str, n: int) -> dict[str, Any]:
+async def service_run(
+    settings: Settings, url: str, topic: str, out_topic: str, n: int, unchanged: str = "skip"
+) -> dict[str, Any]:
     tiers = tier_file_dict("http://127.0.0.1:9/v1", max_items=20)
     tiers["sources"] = {
         "reviews": {
@@ -163,7 +166,7 @@ async def service_run(settings: Settings, url: str, topic: str, out_topic: str, 
             "prompt": "Classify the sentiment of this review of a ${product.name}.\nREVIEW:\n${review.text}",
             "batch": True,
             "into": {"topic": out_topic, "field": FIELD},
-            "unchanged": os.environ.get("SOURCES_BENCH_UNCHANGED", "skip"),
+            "unchanged": unchanged,
         }
     }
     run = uuid.uuid4().hex[:6]
@@ -209,9 +212,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     await produce_reviews(settings, url, topic, args.records)
     runs: dict[str, list[dict[str, Any]]] = {"raw": [], "service": []}
     for i in range(args.repeats):
-        for name, run in (("raw", raw_loop), ("service", service_run)):
+        for name in ("raw", "service"):
             out_topic = f"{topic}-{name}-{i}"
-            result = await run(settings, url, topic, out_topic, args.records)
+            if name == "raw":
+                result = await raw_loop(settings, url, topic, out_topic, args.records)
+            else:
+                result = await service_run(settings, url, topic, out_topic, args.records, args.unchanged)
             _progress(f"{name} #{i + 1}: {result}")
             runs[name].append(result)
     medians = {name: statistics.median(r["records_per_s"] for r in rs) for name, rs in runs.items()}
@@ -222,6 +228,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "records": args.records,
         "repeats": args.repeats,
+        "unchanged": args.unchanged,
         "runs": runs,
         "median_records_per_s": medians,
         "ratio_vs_raw": ratio,
@@ -236,6 +243,10 @@ def main() -> int:
     )
     parser.add_argument("--records", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--unchanged", choices=("skip", "ask"), default="skip",
+        help="the source's unchanged: skip (the default: each key's memo is kept) or ask",
+    )
     add_save_option(parser)
     args = parser.parse_args()
     result = asyncio.run(main_async(args))

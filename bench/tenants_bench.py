@@ -2,12 +2,14 @@
 budget that holds across a SIGKILL.
 
     .venv/bin/python bench/tenants_bench.py [--bulk 5000] [--beta 100] [--rate 2]
-                                            [--parts fair,weights,budget] [--no-baseline] [--save]
+                                            [--parts fair,weights,budget] [--no-baseline]
+                                            [--limiter fixed|default] [--save]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092). Prints one JSON object
 on stdout (with `--save`, also bench/results/tenants_bench.json); progress goes to stderr. The
 simulator (in a thread) has `capacity` 4 and 200 ms answers; the tier's limiter is fixed at
-4, one lane, every job unbatched, each run with fresh topics and group.
+4 (`--limiter default`: the tier names none, the default AIMD finds the capacity itself), one
+lane, every job unbatched, each run with fresh topics and group.
 
 fair     idle: tenant beta's jobs at `--rate`/s on an empty service; loaded: tenant alpha's
          `--bulk` jobs queued, then 5 s later the same beta jobs; loaded_no_tenants: the same
@@ -64,6 +66,16 @@ MAX_TOKENS = 16
 BUDGET_JOBS, AFTER_RESTART_JOBS = 100, 10
 
 
+#: the `--limiter` choices: fixed at the simulator's capacity, or the tier's default (the tier
+#: names no limiter: AIMD, initial 4, max 256)
+LIMITERS: dict[str, dict[str, Any]] = {
+    "fixed": {"limiter": {"algorithm": "fixed", "initial": CAPACITY, "min": 1, "max": CAPACITY}},
+    "default": {},
+}
+#: the limiter of this run's tiers (`--limiter`)
+TIER_LIMITER: dict[str, Any] = dict(LIMITERS["fixed"])
+
+
 def tier_file(base_url: str, tenants: dict[str, Any] | None = None, **tier: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "tiers": {
@@ -72,7 +84,7 @@ def tier_file(base_url: str, tenants: dict[str, Any] | None = None, **tier: Any)
                 "base_url": base_url + "/v1",
                 "model": "sim-model",
                 "timeout_s": 600,
-                "limiter": {"algorithm": "fixed", "initial": CAPACITY, "min": 1, "max": CAPACITY},
+                **TIER_LIMITER,
                 **tier,
             }
         }
@@ -249,9 +261,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     parts = set(args.parts.split(","))
     config = SimulatorConfig(latency_ms=LATENCY_MS, capacity=CAPACITY, seed=3)
+    TIER_LIMITER.clear()
+    TIER_LIMITER.update(LIMITERS[args.limiter])
     result: dict[str, Any] = {
         "simulator": {"latency_ms": LATENCY_MS, "capacity": CAPACITY},
-        "limiter": {"algorithm": "fixed", "limit": CAPACITY},
+        "limiter": TIER_LIMITER.get("limiter", "default"),
     }
     with run_simulator(config) as base_url:
         if "fair" in parts:
@@ -286,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights-jobs", type=int, default=1200, help="answers counted for shares")
     parser.add_argument("--parts", default="fair,weights,budget", help="fair,weights,budget")
     parser.add_argument("--no-baseline", action="store_true", help="skip the run without tenants")
+    parser.add_argument(
+        "--limiter", choices=sorted(LIMITERS), default="fixed", help="the tier's limiter (default fixed)"
+    )
     add_save_option(parser)
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 import pytest
 
 from consumer.core.errors import ConfigError, NotSupportedError
+from consumer.core.limit import DEFAULT_MAX_LIMIT
 from consumer.providers.anthropic import AnthropicProvider
 from consumer.providers.batch_anthropic import AnthropicBatchProvider
 from consumer.providers.batch_openai import OpenAIBatchProvider
@@ -58,7 +59,7 @@ async def test_http_client_timeouts_and_pool() -> None:
     assert isinstance(client, KeepAliveTransport)
     try:
         assert client.timeout_s == 120 and client.connect_timeout_s == 10.0  # connect capped
-        assert client.limit == 64 + 4
+        assert client.limit == DEFAULT_MAX_LIMIT + 4
     finally:
         await client.close()
 
