@@ -1,0 +1,111 @@
+"""A source's record codec on the registry fake (`MemoryRegistry`): the wire format, writer
+schemas learnt once, output schemas registered under the output subject, and what is
+undecodable; and the Protobuf text a field is added to."""
+
+from __future__ import annotations
+
+import io
+
+import fastavro
+import orjson
+import pytest
+
+from consumer.core.errors import ErrorKind, JobError, RegistryUnavailable
+from consumer.registry.codecs import SourceCodec, avro_output_schema
+from consumer.registry.memory import MemoryRegistry
+from consumer.registry.protobuf import ProtoSchema, with_string_field
+
+SCHEMA = {
+    "type": "record",
+    "name": "R",
+    "fields": [{"name": "id", "type": "string"}, {"name": "n", "type": "int"}],
+}
+
+
+def avro_value(schema_id: int, row: dict[str, object]) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(SCHEMA), row)
+    return b"\x00" + schema_id.to_bytes(4, "big") + buf.getvalue()
+
+
+async def test_an_avro_value_is_read_with_its_writer_schema_and_written_with_the_field_added() -> None:
+    registry = MemoryRegistry()
+    schema_id = await registry.register("in-value", "AVRO", orjson.dumps(SCHEMA).decode())
+    codec = SourceCodec("avro", registry, out_topic="out", out_format="same", fields=("answer",))
+    value = avro_value(schema_id, {"id": "a", "n": 1})
+    missing = codec.missing(value)
+    assert missing == (schema_id, ())
+    await codec.prepare(missing)
+    assert codec.missing(value) is None
+    calls = registry.calls
+    row, writer = codec.decode(value)
+    assert row == {"id": "a", "n": 1} and registry.calls == calls  # learnt once: no more calls
+    out = codec.encode({**row, "answer": {"label": "x"}}, writer)
+    out_schema = await registry.latest("out-value")
+    assert out[1:5] == out_schema.schema_id.to_bytes(4, "big")
+    parsed = fastavro.parse_schema(orjson.loads(out_schema.text))
+    back = fastavro.schemaless_reader(io.BytesIO(out[5:]), parsed, None)
+    assert back == {"id": "a", "n": 1, "answer": '{"label":"x"}'}  # an object answer as its JSON text
+    assert out_schema.text == avro_output_schema(orjson.dumps(SCHEMA).decode(), ("answer",))
+
+
+async def test_what_cannot_be_decoded_says_why() -> None:
+    registry = MemoryRegistry()
+    codec = SourceCodec("avro", registry, out_topic="out", out_format="same", fields=("answer",))
+    for value, reason in ((b"\x01abcdef", "magic byte 1"), (b"\x00\x00", "too short")):
+        assert codec.missing(value) is None
+        with pytest.raises(JobError, match=reason) as caught:
+            codec.decode(value)
+        assert caught.value.kind is ErrorKind.UNDECODABLE
+    unknown = b"\x00\x00\x00\x00\x63payload"
+    await codec.prepare(codec.missing(unknown) or (99, ()))
+    with pytest.raises(JobError, match="no schema id 99"):
+        codec.decode(unknown)
+    json_schema_id = await registry.register("x-value", "JSON", "{}")
+    mismatch = b"\x00" + json_schema_id.to_bytes(4, "big") + b"{}"
+    await codec.prepare((json_schema_id, ()))
+    with pytest.raises(JobError, match="is JSON, not AVRO"):
+        codec.decode(mismatch)
+    good = await registry.register("in-value", "AVRO", orjson.dumps(SCHEMA).decode())
+    await codec.prepare((good, ()))
+    with pytest.raises(JobError, match="cannot read the value"):
+        codec.decode(b"\x00" + good.to_bytes(4, "big") + b"\xff")
+
+
+async def test_a_registry_that_is_down_is_an_outage_not_an_undecodable_record() -> None:
+    registry = MemoryRegistry()
+    schema_id = await registry.register("in-value", "AVRO", orjson.dumps(SCHEMA).decode())
+    codec = SourceCodec("avro", registry, out_topic="out", out_format="same", fields=("answer",))
+    registry.down = True
+    with pytest.raises(RegistryUnavailable):
+        await codec.prepare((schema_id, ()))
+    value = avro_value(schema_id, {"id": "a", "n": 1})
+    assert codec.missing(value) == (schema_id, ())  # still to learn: its records wait
+    registry.down = False
+    await codec.prepare((schema_id, ()))
+    assert codec.decode(value)[0] == {"id": "a", "n": 1}
+
+
+def test_json_values_and_json_output() -> None:
+    codec = SourceCodec("json", None, out_topic="out", out_format="same", fields=("answer",))
+    assert codec.decode(b'{"a": 1}') == ({"a": 1}, (0, ()))
+    with pytest.raises(JobError, match="not JSON"):
+        codec.decode(b"{nope")
+    assert orjson.loads(codec.encode({"a": 1, "answer": "x"}, (0, ()))) == {"a": 1, "answer": "x"}
+    with pytest.raises(Exception, match="needs a Schema Registry"):
+        SourceCodec("avro", None, out_topic="out", out_format="same", fields=("answer",))
+
+
+def test_a_string_field_is_added_to_the_message_it_names() -> None:
+    text = (
+        'syntax = "proto3";\n// a { comment\nmessage Other { string x = 1; }\n'
+        'message Review {\n  string id = 1; /* } */\n  message Inner { string y = 1; }\n'
+        '  Inner inner = 2;\n  string note = 3; // "}"\n}\n'
+    )
+    out = with_string_field(text, "Review", "answer", 4)
+    schema = ProtoSchema(out)
+    review = schema.descriptor((1,))
+    assert review.name == "Review" and review.fields_by_name["answer"].number == 4
+    assert "answer" not in schema.descriptor((0,)).fields_by_name
+    payload = schema.encode((1,), {"id": "r", "inner": {"y": "z"}, "answer": "yes"})
+    assert schema.decode((1,), payload)["answer"] == "yes"
