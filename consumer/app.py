@@ -21,7 +21,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ from consumer.kafka.assignment import Assignment
 from consumer.kafka.board import TopicBoard
 from consumer.kafka.edges import KafkaEdges, ServiceEdges, ServiceIntake
 from consumer.kafka.publisher import SidePublisher
+from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchProvider, CompletionProvider
@@ -110,6 +111,7 @@ async def run_service(
     providers: dict[str, CompletionProvider] | None = None,
     on_started: Callable[[Service], None] | None = None,
     edges: ServiceEdges | None = None,
+    source_range: Mapping[int, int] | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop`), drain, commit, return 0.
 
@@ -126,6 +128,7 @@ async def run_service(
             providers=providers,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
+            source_range=source_range,
         )
         if install_signal_handlers:
             stop_on_signals(stop)
@@ -192,9 +195,13 @@ async def build_service(
     providers: dict[str, CompletionProvider] | None = None,
     tracer_provider: Any = None,
     meter_provider: Any = None,
+    source_range: Mapping[int, int] | None = None,
 ) -> Service:
     """Every part of one instance, in start order; what is opened here and not started is
     closed by `stack`.
+
+    source_range: a backfill of the tier file's one source: per partition of its topic, the
+    first offset past the range; the lanes' topics are not read (None: the service).
 
     edges: where Kafka is (default `KafkaEdges`: the brokers the settings name); providers:
     replace the HTTP adapters of the tiers they name (tests, benchmarks); tracer_provider,
@@ -216,9 +223,11 @@ async def build_service(
         for deployment in tier.deployments:
             stack.push_async_callback(deployment.provider.aclose)
     source_topics = [source.topic for source in (tier_file.sources or {}).values()]
-    kafka = KafkaClients.build(settings, edges, f"promptbus-{instance}", lanes, source_topics)
+    kafka = KafkaClients.build(
+        settings, edges, f"promptbus-{instance}", lanes, source_topics, read_lanes=source_range is None
+    )
     memo = build_memo(settings, edges, tier_file, instance, kafka.side_producer)
-    sources = build_sources(settings, tier_file, stats, lanes, stack, memo)
+    sources = build_sources(settings, tier_file, stats, lanes, stack, memo, source_range)
     policies = tier_file.tenant_policies()
     ledger = TenantLedger(policies, stats)
     outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits, ledger=ledger)
@@ -287,6 +296,7 @@ def build_sources(
     lanes: Sequence[Lane],
     stack: contextlib.AsyncExitStack,
     memo: EnrichmentMemo | None = None,
+    source_range: Mapping[int, int] | None = None,
 ) -> SourceIntake | None:
     """The tier file's sources (None: it has none): each with its codec (through the Schema
     Registry the settings name, one client for all, closed with `stack`) and its lane (the one
@@ -318,7 +328,11 @@ def build_sources(
         )
         lane = by_name[config.lane] if config.lane is not None else lanes[-1]
         runtimes.append(SourceRuntime(name, config, codec, lane, stats.source(name), memo))
-    intake = SourceIntake(runtimes)
+    stop_at = None
+    if source_range is not None:
+        (only,) = runtimes  # a backfill runs one source
+        stop_at = {TopicPartition(only.topic, p): end for p, end in source_range.items()}
+    intake = SourceIntake(runtimes, stop_at=stop_at)
     stack.push_async_callback(intake.aclose)
     return intake
 
@@ -457,10 +471,15 @@ class KafkaClients:
         client_id: str,
         lanes: Sequence[Lane],
         source_topics: Sequence[str] = (),
+        *,
+        read_lanes: bool = True,
     ) -> KafkaClients:
+        """read_lanes: the lanes' topics are read with the sources' (False: the sources' only,
+        a backfill's)."""
         # the owned partitions' state, one object for the intake and the sink
         owned = Assignment()
-        intake = edges.intake(settings, client_id, owned, [*(lane.topic for lane in lanes), *source_topics])
+        topics = [*(lane.topic for lane in lanes if read_lanes), *source_topics]
+        intake = edges.intake(settings, client_id, owned, topics)
 
         def make_producer(*, transactional_id: str | None) -> Any:
             return edges.producer(settings, client_id, transactional_id)

@@ -2,7 +2,7 @@
 `main`, which runs the chosen command and turns a configuration or Kafka failure into one line.
 
 The commands live beside their options: `run` (run, check-config), `jobs` (submit, results,
-map), `replay`, `stats` (with its text form), `simulate`, `local_model`.
+map), `replay`, `stats` (with its text form), `backfill`, `simulate`, `local_model`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from consumer.cli.backfill import add_backfill_command
 from consumer.cli.environment import load_settings
 from consumer.cli.jobs import add_map_command, add_results_command, add_submit_command
 from consumer.cli.local_model import add_local_model_command
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_command(sub)
     add_stats_command(sub)
     add_check_config_command(sub)
+    add_backfill_command(sub)
     add_simulate_command(sub)
     add_local_model_command(sub)
     return parser

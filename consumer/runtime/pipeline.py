@@ -264,7 +264,9 @@ class Pipeline:
                     source = sources.get(record.source.tp.topic)
                     if source is not None:
                         assert self._sources is not None
-                        if self._sources.take(source, record, ticket, lane):
+                        if self._sources.past_range(record):
+                            self._outcomes.deliver_record(ticket, None)  # committed, not written
+                        elif self._sources.take(source, record, ticket, lane):
                             self._take_sources([(record, ticket, lane, source)], now_s)
                         continue
                 admitted = admit(record, ticket, now_s, lane)

@@ -256,8 +256,17 @@ class SourceIntake:
     """Hands a poll's source records to admission once their codecs can decode them; holds the
     others (and what follows them in their partition) while their schemas are read."""
 
-    def __init__(self, sources: Sequence[SourceRuntime], *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        sources: Sequence[SourceRuntime],
+        *,
+        rng: random.Random | None = None,
+        stop_at: Mapping[TopicPartition, int] | None = None,
+    ) -> None:
+        """stop_at: a bounded range (a backfill): per partition, the first offset past it, whose
+        records and later ones are committed without a write (None: no bound)."""
         self.by_topic: dict[str, SourceRuntime] = {s.topic: s for s in sources}
+        self._stop_at = stop_at
         self._held: dict[TopicPartition, list[_Held]] = {}
         self._tasks: dict[tuple[str, WriterKey], asyncio.Task[None]] = {}
         self._rng = rng or random.Random()
@@ -283,6 +292,13 @@ class SourceIntake:
         self._held.setdefault(tp, []).append(_Held(record, ticket, lane))
         source.stats.held += 1
         return False
+
+    def past_range(self, record: InRecord) -> bool:
+        """Whether `record` lies past the bounded range (a backfill's end)."""
+        if self._stop_at is None:
+            return False
+        end = self._stop_at.get(record.source.tp)
+        return end is not None and record.source.offset >= end
 
     def released(self) -> list[Ready]:
         """The held records whose schemas are known now, per partition in offset order (a

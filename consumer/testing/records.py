@@ -27,6 +27,8 @@ class RawRecord:
     headers: tuple[tuple[str, bytes], ...] = ()
     partition: int = -1
     offset: int = -1
+    #: its Kafka timestamp (None: the producer's clock when produced)
+    timestamp_ms: int | None = None
 
 
 async def produce_records(settings: Settings, topic: str, records: Iterable[RawRecord]) -> list[RawRecord]:
@@ -35,13 +37,15 @@ async def produce_records(settings: Settings, topic: str, records: Iterable[RawR
     producer = AIOKafkaProducer(acks="all", enable_idempotence=True, linger_ms=5, **client_kwargs(settings))
     await producer.start()
     try:
-        pending = [
-            (r, await producer.send(topic, r.value, key=r.key, headers=list(r.headers))) for r in records
-        ]
+        pending = []
+        for r in records:
+            at_ms, headers = r.timestamp_ms, list(r.headers)
+            sent = await producer.send(topic, r.value, key=r.key, headers=headers, timestamp_ms=at_ms)
+            pending.append((r, sent))
         out = []
         for r, fut in pending:
             meta = await fut
-            out.append(RawRecord(r.key, r.value, r.headers, meta.partition, meta.offset))
+            out.append(RawRecord(r.key, r.value, r.headers, meta.partition, meta.offset, meta.timestamp))
         return out
     finally:
         await producer.stop()
@@ -66,7 +70,8 @@ async def read_records(settings: Settings, topic: str) -> list[RawRecord]:
             batch = await consumer.getmany(timeout_ms=500)
             for records in batch.values():
                 for r in records:
-                    out.append(RawRecord(r.key, r.value, tuple(r.headers), r.partition, r.offset))
+                    headers = tuple(r.headers)
+                    out.append(RawRecord(r.key, r.value, headers, r.partition, r.offset, r.timestamp))
         return sorted(out, key=lambda r: (r.partition, r.offset))
     finally:
         await consumer.stop()

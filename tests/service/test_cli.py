@@ -228,6 +228,12 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     bad_template.write_text('{"id": "a", "tier": "small", "prompt": "x ${a}", "variables": {"b": "1"}}\n')
     inputs = tmp / "inputs.txt"
     inputs.write_text("a\n")
+    sources = tmp / "sources.yaml"
+    sources.write_text(
+        "tiers: {t: {provider: openai_compat, base_url: 'http://127.0.0.1:9/v1', model: m}}\n"
+        "sources: {reviews: {topic: shop.reviews, tier: t, prompt: 'X:\\n${text}', into: {topic: out}}}\n"
+    )
+    cfg = ["--config", str(sources)]
     directory = str(tmp)  # a path that exists and cannot be read as a file
     lanes = tmp / "lanes.yaml"
     lanes.write_text(
@@ -316,6 +322,18 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "results bad flag value": (
             ["results", "--follow=yes"],
             "argument --follow: ignored explicit argument",
+        ),
+        "backfill unknown source": (
+            ["backfill", "nope", "--from", "2026-12-01T00:00:00Z", *cfg],
+            "SOURCE: unknown source 'nope' (sources: reviews)",
+        ),
+        "backfill bad --from": (
+            ["backfill", "reviews", "--from", "yesterday", *cfg],
+            "--from: 'yesterday' is not an RFC 3339 time",
+        ),
+        "backfill --to before --from": (
+            ["backfill", "reviews", "--from", "2026-12-02T00:00:00Z", "--to", "2026-12-01T00:00:00Z", *cfg],
+            "--to: must be after --from",
         ),
         "simulate bad --port": (["simulate", "--port", "soon"], "argument --port: invalid int value"),
         "local-model unknown command": (["local-model", "start"], "invalid choice: 'start'"),
