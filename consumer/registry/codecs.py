@@ -131,10 +131,6 @@ class SourceCodec:
         self._fields = fields
         self._writers: dict[WriterKey, _Writer] = {}
 
-    @property
-    def uses_registry(self) -> bool:
-        return self.format != "json"
-
     def _key(self, value: bytes) -> tuple[WriterKey, int]:
         """The writer key of a wire-format value and where its payload starts (JobError
         UNDECODABLE when it is not in the wire format)."""

@@ -235,6 +235,7 @@ class OutcomeWriter:
         # lane, mode, tenant), its tail and the jobs that ended in it
         groups: dict[tuple[str, str | None, str, str], tuple[bytes, list[JobContext]]] = {}
         outcomes: list[tuple[Ticket, OutRecord | None]] = []
+        superseded = 0  # source jobs whose key had a newer record written: no record of their own
         max_bytes, result = self.limits.results, results.result
         for ctx, output, embedding, attempts in answered:
             if ctx.done:
@@ -255,22 +256,19 @@ class OutcomeWriter:
                 # not moved to a fallback tier: the tier that answers is the one it asked for
                 group = groups[key] = (results.tail(key[0], key[0], key[1], key[2], key[3]), [])
             origin = ctx.origin
+            record: OutRecord | None
             if origin is None:
                 latency_ms = (now_s - ctx.received_s) * 1000.0
-                record: OutRecord | None = result(
+                record = result(
                     group[0], ctx.id, ctx.metadata, ctx.ticket.source, output, attempts, latency_ms, embedding
                 )
-                problem = too_large_result(record, max_bytes) if record is not None else None
+                problem = too_large_result(record, max_bytes)
             else:
                 # a source's job: its enriched record (None: a newer one of its key was written)
-                source = origin.source
-                answer = source.answer_of(output, embedding, ctx.output_format is not None)
-                record = source.enriched(origin, answer, tier=key[0], attempts=attempts)
-                problem = None
-                if record is not None and record.size_bytes > max_bytes:
-                    problem = f"the enriched record would be {record.size_bytes} bytes, over {max_bytes}"
+                record, problem = self._enriched(ctx, origin, output, embedding, attempts)
                 if problem is None:
-                    source.order.ended(origin.key)
+                    origin.source.order.ended(origin.key)
+                    superseded += record is None
             if problem is not None:
                 self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts)
                 continue
@@ -279,7 +277,7 @@ class OutcomeWriter:
             outcomes.append((ctx.ticket, record))
         if not outcomes:
             return
-        self._stats.results += sum(1 for _, record in outcomes if record is not None)
+        self._stats.results += len(outcomes) - superseded
         self._sink.deliver_all(outcomes)
         wall_s = time.time()
         for (_, _, mode, tenant), (_, ended) in groups.items():
@@ -292,6 +290,34 @@ class OutcomeWriter:
             self.ledger.stats_of(tenant).ended(ok=True, jobs=len(ended))
             series[2 * (mode == "offline")].observe_all([wall_s - ctx.timestamp_s for ctx in ended])
 
+    def _enriched(
+        self,
+        ctx: JobContext,
+        origin: SourceOrigin,
+        output: str | None,
+        embedding: Sequence[float] | None,
+        attempts: int,
+        error: dict[str, str] | None = None,
+    ) -> tuple[OutRecord | None, str | None]:
+        """A source job's enriched record (None: a newer record of its key was written) and why
+        it cannot be published (None: it can): over the results' record size, the broker would
+        refuse it on every attempt."""
+        source = origin.source
+        structured = ctx.output_format is not None
+        answer = None if error is not None else source.answer_of(output, embedding, structured)
+        record = source.enriched(origin, answer, tier=ctx.tier.name, attempts=attempts, error=error)
+        max_bytes = self.limits.results
+        if record is not None and record.size_bytes > max_bytes:
+            return record, f"the enriched record would be {record.size_bytes} bytes, over {max_bytes}"
+        return record, None
+
+    def _superseded(self, ctx: JobContext, origin: SourceOrigin) -> None:
+        """A source job whose key had a newer record written: no record, its offset commits."""
+        ctx.done = True
+        self._telemetry.end_job(ctx.trace)
+        self._sink.deliver(ctx.ticket, None)
+        origin.source.order.ended(origin.key)
+
     def _source_answered(
         self,
         ctx: JobContext,
@@ -302,41 +328,28 @@ class OutcomeWriter:
         shared: SharedAnswer | None,
         now_s: float,
     ) -> None:
-        """A source job's answer as its enriched record (none when a newer record of its key
-        was written: its offset commits all the same)."""
-        source = origin.source
-        answer = source.answer_of(output, embedding, ctx.output_format is not None)
-        record = source.enriched(origin, answer, tier=ctx.tier.name, attempts=attempts)
-        if record is None:
-            ctx.done = True
-            self._telemetry.end_job(ctx.trace)
-            self._sink.deliver(ctx.ticket, None)
-            source.order.ended(origin.key)
-            self._settle(ctx, shared, None)
-            return
-        if record.size_bytes > self.limits.results:
-            # the broker would refuse it on every attempt: a dead letter says why instead
-            problem = f"the enriched record would be {record.size_bytes} bytes, over {self.limits.results}"
+        """A source job's answer as its enriched record."""
+        record, problem = self._enriched(ctx, origin, output, embedding, attempts)
+        if problem is not None:
             self.fail(ctx, ErrorKind.OUTPUT_INVALID, problem, attempts=attempts, answer=shared)
-            return
-        self.succeed(ctx, record, shared, now_s=now_s)
+        elif record is None:
+            self._superseded(ctx, origin)
+            self._settle(ctx, shared, None)
+        else:
+            self.succeed(ctx, record, shared, now_s=now_s)
 
     def _source_failed_in_field(
         self, ctx: JobContext, origin: SourceOrigin, kind: ErrorKind, message: str, attempts: int
     ) -> None:
         """on_error: field: the enriched record with the answer null and the error beside it."""
-        source = origin.source
         error = {"kind": kind.value, "message": message}
-        record = source.enriched(origin, None, tier=ctx.tier.name, attempts=attempts, error=error)
-        source.stats.dead_letters[kind.value] += 1
+        record, _problem = self._enriched(ctx, origin, None, None, attempts, error)
+        origin.source.stats.dead_letters[kind.value] += 1
         self._stats.dead_letters[kind.value] += 1
         if record is None:
-            ctx.done = True
-            self._telemetry.end_job(ctx.trace)
-            self._sink.deliver(ctx.ticket, None)
-            source.order.ended(origin.key)
-            return
-        self._end(ctx, record, kind.value)
+            self._superseded(ctx, origin)
+        else:
+            self._end(ctx, record, kind.value)
 
     def succeed(
         self,

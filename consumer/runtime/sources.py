@@ -93,9 +93,6 @@ class KeyOrder:
             if entry[1] <= 0:
                 del self._keys[key]
 
-    def __len__(self) -> int:
-        return len(self._keys)
-
 
 class SourceOrigin(NamedTuple):
     """What a source job's enriched record and dead letter are made of: its source, the input
@@ -274,9 +271,6 @@ class SourceIntake:
     @property
     def sources(self) -> list[SourceRuntime]:
         return list(self.by_topic.values())
-
-    def held(self) -> int:
-        return sum(len(v) for v in self._held.values())
 
     def take(self, source: SourceRuntime, record: InRecord, ticket: Ticket, lane: Lane) -> bool:
         """True when `record` may be admitted now; else it is held (its schema is being read,

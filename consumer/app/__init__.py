@@ -25,20 +25,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from consumer.core.errors import ConfigError
+from consumer.app.sources import build_memo, build_sources, enriched_topics, source_topics
 from consumer.core.lanes import Lane
 from consumer.core.tenants import TenantPolicies
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.board import TopicBoard
 from consumer.kafka.edges import KafkaEdges, ServiceEdges, ServiceIntake
 from consumer.kafka.publisher import SidePublisher
-from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchProvider, CompletionProvider
 from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
-from consumer.registry.client import RegistryClient
-from consumer.registry.codecs import SourceCodec
 from consumer.runtime.accounts import TenantLedger
 from consumer.runtime.budgets import TenantBudgets
 from consumer.runtime.delivery import OutcomeWriter
@@ -46,7 +43,6 @@ from consumer.runtime.deployments import Deployment
 from consumer.runtime.evidence import RememberedEvidence
 from consumer.runtime.heap import tune_gc
 from consumer.runtime.lag import LagMonitor
-from consumer.runtime.memo import EnrichmentMemo
 from consumer.runtime.metrics import MetricsServer, build_app, register_otel_metrics
 from consumer.runtime.offline import BatchTracker, OfflineCollector, provider_key
 from consumer.runtime.outcomes import RecordLimits
@@ -54,7 +50,6 @@ from consumer.runtime.pipeline import Pipeline
 from consumer.runtime.prober import CircuitProber
 from consumer.runtime.quotas import FleetQuota, QuotaSharing
 from consumer.runtime.reachability import ReachabilityCheck
-from consumer.runtime.sources import SourceIntake, SourceRuntime
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
@@ -212,8 +207,7 @@ async def build_service(
     stats = ServiceStats(instance=instance, group=settings.group_id)
     telemetry = open_telemetry(stack, stats, tracer_provider, meter_provider)
     lanes = tier_file.lane_list(settings.jobs_topic, settings.max_inflight)
-    enriched = [source.into.topic for source in (tier_file.sources or {}).values()]
-    limits, remembered = await prepare_topics(settings, edges, lanes, instance, enriched)
+    limits, remembered = await prepare_topics(settings, edges, lanes, instance, enriched_topics(tier_file))
     clients: list[Any] = []
     stack.push_async_callback(_close_all, clients)
     quotas = fleet_quotas(tier_file)
@@ -222,9 +216,9 @@ async def build_service(
     for tier in tiers.values():
         for deployment in tier.deployments:
             stack.push_async_callback(deployment.provider.aclose)
-    source_topics = [source.topic for source in (tier_file.sources or {}).values()]
+    read_lanes = source_range is None  # a backfill reads its one source only
     kafka = KafkaClients.build(
-        settings, edges, f"promptbus-{instance}", lanes, source_topics, read_lanes=source_range is None
+        settings, edges, f"promptbus-{instance}", lanes, source_topics(tier_file), read_lanes=read_lanes
     )
     memo = build_memo(settings, edges, tier_file, instance, kafka.side_producer)
     sources = build_sources(settings, tier_file, stats, lanes, stack, memo, source_range)
@@ -265,76 +259,24 @@ async def build_service(
     if settings.metrics_port is not None:
         app = build_app(stats, pipeline.ready.is_set)
         parts.append(MetricsServer(app, settings.metrics_port, host=settings.metrics_host))
-    parts += [
-        _Reading(kafka.intake, pipeline),
-        LagMonitor(kafka.intake, stats),
+    parts += reading_parts(kafka.intake, pipeline, stats, tiers)
+    return Service(instance, stats, pipeline, tuple(parts))
+
+
+def reading_parts(
+    intake: ServiceIntake, pipeline: Pipeline, stats: ServiceStats, tiers: dict[str, TierRuntime]
+) -> list[Part]:
+    """The parts started last, once everything they feed runs: the intake's reading, the lag
+    monitor, the providers' reachability check and the circuits' prober."""
+    return [
+        _Reading(intake, pipeline),
+        LagMonitor(intake, stats),
         ReachabilityCheck(
             {where: d.provider for where, d in _deployments(tiers)},
             {where: d.config.resolved_base_url for where, d in _deployments(tiers)},
         ),
         CircuitProber(tiers, time.monotonic),
     ]
-    return Service(instance, stats, pipeline, tuple(parts))
-
-
-def build_memo(
-    settings: Settings, edges: ServiceEdges, tier_file: TierFile, instance: str, producer: Any
-) -> EnrichmentMemo | None:
-    """The memo of the sources' last enrichments (None: no source skips unchanged updates)."""
-    if not any(source.unchanged == "skip" for source in (tier_file.sources or {}).values()):
-        return None
-    # read at start and caught up when partitions are assigned (`consumer.runtime.memo`)
-    topic = settings.enrichments_topic
-    follower = edges.follower(settings, f"promptbus-{instance}-memo", topic, follow=False)
-    return EnrichmentMemo(follower, producer, topic)
-
-
-def build_sources(
-    settings: Settings,
-    tier_file: TierFile,
-    stats: ServiceStats,
-    lanes: Sequence[Lane],
-    stack: contextlib.AsyncExitStack,
-    memo: EnrichmentMemo | None = None,
-    source_range: Mapping[int, int] | None = None,
-) -> SourceIntake | None:
-    """The tier file's sources (None: it has none): each with its codec (through the Schema
-    Registry the settings name, one client for all, closed with `stack`) and its lane (the one
-    it names, else the lowest)."""
-    if not tier_file.sources:
-        return None
-    jobs_topics = {lane.topic for lane in lanes}
-    by_name = {lane.name: lane for lane in lanes}
-    registry: RegistryClient | None = None
-    runtimes = []
-    for name, config in tier_file.sources.items():
-        if config.topic in jobs_topics:
-            raise ConfigError(f"sources.{name}.topic", f"{config.topic} is a job topic this service reads")
-        if config.format != "json" and registry is None:
-            url = settings.schema_registry.url
-            if url is None:
-                raise ConfigError(
-                    f"sources.{name}.format",
-                    f"{config.format} needs a Schema Registry: set PROMPTBUS_SCHEMA_REGISTRY__URL",
-                )
-            registry = RegistryClient.from_settings(settings.schema_registry)
-            stack.push_async_callback(registry.aclose)
-        codec = SourceCodec(
-            config.format,
-            registry,
-            out_topic=config.into.topic,
-            out_format=config.into.format,
-            fields=config.output_fields(),
-        )
-        lane = by_name[config.lane] if config.lane is not None else lanes[-1]
-        runtimes.append(SourceRuntime(name, config, codec, lane, stats.source(name), memo))
-    stop_at = None
-    if source_range is not None:
-        (only,) = runtimes  # a backfill runs one source
-        stop_at = {TopicPartition(only.topic, p): end for p, end in source_range.items()}
-    intake = SourceIntake(runtimes, stop_at=stop_at)
-    stack.push_async_callback(intake.aclose)
-    return intake
 
 
 def open_telemetry(
