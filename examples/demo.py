@@ -6,8 +6,9 @@ DEMO_PROVIDER=simulator — runs `promptbus run`, submits examples/jobs.jsonl wi
 submit`, prints each job id with its answer (and the dead letters), then `promptbus stats`, and
 stops everything it started.
 
-It also embeds a few texts through an embedding tier (`local-model serve --embeddings` on
-DEMO_EMBED_PORT, default 8081, or the simulator) and prints each text's vector size and first
+The local model server listens on DEMO_MODEL_PORT (default 8080). It also embeds a few texts
+through an embedding tier (`local-model serve --embeddings` on DEMO_EMBED_PORT, default 8081,
+or the simulator) and prints each text's vector size and first
 values. Exits 0 only when every text has its vector and every job has its result, except
 the jobs that name a tier the tier file lacks (there to show a dead letter), which must be
 dead-lettered `unknown_tier`. While it
@@ -42,6 +43,8 @@ SIM_PORT = int(os.environ.get("DEMO_SIM_PORT", "18080"))
 WAIT_S = float(os.environ.get("DEMO_WAIT_S", "600"))
 #: how often the wait looks at the provider (a dead one holds jobs: nothing else would end it)
 HEALTH_EVERY_S = 3.0
+#: the local model server's port (`local-model serve`)
+MODEL_PORT = int(os.environ.get("DEMO_MODEL_PORT", "8080"))
 #: the embedding server's port (`local-model serve --embeddings`) and the texts the demo embeds
 EMBED_PORT = int(os.environ.get("DEMO_EMBED_PORT", "8081"))
 EMBED_TEXTS = ["The cat sat on the mat.", "A kitten rested on the rug.", "Stock markets fell today."]
@@ -103,16 +106,19 @@ def main() -> int:
             health = ProviderHealth(base_url, env, simulator=sim)
         else:
             step("provider: llama.cpp server with SmolLM2-135M-Instruct (promptbus local-model serve)")
-            status = subprocess.run([*PROMPTBUS, "local-model", "status"], env=env, capture_output=True)
+            model_port = ["--port", str(MODEL_PORT)]
+            status = subprocess.run(
+                [*PROMPTBUS, "local-model", "status", *model_port], env=env, capture_output=True
+            )
             if status.returncode != 0:
-                served = subprocess.run([*PROMPTBUS, "local-model", "serve"], env=env)
+                served = subprocess.run([*PROMPTBUS, "local-model", "serve", *model_port], env=env)
                 if served.returncode != 0:
                     print("demo failed: the local model server did not start (above)", flush=True)
                     return 1
-                cleanups.append(("local-model", 8080))
-            base_url = "http://127.0.0.1:8080/v1"
+                cleanups.append(("local-model", MODEL_PORT))
+            base_url = f"http://127.0.0.1:{MODEL_PORT}/v1"
             tiers["tiers"]["small"]["base_url"] = base_url
-            health = ProviderHealth(base_url, env, simulator=None)
+            health = ProviderHealth(base_url, env, simulator=None, port=MODEL_PORT)
             step(f"provider: the same model, mean-pooled for embeddings (port {EMBED_PORT})")
             port = ["--port", str(EMBED_PORT)]
             status = subprocess.run(
@@ -285,10 +291,14 @@ async def _map_through_client(
 class ProviderHealth:
     """Tells, in one line, why the demo's provider cannot answer, or None while it can."""
 
-    def __init__(self, base_url: str, env: dict[str, str], *, simulator: subprocess.Popen | None) -> None:
+    def __init__(
+        self, base_url: str, env: dict[str, str], *, simulator: subprocess.Popen | None, port: int = 0
+    ) -> None:
         self.base_url = base_url
         self._env = env
         self._simulator = simulator
+        #: the local model server's port (without a simulator)
+        self._port = port
 
     def down(self) -> str | None:
         import httpx
@@ -296,7 +306,8 @@ class ProviderHealth:
         if self._simulator is not None and self._simulator.poll() is not None:
             return f"the provider simulator at {self.base_url} exited ({_how(self._simulator.returncode)})"
         if self._simulator is None:
-            out = subprocess.run([*PROMPTBUS, "local-model", "status"], env=self._env, capture_output=True)
+            status = [*PROMPTBUS, "local-model", "status", "--port", str(self._port)]
+            out = subprocess.run(status, env=self._env, capture_output=True)
             if out.returncode != 0 and out.stdout.strip():
                 state = orjson.loads(out.stdout.splitlines()[-1])
                 if state.get("crashed"):

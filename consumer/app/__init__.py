@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumer.app.sources import build_memo, build_sources, enriched_topics, source_topics
+from consumer.core.errors import ConfigError
 from consumer.core.lanes import Lane
 from consumer.core.tenants import TenantPolicies
 from consumer.kafka.assignment import Assignment
@@ -88,11 +89,18 @@ def instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def validate_config(tier_file: TierFile) -> None:
+def validate_config(tier_file: TierFile, *, source: str | None = None) -> None:
     """Everything building the service refuses in the tier file, before anything is built:
-    ConfigError naming the first bad key (`promptbus run` and `check-config` both ask)."""
+    one ConfigError naming every bad key, each with `source` (the file) when given
+    (`promptbus run` and `check-config` both ask)."""
+    problems = []
     for name, tier in tier_file.tiers.items():
-        check_tier(name, tier)
+        try:
+            check_tier(name, tier)
+        except ConfigError as exc:
+            problems.append(ConfigError(exc.key, f"{exc.reason} (in {source})") if source else exc)
+    if problems:
+        raise ConfigError(problems[0].key, problems[0].reason, more=tuple(problems[1:]))
 
 
 async def run_service(
@@ -310,6 +318,12 @@ async def prepare_topics(
     report = await edges.ensure_topics(settings, [lane.topic for lane in lanes], enriched_topics)
     for topic, state in report.items():
         log.info("topic %s: %s", topic, state)
+    if settings.jobs_topic not in {lane.topic for lane in lanes}:
+        log.warning(
+            "PROMPTBUS_JOBS_TOPIC %r is read by no lane (lanes: %s): jobs published there wait unread",
+            settings.jobs_topic,
+            ", ".join(lane.name for lane in lanes),
+        )
     outputs = [settings.results_topic, settings.dlq_topic]
     record_bytes, latest_evidence = await asyncio.gather(
         edges.max_record_bytes(settings, outputs), edges.read_latest(settings, settings.batching_topic)

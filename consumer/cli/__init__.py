@@ -49,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"promptbus: config error: {exc}", file=sys.stderr)
+        for line in exc.lines():
+            print(f"promptbus: {exc.what} error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         from aiokafka.errors import KafkaConnectionError
 
-        from consumer.kafka.connection import SASL_REFUSALS, sasl_refused
+        from consumer.kafka.connection import SASL_REFUSALS, sasl_refused, unreachable
 
         if isinstance(exc, SASL_REFUSALS):
             # refused after the connection check passed: the same line as a refusal there
@@ -70,5 +71,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(exc, KafkaConnectionError):
             raise
         # a clear line, not a traceback; exit 1 so a supervisor starts it again later
-        print(f"promptbus: cannot reach Kafka: {exc}", file=sys.stderr)
+        print(f"promptbus: cannot reach Kafka: {unreachable(exc, load_settings(args))}", file=sys.stderr)
         return 1

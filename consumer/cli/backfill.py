@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 import time
@@ -24,20 +25,20 @@ from typing import Any
 import orjson
 
 from consumer.cli.environment import add_bootstrap, check_kafka, configure_logging, load_config
-from consumer.core.errors import ConfigError
+from consumer.core.errors import UsageError
 
 #: how often the progress line is written
 PROGRESS_S = 1.0
 
 
 def parse_time(text: str, flag: str) -> int:
-    """An RFC 3339 time (or a date) as Unix milliseconds; ConfigError naming the flag."""
+    """An RFC 3339 time (or a date) as Unix milliseconds; UsageError naming the flag."""
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ConfigError(flag, f"{text!r} is not an RFC 3339 time (e.g. 2026-12-01T00:00:00Z)") from None
+        raise UsageError(flag, f"{text!r} is not an RFC 3339 time (e.g. 2026-12-01T00:00:00Z)") from None
     if value.tzinfo is None:
-        raise ConfigError(flag, f"{text!r} names no time zone (add Z or +00:00)")
+        raise UsageError(flag, f"{text!r} names no time zone (add Z or +00:00)")
     return int(value.timestamp() * 1000)
 
 
@@ -130,15 +131,15 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from consumer.runtime import eventloop
 
     configure_logging(args.log_level, kafka_level="CRITICAL")
-    settings, tier_file = load_config(args)
+    settings, tier_file = load_config(args, logging.getLogger("promptbus.settings").warning)
     sources = tier_file.sources or {}
     if args.source not in sources:
         known = ", ".join(sorted(sources)) or "none: the tier file has no sources"
-        raise ConfigError("SOURCE", f"unknown source {args.source!r} (sources: {known})")
+        raise UsageError("SOURCE", f"unknown source {args.source!r} (sources: {known})")
     from_ms = parse_time(args.from_time, "--from")
     to_ms = parse_time(args.to_time, "--to") if args.to_time else None
     if to_ms is not None and to_ms <= from_ms:
-        raise ConfigError("--to", "must be after --from")
+        raise UsageError("--to", "must be after --from")
     check_kafka(settings)
     return eventloop.run(backfill(settings, tier_file, args.source, from_ms, to_ms), settings.event_loop)
 

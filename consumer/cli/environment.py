@@ -6,9 +6,10 @@ import argparse
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
-from consumer.core.errors import ConfigError
+from consumer.core.errors import UsageError
 
 
 def add_bootstrap(parser: argparse.ArgumentParser) -> None:
@@ -47,19 +48,23 @@ def load_tier_file(args: argparse.Namespace) -> Any:
 
     path = args.config or os.environ.get("PROMPTBUS_CONFIG")
     if not path:
-        raise ConfigError("--config", "no tier file given (use --config FILE or PROMPTBUS_CONFIG)")
+        raise UsageError("--config", "no tier file given (use --config FILE or PROMPTBUS_CONFIG)")
     return load(path)
 
 
-def load_config(args: argparse.Namespace) -> tuple[Any, Any]:
+def load_config(args: argparse.Namespace, warn: Callable[[str], None]) -> tuple[Any, Any]:
     """The settings and the tier file of `run`, validated whole (environment, tier file and
     what building the tiers would refuse) before anything touches Kafka or a provider: one
-    check, so `check-config` refuses exactly what `run` refuses, in the same words."""
+    check, so `check-config` refuses exactly what `run` refuses, in the same words. `warn`
+    is told of every PROMPTBUS_ variable that is no setting."""
     from consumer.app import validate_config
+    from consumer.settings.environment import unknown_variables
 
+    for line in unknown_variables():
+        warn(line)
     settings = load_settings(args)
     tier_file = load_tier_file(args)
-    validate_config(tier_file)
+    validate_config(tier_file, source=args.config or os.environ.get("PROMPTBUS_CONFIG"))
     return settings, tier_file
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 import uuid
@@ -21,14 +22,14 @@ from consumer.cli.environment import (
     load_settings,
     load_tier_file,
 )
-from consumer.core.errors import ConfigError
+from consumer.core.errors import JobInputError, UsageError
 from consumer.settings import lane_topic
 
 if TYPE_CHECKING:
     from consumer.client import Outcome, ProgressBar
 
 
-def _refused(where: str, value: bytes, stopped: str) -> ConfigError | None:
+def _refused(where: str, value: bytes, stopped: str) -> JobInputError | None:
     """Why the service would dead-letter `value` for its own content (the words of that dead
     letter, `consumer.core.content`), None when it would not."""
     from consumer.core.content import check_job
@@ -37,7 +38,7 @@ def _refused(where: str, value: bytes, stopped: str) -> ConfigError | None:
     try:
         check_job(value)
     except JobError as exc:
-        return ConfigError(where, f"{exc.kind.value}: {exc}; {stopped}")
+        return JobInputError(where, f"{exc.kind.value}: {exc}; {stopped}")
     return None
 
 
@@ -50,43 +51,41 @@ def _file_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 if line:
                     yield n, line
     except OSError as exc:
-        raise ConfigError("--file", f"cannot read {path}: {exc.strerror or exc}") from None
+        raise UsageError("--file", f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _check_file(path: Path) -> int:
+def _check_file(path: Path, max_job_bytes: int) -> int:
     """Every line of `path` checked as the service will read it, before any is submitted;
-    the number of jobs. ConfigError naming the first bad line."""
-    from consumer.runtime.outcomes import MAX_VALUE_BYTES
-
+    the number of jobs. JobInputError naming the first bad line."""
     stopped = "nothing was submitted"
     count = 0
     for n, line in _file_lines(path):
         where = f"{path}:{n}"
-        if len(line) > MAX_VALUE_BYTES:
-            reason = f"job is {len(line)} bytes, over the {MAX_VALUE_BYTES} a record may carry"
-            raise ConfigError(where, f"{reason}; {stopped}")
+        if len(line) > max_job_bytes:
+            reason = f"job is {len(line)} bytes, over PROMPTBUS_MAX_JOB_BYTES ({max_job_bytes})"
+            raise JobInputError(where, f"{reason}; {stopped}")
         try:
             orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            raise ConfigError(where, f"not JSON: {exc}; {stopped}") from None
+            raise JobInputError(where, f"not JSON: {exc}; {stopped}") from None
         problem = _refused(where, line, stopped)
         if problem is not None:
             raise problem
         count += 1
     if count == 0:
-        raise ConfigError("--file", f"{path} holds no jobs; nothing was submitted")
+        raise JobInputError("--file", f"{path} holds no jobs; nothing was submitted")
     return count
 
 
-def _one_job(args: argparse.Namespace) -> bytes:
+def _one_job(args: argparse.Namespace, max_job_bytes: int) -> bytes:
     """The job `--tier`, `--prompt`, `--var` ... describe, checked as the service will read it."""
     if not args.tier or args.prompt is None:
-        raise ConfigError("submit", "give --file FILE, or --tier and --prompt")
+        raise UsageError("submit", "give --file FILE, or --tier and --prompt")
     variables: dict[str, str] = {}
     for pair in args.var or []:
         name, sep, value = pair.partition("=")
         if not sep:
-            raise ConfigError("--var", f"expected name=value, got {pair!r}")
+            raise UsageError("--var", f"expected name=value, got {pair!r}")
         variables[name] = value
     job: dict[str, Any] = {"id": args.id or uuid.uuid4().hex, "tier": args.tier, "prompt": args.prompt}
     if variables:
@@ -98,6 +97,9 @@ def _one_job(args: argparse.Namespace) -> bytes:
     if args.tenant is not None:
         job["tenant"] = args.tenant
     value = orjson.dumps(job)
+    if len(value) > max_job_bytes:
+        reason = f"job is {len(value)} bytes, over PROMPTBUS_MAX_JOB_BYTES ({max_job_bytes})"
+        raise JobInputError("submit", f"{reason}; nothing was submitted")
     problem = _refused("submit", value, "nothing was submitted")
     if problem is not None:
         raise problem
@@ -106,14 +108,14 @@ def _one_job(args: argparse.Namespace) -> bytes:
 
 def _tenant_header(tenant: str | None) -> list[tuple[str, bytes]]:
     """`submit --file --tenant T`: the header that names the tenant of every job of the file
-    that names none in its `tenant` field (the field wins). ConfigError for no tenant name."""
+    that names none in its `tenant` field (the field wins). UsageError for no tenant name."""
     from consumer.core.tenants import TENANT_HEADER, tenant_problem
 
     if tenant is None:
         return []
     problem = tenant_problem(tenant)
     if problem is not None:
-        raise ConfigError("--tenant", problem)
+        raise UsageError("--tenant", problem)
     return [(TENANT_HEADER, tenant.encode())]
 
 
@@ -132,17 +134,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
     configure_logging("WARNING", kafka_level="CRITICAL")
     # every job checked before Kafka is asked anything: a refused one leaves the topic untouched
     headers = _tenant_header(args.tenant) if args.file else []
+    settings = load_settings(args)
     jobs: Iterable[bytes]
     if args.file:
         path = Path(args.file)
-        _check_file(path)
+        _check_file(path, settings.max_job_bytes)
         jobs = (line for _, line in _file_lines(path))
     else:
-        job = _one_job(args)
+        job = _one_job(args, settings.max_job_bytes)
         jobs = [job]
-    settings = load_settings(args)
-    if args.lane:
+    if args.lane or args.config or os.environ.get("PROMPTBUS_CONFIG"):
         topic = lane_topic(load_tier_file(args), args.lane, settings.jobs_topic)
+        if args.lane is None and topic != settings.jobs_topic:
+            note = f"no --lane: sent to the lowest-priority lane's topic {topic}"
+            print(f"promptbus submit: {note}", file=sys.stderr)
         settings = settings.model_copy(update={"jobs_topic": topic})
     check_kafka(settings)
     if not args.file:
@@ -200,24 +205,24 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def _check_readable(flag: str, name: str) -> None:
-    """ConfigError naming `flag` when the file `name` cannot be read (- is stdin)."""
+    """UsageError naming `flag` when the file `name` cannot be read (- is stdin)."""
     if name == "-":
         return
     try:
         with Path(name).open("rb"):
             pass
     except OSError as exc:
-        raise ConfigError(flag, f"cannot read {name}: {exc.strerror or exc}") from None
+        raise UsageError(flag, f"cannot read {name}: {exc.strerror or exc}") from None
 
 
 def _check_writable(flag: str, name: str) -> None:
-    """ConfigError naming `flag` when the file `name` cannot be written (checked before the
+    """UsageError naming `flag` when the file `name` cannot be written (checked before the
     run, so its outcomes are not lost at the end)."""
     try:
         with Path(name).open("ab"):
             pass
     except OSError as exc:
-        raise ConfigError(flag, f"cannot write {name}: {exc.strerror or exc}") from None
+        raise UsageError(flag, f"cannot write {name}: {exc.strerror or exc}") from None
 
 
 def _options(text: str | None) -> dict[str, Any] | None:
@@ -227,9 +232,9 @@ def _options(text: str | None) -> dict[str, Any] | None:
     try:
         options = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise ConfigError("--options", f"not JSON: {exc}") from None
+        raise UsageError("--options", f"not JSON: {exc}") from None
     if not isinstance(options, dict):
-        raise ConfigError("--options", f"must be a JSON object, got {type(options).__name__}")
+        raise UsageError("--options", f"must be a JSON object, got {type(options).__name__}")
     return options
 
 
@@ -278,14 +283,14 @@ def _check_map_args(args: argparse.Namespace) -> None:
     submitted then)."""
     if args.collect:
         if args.total is None:
-            raise ConfigError("--total", "--collect RUN_ID needs --total N (the run's number of inputs)")
+            raise UsageError("--total", "--collect RUN_ID needs --total N (the run's number of inputs)")
         return
     if not args.tier or not (args.inputs or args.inputs_jsonl):
-        raise ConfigError("map", "give --tier T and --inputs FILE or --inputs-jsonl FILE, or --collect")
+        raise UsageError("map", "give --tier T and --inputs FILE or --inputs-jsonl FILE, or --collect")
     flag = "--inputs" if args.inputs else "--inputs-jsonl"
     _check_readable(flag, args.inputs or args.inputs_jsonl)
     if args.embed and (args.prompt is not None or args.batch):
-        raise ConfigError("--embed", "each input is the text to embed: no --prompt or --batch")
+        raise UsageError("--embed", "each input is the text to embed: no --prompt or --batch")
 
 
 def _map_outcomes(

@@ -8,38 +8,38 @@ import sys
 from typing import Any
 
 from consumer.cli.environment import add_bootstrap, configure_logging, kafka_settings
-from consumer.core.errors import ConfigError
+from consumer.core.errors import UsageError
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from consumer.core.errors import ErrorKind
-    from consumer.kafka.replay import ReplayFilter, replay_dead_letters
+    from consumer.kafka.replay import ReplayFilter, left_behind_lines, replay_dead_letters
 
     configure_logging("WARNING", kafka_level="CRITICAL")
     if not args.dlq:
-        raise ConfigError("replay", "give --dlq (dead letters are what replay republishes)")
+        raise UsageError("replay", "give --dlq (dead letters are what replay republishes)")
     known = {k.value for k in ErrorKind}
     kinds = frozenset(args.kind or ())
     unknown = sorted(kinds - known)
     if unknown:
-        raise ConfigError("--kind", f"unknown error kind {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        raise UsageError("--kind", f"unknown error kind {unknown[0]!r} (known: {', '.join(sorted(known))})")
     since = None
     if args.since:
         try:
             since = datetime.fromisoformat(args.since)
         except ValueError:
-            raise ConfigError("--since", f"not an RFC 3339 time: {args.since!r}") from None
+            raise UsageError("--since", f"not an RFC 3339 time: {args.since!r}") from None
         if since.tzinfo is None:
-            raise ConfigError("--since", f"give a UTC offset (e.g. Z): {args.since!r}")
+            raise UsageError("--since", f"give a UTC offset (e.g. Z): {args.since!r}")
     settings = kafka_settings(args)
     flt = ReplayFilter(kinds=kinds, tier=args.tier, since=since)
     report = asyncio.run(replay_dead_letters(settings, flt, dry_run=args.dry_run))
     if args.dry_run:
         for r in report.replays:
             print(f"would replay {r.job_id or '(no id)'} ({r.kind}) from {r.dead_letter}")
-    for line in report.summary():
+    for line in [*report.summary(), *left_behind_lines(report, settings)]:
         print(line)
     for problem in report.problems:
         print(f"promptbus replay: not replayable: {problem}", file=sys.stderr)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Any
 
 from consumer.cli.environment import add_bootstrap, check_kafka, configure_logging, load_config
 from consumer.core.embed import embed_limits, no_embeddings
+from consumer.settings import unread_jobs_topic_note
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -17,14 +19,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from consumer.runtime import eventloop
 
     configure_logging(args.log_level)
-    settings, tier_file = load_config(args)
+    settings, tier_file = load_config(args, logging.getLogger("promptbus.settings").warning)
     check_kafka(settings)
     return eventloop.run(run_service(settings, tier_file), settings.event_loop)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Validate the tier file and the environment as `run` does; print the tiers."""
-    settings, tier_file = load_config(args)
+    settings, tier_file = load_config(args, lambda line: print(f"warning: {line}", file=sys.stderr))
     for name, tier in tier_file.tiers.items():
         flags = []
         if tier.batching.enabled:
@@ -37,6 +39,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             print(f"note: {no_embeddings(name, tier.provider)}")
     for line in tenant_lines(tier_file):
         print(line)
+    unread = unread_jobs_topic_note(tier_file, settings.jobs_topic)
+    if unread is not None:
+        print(f"note: {unread}")
     if tier_file.sources:
         problems = source_lines(settings, tier_file)
         if problems:
@@ -103,11 +108,43 @@ def tenant_lines(tier_file: Any) -> list[str]:
             caps.append(f"{budget.tokens_per_day} tokens/day")
         spent = f" budget {' and '.join(caps)}, then {tenant.on_exhausted}" if caps else ""
         lines.append(f"tenant {name}: weight {tenant.weight:g}{spent}")
+    lines += budget_notes(tier_file)
     for tier in tier_file.unpriced_usd_budget():
         lines.append(
             f"note: tier '{tier}' has no pricing: its requests count as $0 against the tenants' USD budgets"
         )
     return lines
+
+
+def budget_notes(tier_file: Any) -> list[str]:
+    """A note per tenant whose daily budget is smaller than one request's estimate on a tier
+    (its output estimate alone, at the tier's `options.max_tokens`): every job it sends there
+    is refused before anything is spent."""
+    from consumer.runtime.budgets import DEFAULT_OUTPUT_ESTIMATE_TOKENS
+
+    notes = []
+    for name, tenant in (tier_file.tenants or {}).items():
+        budget = tenant.budget
+        if budget is None:
+            continue
+        for tier_name, tier in tier_file.tiers.items():
+            max_tokens = tier.options.get("max_tokens")
+            output = max_tokens if isinstance(max_tokens, int) else DEFAULT_OUTPUT_ESTIMATE_TOKENS
+            why = "its max_tokens" if isinstance(max_tokens, int) else "the tier names no max_tokens"
+            usd = output * tier.pricing.output_per_mtok / 1e6 if tier.pricing is not None else 0.0
+            if budget.tokens_per_day is not None and budget.tokens_per_day < output:
+                over = f"{budget.tokens_per_day} tokens/day is less"
+                least = f"{output} output tokens ({why}) plus its prompt"
+            elif budget.usd_per_day is not None and budget.usd_per_day < usd:
+                over = f"${budget.usd_per_day:g}/day is less"
+                least = f"${usd:.4f} for {output} output tokens ({why}) plus its prompt"
+            else:
+                continue
+            notes.append(
+                f"note: tenant '{name}': {over} than one request on tier '{tier_name}' is estimated "
+                f"at, {least}: its jobs there are refused and nothing is spent (docs/tenants.md#budgets)"
+            )
+    return notes
 
 
 def add_run_command(sub: Any) -> None:

@@ -13,7 +13,16 @@ import orjson
 
 from consumer.cli.environment import add_bootstrap, configure_logging, kafka_settings
 from consumer.core.cost import BatchSaving
-from consumer.core.snapshots import FALLBACK_PREFIX, by_group, merge_snapshots, read_snapshot, with_group_lag
+from consumer.core.errors import UsageError
+from consumer.core.snapshots import (
+    FALLBACK_PREFIX,
+    by_group,
+    live_partitions,
+    merge_snapshots,
+    read_snapshot,
+    with_group_lag,
+)
+from consumer.core.tenants import tenant_problem
 
 
 def _budget_text(tier: dict[str, Any]) -> str:
@@ -27,9 +36,11 @@ def _budget_text(tier: dict[str, Any]) -> str:
 
 
 def _circuit_text(tier: dict[str, Any]) -> str:
-    """Whether the tier's provider answers: the circuit's state, outages so far, held requests."""
+    """Whether the tier's provider answers: the circuit's state, and its outages so far with
+    the requests they held (a count since start, not requests held now)."""
     opened, held = tier.get("circuit_opened", 0), tier.get("held_requests", 0)
-    history = f" (opened {opened}x, {held} requests held)" if opened else ""
+    held_text = f", held {held} request{'s' if held != 1 else ''} while open" if held else ""
+    history = f" (opened {opened}x{held_text})" if opened else ""
     if tier.get("circuit_open"):
         return f"OPEN for {tier.get('outage_s', 0):g} s: provider unreachable, jobs held" + history
     return "closed" + history
@@ -69,7 +80,11 @@ def format_lag(merged: dict[str, Any]) -> str:
     text = f"lag: {records} records over {merged.get('lag_partitions', 0)} partitions"
     if not records:  # nothing uncommitted: no record has an age
         return text
-    return text + f", oldest uncommitted {merged.get('oldest_uncommitted_age_s', 0.0):.1f} s"
+    age_s = merged.get("oldest_uncommitted_age_s", 0.0)
+    if age_s is None:
+        unread = merged.get("lag_partitions_unread", 0)
+        return text + f" ({unread} of them read by no live instance: the oldest record's age is unknown)"
+    return text + f", oldest uncommitted {age_s:.1f} s"
 
 
 def format_lanes(merged: dict[str, Any]) -> list[str]:
@@ -250,6 +265,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from consumer.kafka.clients import group_lag, read_latest
 
     configure_logging("WARNING", kafka_level="CRITICAL")
+    if args.tenant is not None and (problem := tenant_problem(args.tenant)) is not None:
+        raise UsageError("--tenant", f"{args.tenant!r} is not a tenant name: it {problem}")
     settings = kafka_settings(args)
     snapshots = []
     for key, value in asyncio.run(read_latest(settings, settings.stats_topic)).items():
@@ -262,12 +279,26 @@ def cmd_stats(args: argparse.Namespace) -> int:
     now_s, live_within_s = time.time(), 3 * settings.stats_interval_s + 5
     sections = {}
     for group in wanted:
-        merged = merge_snapshots(groups.get(group, []), now_s=now_s, live_within_s=live_within_s)
+        snaps = groups.get(group, [])
+        merged = merge_snapshots(snaps, now_s=now_s, live_within_s=live_within_s)
         if group:
             # the group's lag is the broker's: committed offsets against log ends, whether or
-            # not an instance runs (an instance's own figure is as old as its last refresh)
-            lag = asyncio.run(group_lag(settings, group, [settings.jobs_topic]))
-            merged = with_group_lag(merged, records=lag.records, partitions=len(lag.per_partition))
+            # not an instance runs (an instance's own figure is as old as its last refresh),
+            # over the topics the group reads: those it committed on and its live instances read
+            live = live_partitions(snaps, now_s=now_s, live_within_s=live_within_s)
+            lag = asyncio.run(group_lag(settings, group, sorted({topic for topic, _ in live})))
+            if args.group and not snaps and not lag.committed:  # a group named, maybe misspelt
+                seen = ", ".join(sorted(g for g in groups if g)) or "none"
+                print(
+                    f"promptbus stats: no instance of group {group!r} was seen and it committed no "
+                    f"offsets (groups seen: {seen})",
+                    file=sys.stderr,
+                )
+                return 1
+            unread = sum(1 for tp, n in lag.per_partition.items() if n and tp not in live)
+            merged = with_group_lag(
+                merged, records=lag.records, partitions=len(lag.per_partition), unread=unread
+            )
         sections[group] = {"group": group or UNRECORDED_GROUP, **merged}
     if args.tenant is not None:
         return _print_tenant(args, sections)

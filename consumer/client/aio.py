@@ -65,8 +65,9 @@ class AsyncClient:
 
     def lane_settings(self, lane: str | None) -> Settings:
         """The settings whose jobs topic is `lane`'s (the tier file's `lanes`); ValueError for
-        a lane the tier file does not name, or a lane without a tier file."""
-        if lane is None:
+        a lane the tier file does not name, or a lane without a tier file. No lane: the jobs
+        topic, or the lowest-priority lane's when the tier file's lanes do not read it."""
+        if lane is None and self.settings.config is None:
             return self.settings
         if self.settings.config is None:
             raise ValueError(

@@ -299,7 +299,29 @@ class BudgetBook:
 
     @staticmethod
     def _exhausted_message(acct: _Account, day: str) -> str:
+        """Spent, or not spent but too little left for the request last refused: each said as
+        it is (a budget smaller than one request's estimate spends nothing at all)."""
         p, spent = acct.policy, acct.spent()
+        # what the refusal measured against: this instance's unreserved leases and what no
+        # instance has claimed (others' leases and the requests in flight are not free)
+        left = acct.claimed - acct.reserved - acct.settled + acct.unclaimed()
+        refused = acct.refused
+        used = (p.usd_per_day is not None and left.usd <= 1e-12) or (
+            p.tokens_per_day is not None and left.tokens <= 0
+        )
+        if refused is not None and not used:
+            asked, room = [], []
+            if p.tokens_per_day is not None:
+                asked.append(f"{refused.tokens} tokens")
+                room.append(f"{max(left.tokens, 0)} of {p.tokens_per_day} tokens")
+            if p.usd_per_day is not None:
+                asked.append(f"${refused.usd:.4f}")
+                room.append(f"${max(left.usd, 0.0):.4f} of ${p.usd_per_day:g}")
+            return (
+                f"tenant '{p.name}': a request's estimate, {' / '.join(asked)}, is more than the daily "
+                f"budget left ({' and '.join(room)} free on {day} UTC: what no request in flight "
+                "and no other instance's lease holds; docs/tenants.md says how a request is estimated)"
+            )
         parts = []
         if p.usd_per_day is not None:
             parts.append(f"${spent.usd:.4f} of ${p.usd_per_day:g}")

@@ -7,6 +7,9 @@ aiohttp, aiokafka or HTTP status codes directly.
 
     PromptbusError
     ├── ConfigError                 bad tier file / settings: stops startup, names the key
+    │   ├── UsageError              a command's arguments do not make a run
+    │   └── JobInputError           a job given to a command (a job file's line, --tier and
+    │                               --prompt) would be dead-lettered: refused before it is sent
     ├── JobError                    one job cannot be served as given (kind: invalid_job,
     │                               unknown_tier, template_error); goes to the dead-letter topic
     ├── NotSupportedError           a feature the provider does not have (e.g. Batch API on
@@ -81,12 +84,33 @@ class PromptbusError(Exception):
 
 
 class ConfigError(PromptbusError):
-    """A configuration value is wrong. `key` is the dotted path of the bad key."""
+    """A configuration value is wrong. `key` is the dotted path of the bad key; `more`: the
+    same input's other problems, each said on a line of its own (`lines`). `what` names the
+    kind of input, as the command line says it ("config error: ...")."""
 
-    def __init__(self, key: str, reason: str) -> None:
+    what = "config"
+
+    def __init__(self, key: str, reason: str, *, more: tuple[ConfigError, ...] = ()) -> None:
         self.key = key
         self.reason = reason
+        self.more = more
         super().__init__(f"{key}: {reason}")
+
+    def lines(self) -> list[str]:
+        """One line per problem, this one first."""
+        return [str(self), *(str(other) for other in self.more)]
+
+
+class UsageError(ConfigError):
+    """A command's arguments do not make a run (a flag missing, two that exclude each other)."""
+
+    what = "usage"
+
+
+class JobInputError(ConfigError):
+    """A job a command was given is not one the service would serve (nothing is sent)."""
+
+    what = "job input"
 
 
 class JobError(PromptbusError):

@@ -323,6 +323,14 @@ class DeadLetter(_Frozen):
     attempts: StrictInt = Field(default=0, ge=0)
     job: Job | None = Field(default=None, description="The parsed job, when it could be parsed.")
     raw: StrictStr | None = Field(default=None, description="Base64 of the original bytes when unparsable.")
+    key: StrictStr | None = Field(
+        default=None,
+        description="The original record's Kafka key as text (null: it had none, or it is not UTF-8: "
+        "then raw_key). The dead letter's own Kafka key is this key too, else the job id.",
+    )
+    raw_key: StrictStr | None = Field(
+        default=None, description="Base64 of the original record's key when it is not UTF-8 text."
+    )
     source: SourceRef
     failed_at: UtcTime
     tenant: StrictStr | None = Field(

@@ -16,6 +16,7 @@ Pure: the caller passes `now_s`.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -191,12 +192,34 @@ def merge_snapshots(snapshots: list[dict[str, Any]], *, now_s: float, live_withi
     return total
 
 
-def with_group_lag(merged: dict[str, Any], *, records: int, partitions: int) -> dict[str, Any]:
+def with_group_lag(
+    merged: dict[str, Any], *, records: int, partitions: int, unread: int = 0
+) -> dict[str, Any]:
     """`merged` with its group's lag as the broker counts it (committed offsets against log
     ends). The oldest uncommitted age is the live instances' figure, as old as their last
-    refresh: beside a lag of 0 records nothing is uncommitted, so it is 0."""
+    refresh: beside a lag of 0 records nothing is uncommitted, so it is 0; while `unread`
+    lagging partitions have no live instance reading them, no age is known (None)."""
     age_s = merged.get("oldest_uncommitted_age_s", 0.0) if records else 0.0
-    return {**merged, "lag_records": records, "lag_partitions": partitions, "oldest_uncommitted_age_s": age_s}
+    return {
+        **merged,
+        "lag_records": records,
+        "lag_partitions": partitions,
+        "oldest_uncommitted_age_s": None if records and unread else age_s,
+        "lag_partitions_unread": unread,
+    }
+
+
+def live_partitions(
+    snapshots: Iterable[Mapping[str, Any]], *, now_s: float, live_within_s: float
+) -> set[tuple[str, int]]:
+    """The (topic, partition)s the live instances among `snapshots` read (their lag entries):
+    the topics a group reads, and the partitions whose oldest uncommitted age is known."""
+    return {
+        (str(part.get("topic")), int(part.get("partition", 0)))
+        for snap in snapshots
+        if now_s - float(snap.get("updated_at", 0)) <= live_within_s
+        for part in snap.get("lag", [])
+    }
 
 
 def _add_lag(total: dict[str, Any], partitions: list[dict[str, Any]]) -> None:

@@ -58,13 +58,13 @@ def topic_specs(
     settings: Settings, lane_topics: Sequence[str] = (), enriched_topics: Sequence[str] = ()
 ) -> list[TopicSpec]:
     """Every topic promptbus reads or writes; `lane_topics`: the lanes' job topics, made like
-    the jobs topic; `enriched_topics`: the sources' outputs, compacted (the latest enrichment
-    of each key; a deleted row's tombstone forgets it). batches, stats, batching, quotas and
-    budgets are compacted (latest per key);
-    quotas and budgets, groups' boards, are one partition so every instance reads their records
-    in the order they were written."""
+    the jobs topic and instead of it (with lanes, the jobs topic is read only as a lane's);
+    `enriched_topics`: the sources' outputs, compacted (the latest enrichment of each key; a
+    deleted row's tombstone forgets it). batches, stats, batching, quotas and budgets are
+    compacted (latest per key); quotas and budgets, groups' boards, are one partition so every
+    instance reads their records in the order they were written."""
     p, r = settings.topic_partitions, settings.topic_replication
-    jobs = list(dict.fromkeys([settings.jobs_topic, *lane_topics]))
+    jobs = list(dict.fromkeys(lane_topics or [settings.jobs_topic]))
     return [
         *(TopicSpec(topic, p, r) for topic in jobs),
         TopicSpec(settings.results_topic, p, r),

@@ -136,6 +136,8 @@ class GroupLag:
     first offset)."""
 
     per_partition: dict[tuple[str, int], int]
+    #: the group committed an offset on some partition (it has read, or reads, something)
+    committed: bool = False
 
     @property
     def records(self) -> int:
@@ -154,7 +156,7 @@ async def group_lag(settings: Settings, group: str, topics: Sequence[str]) -> Gr
         for p in await topic_partitions(settings, topic)
     ]
     if not partitions:
-        return GroupLag({})
+        return GroupLag({}, committed=bool(committed))
     consumer = AIOKafkaConsumer(enable_auto_commit=False, **client_kwargs(settings))
     try:
         await consumer.start()
@@ -168,4 +170,4 @@ async def group_lag(settings: Settings, group: str, topics: Sequence[str]) -> Gr
         meta = committed.get(tp)
         start = meta.offset if meta is not None and meta.offset >= 0 else firsts[tp]
         lag[(tp.topic, tp.partition)] = max(0, ends[tp] - start)
-    return GroupLag(lag)
+    return GroupLag(lag, committed=bool(committed))

@@ -92,4 +92,23 @@ async def check_connection(settings: Settings, *, timeout_s: float = CHECK_TIMEO
             continue
         conn.close()
         return
-    raise KafkaConnectionError(f"no bootstrap server answered ({'; '.join(failures)})")
+    raise BootstrapUnreachable(f"no bootstrap server answered ({'; '.join(failures)})")
+
+
+class BootstrapUnreachable(KafkaConnectionError):
+    """No bootstrap server answered the connection check (`reason` says what each did)."""
+
+    @property
+    def reason(self) -> str:
+        return str(self.args[0])
+
+
+def unreachable(exc: KafkaConnectionError, settings: Settings) -> str:
+    """The one wording of a broker that cannot be reached, whichever client found it: the
+    check's own reason, or aiokafka's failure said with the bootstrap servers it tried."""
+    if isinstance(exc, BootstrapUnreachable):
+        return exc.reason
+    detail = str(exc.args[0]) if exc.args else type(exc).__name__
+    if detail.startswith("Unable to bootstrap"):
+        return f"no bootstrap server answered ({settings.kafka_bootstrap_servers})"
+    return f"{settings.kafka_bootstrap_servers}: {detail}"

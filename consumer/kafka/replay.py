@@ -14,9 +14,9 @@ offsets it saw at start, then stops, and commits each round's positions only aft
 round's records are acknowledged. So a second run replays only what was dead-lettered since.
 The place moves past every dead letter read, replayed or not: one the filter left out is not
 replayed by a later run either (a committed position cannot keep holes). To go over them
-again, reset the replay group's offsets (`kafka-consumer-groups.sh --group <group>.replay
---topic <dlq> --reset-offsets --to-earliest --execute`). `--dry-run` produces nothing and
-commits nothing.
+again, reset the replay group's offsets and run with a filter that picks them: the command's
+summary prints both commands (`left_behind_lines`). `--dry-run` produces nothing and commits
+nothing.
 
 `plan_replay` decides about one dead letter without I/O; `replay_dead_letters` does the
 Kafka part.
@@ -91,6 +91,8 @@ class Skip:
     dead_letter: str
     #: set when the dead letter cannot be replayed at all (not a filter's choice)
     problem: str | None = None
+    #: the dead letter's error kind, when a filter left it out (kind, tier, older)
+    kind: str | None = None
 
 
 @dataclass
@@ -102,6 +104,8 @@ class ReplayReport:
     skipped: Counter[str] = field(default_factory=Counter)
     replays: list[Replay] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: the error kinds of the dead letters a filter left out (behind the replay group's place)
+    left_out: Counter[str] = field(default_factory=Counter)
     #: set when the run stopped before the end offsets it saw at start
     incomplete: str | None = None
 
@@ -111,6 +115,8 @@ class ReplayReport:
             self.replays.append(decision)
         else:
             self.skipped[decision.reason] += 1
+            if decision.kind is not None:
+                self.left_out[decision.kind] += 1
             if decision.problem is not None:
                 self.problems.append(f"{decision.dead_letter}: {decision.problem}")
 
@@ -124,6 +130,29 @@ class ReplayReport:
             by_reason = ", ".join(f"{k}={n}" for k, n in sorted(self.skipped.items()))
             lines.append(f"skipped {sum(self.skipped.values())}: {by_reason}")
         return lines
+
+
+def left_behind_lines(report: ReplayReport, settings: Settings) -> list[str]:
+    """What became of the dead letters a filter left out, for the terminal: a real run's place
+    is past them for good, so the lines say so and give the two commands that replay them
+    anyway (move the replay group's place back to the earliest, run with their kinds). None
+    when no filter left any out."""
+    n = sum(report.left_out.values())
+    if not n:
+        return []
+    if report.dry_run:
+        return [f"a dry run moves nothing; without --dry-run the {n} a filter left out are behind for good"]
+    group = replay_group(settings)
+    config = "" if settings.kafka.security_protocol == "PLAINTEXT" else " --command-config CLIENT.properties"
+    kinds = " ".join(f"--kind {k}" for k in sorted(report.left_out))
+    return [
+        f"the {n} a filter left out are now behind the replay group's place ({group}) for good: "
+        "no later run reads them; to replay them anyway, move its place back to the start and run "
+        "again with their kinds (dead letters of those kinds replayed before are replayed again too):",
+        f"  kafka-consumer-groups.sh --bootstrap-server {settings.kafka_bootstrap_servers}{config} "
+        f"--group {group} --topic {settings.dlq_topic} --reset-offsets --to-earliest --execute",
+        f"  promptbus replay --dlq {kinds}",
+    ]
 
 
 def plan_replay(
@@ -140,9 +169,9 @@ def plan_replay(
     if dead is None or not isinstance(kind, str):
         return Skip("not_a_dead_letter", at, "not a promptbus dead letter")
     if flt.kinds and kind not in flt.kinds:
-        return Skip("kind", at)
+        return Skip("kind", at, kind=kind)
     if flt.since is not None and _failed_at(dead, timestamp_ms) < flt.since.timestamp():
-        return Skip("older", at)
+        return Skip("older", at, kind=kind)
     job = dead.get("job")
     raw: bytes | None = None
     if isinstance(job, dict):
@@ -157,7 +186,7 @@ def plan_replay(
     else:
         return Skip("no_input", at, "it holds no copy of the input (left out for size; see its message)")
     if flt.tier is not None and (job is None or job.get("tier") != flt.tier):
-        return Skip("tier", at)
+        return Skip("tier", at, kind=kind)
     try:
         check_job(payload)  # admission's own-content check: the same words as the dead letter
     except JobError as exc:

@@ -57,7 +57,7 @@ class Rejection:
     job: Job | None = None
     job_id: str | None = None
     tenant: str | None = None
-    #: a source record's: its key and headers (its dead letter keeps them) and its source
+    #: the record's key (its dead letter keeps it); a source record's headers and its source
     key: bytes | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
     source: SourceRuntime | None = None
@@ -99,14 +99,17 @@ class Admission:
         raw = record.value if record.value is not None else b""
         if len(raw) > self._max_job_bytes:
             message = f"job is {len(raw)} bytes, over max_job_bytes ({self._max_job_bytes})"
-            return Rejection(ErrorKind.INVALID_JOB, message, raw, job_id=key_text(record.key))
+            return Rejection(ErrorKind.INVALID_JOB, message, raw, job_id=key_text(record.key), key=record.key)
         try:
             job = decode_job(raw)
         except JobError as exc:
             header = header_tenant(record.headers)
             tenant = header if header is not None and tenant_problem(header) is None else None
-            return Rejection(exc.kind, str(exc), raw, job_id=job_id_hint(raw), tenant=tenant)
-        return self._admit_job(job, raw, record, ticket, now_s, lane)
+            return Rejection(exc.kind, str(exc), raw, job_id=job_id_hint(raw), tenant=tenant, key=record.key)
+        admitted = self._admit_job(job, raw, record, ticket, now_s, lane)
+        if isinstance(admitted, Rejection):
+            return dataclasses.replace(admitted, key=record.key)
+        return admitted
 
     def admit_source(
         self, source: SourceRuntime, record: InRecord, ticket: Ticket, now_s: float, lane: Lane
@@ -209,6 +212,7 @@ class Admission:
             lane,
             record.timestamp_ms / 1000.0,
             tenant,
+            record.key,
         )
 
     @staticmethod

@@ -74,6 +74,7 @@ class JobContext:
         "output_format",
         "raw",
         "received_s",
+        "record_key",
         "requested_mode",
         "requested_tier",
         "sent",
@@ -103,6 +104,7 @@ class JobContext:
         lane: Lane | None = None,
         timestamp_s: float = 0.0,
         tenant: str = DEFAULT_TENANT,
+        record_key: bytes | None = None,
         /,
     ) -> None:
         # positional only: admission makes one per record, and keyword arguments cost a call more
@@ -130,6 +132,7 @@ class JobContext:
         self.lane = lane
         self.timestamp_s = timestamp_s
         self.tenant = tenant
+        self.record_key = record_key
         self.dedupe_key: str | None = None
         self.fallback_from: str | None = None
         self.done = False

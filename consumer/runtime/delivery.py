@@ -170,7 +170,7 @@ class OutcomeWriter:
             tenant=ctx.tenant,
             # a source's job: the record's own key, bytes and headers
             raw=origin.value if origin is not None else None,
-            key=origin.key if origin is not None else None,
+            key=origin.key if origin is not None else ctx.record_key,
             headers=origin.source.headers(origin.headers, origin.offset) if origin is not None else None,
         )
         self._stats.dead_letters[kind.value] += 1

@@ -257,8 +257,10 @@ def dead_letter_record(
 ) -> OutRecord:
     """A DeadLetter. `raw` (the original bytes) is kept whenever the caller has it and the
     dead letter stays within `max_bytes` (see `_within`); `tenant`: the job's, when known;
-    `key`, `headers`: a source record's own (None: the job id, and the source header)."""
+    `key`: the original record's key, kept in the dead letter and as its Kafka key (None: the
+    job id is); `headers`: a source record's own (None: the source header)."""
     jid = job.id if job is not None else job_id
+    key_text, raw_key = _key_fields(key)
     dead = DeadLetter(
         id=jid,
         error=ErrorInfo(
@@ -267,6 +269,8 @@ def dead_letter_record(
         attempts=attempts,
         job=job,
         raw=base64.b64encode(raw).decode("ascii") if raw is not None else None,
+        key=key_text,
+        raw_key=raw_key,
         source=_source_ref(source),
         failed_at=datetime.now(UTC),
         tenant=tenant,
@@ -275,6 +279,16 @@ def dead_letter_record(
     out_headers = (*base, (ERROR_KIND_HEADER, kind.value.encode()))
     out_key = key if key is not None else (jid.encode() if jid else None)
     return OutRecord(topic, out_key, _within(dead, source, max_bytes), out_headers)
+
+
+def _key_fields(key: bytes | None) -> tuple[str | None, str | None]:
+    """A record key as the dead letter's `key` (text) or `raw_key` (base64, not UTF-8)."""
+    if key is None:
+        return None, None
+    try:
+        return key.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, base64.b64encode(key).decode("ascii")
 
 
 def _within(dead: DeadLetter, source: SourceOffset, max_bytes: int) -> bytes:

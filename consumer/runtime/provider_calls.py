@@ -30,9 +30,26 @@ from consumer.runtime.latency import ERROR, OK, PROVIDER_REQUEST, RATE_LIMITED, 
 from consumer.runtime.limiter import NoDeploymentUp, Token
 from consumer.runtime.spending import TierSpending
 from consumer.runtime.tiers import TierRuntime
+from consumer.settings.tiers import FallbackConfig
 from consumer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+
+
+def open_circuit_route(deployments: int, fallback: FallbackConfig | None) -> str:
+    """Where the requests of a deployment whose circuit just opened go, as its WARNING says:
+    to the tier's other deployments when it has any (`deployments` > 1), else they wait; with
+    a `fallback` on outages, those held through its `after_s` move to that tier."""
+    if deployments > 1:
+        route = (
+            "its requests go to the tier's other deployments, or are held (one probe at a time) "
+            "while none is up"
+        )
+    else:
+        route = "its requests are held (one probe at a time) until it answers again"
+    if fallback is not None and "outage" in fallback.on:
+        route += f"; after {fallback.after_s:g} s of outage its held requests move to tier {fallback.tier}"
+    return route
 
 
 class ProviderCalls:
@@ -239,9 +256,9 @@ class ProviderCalls:
             url = deployment.config.resolved_base_url
             if change.opened:
                 log.warning(
-                    "%s: provider at %s unreachable (%s); circuit open: its requests go to the tier's "
-                    "other deployments, or are held (one probe at a time) while none is up",
+                    "%s: provider at %s unreachable (%s); circuit open: %s",
                     deployment.where(tier.name), url, error.message if error else "?",
+                    open_circuit_route(len(self._deployments), tier.config.fallback),
                 )
             else:
                 log.info(

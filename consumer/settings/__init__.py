@@ -19,7 +19,14 @@ from consumer.settings.environment import KafkaSecurity, Settings, load_settings
 from consumer.settings.lanes import LaneConfig
 from consumer.settings.quotas import QuotaConfig
 from consumer.settings.tenants import TenantBudgetConfig, TenantConfig
-from consumer.settings.tierfile import KeyedProblem, TierFile, lane_topic, load_tier_file, parse_tier_file
+from consumer.settings.tierfile import (
+    KeyedProblem,
+    TierFile,
+    lane_topic,
+    load_tier_file,
+    parse_tier_file,
+    unread_jobs_topic_note,
+)
 from consumer.settings.tiers import (
     DEFAULT_BASE_URLS,
     BatchingConfig,
@@ -56,4 +63,5 @@ __all__ = [
     "load_settings",
     "load_tier_file",
     "parse_tier_file",
+    "unread_jobs_topic_note",
 ]

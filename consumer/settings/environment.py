@@ -3,6 +3,9 @@ topics, the delivery guarantee, bounds and ports. Loaded once at startup, frozen
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from difflib import get_close_matches
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError
@@ -166,3 +169,40 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         err = exc.errors(include_url=False, include_input=False)[0]
         raise ConfigError(_env_name(err["loc"]), str(err["msg"])) from None
+
+
+#: PROMPTBUS_ variables read outside Settings: the CLI's own (`run --log-level`) and the
+#: local model's (consumer.localmodel)
+OTHER_VARIABLES = ("PROMPTBUS_LOG_LEVEL", "PROMPTBUS_LOCAL_STATE_DIR", "PROMPTBUS_LOCAL_MODEL_WHEEL")
+
+
+def setting_variables() -> list[str]:
+    """Every PROMPTBUS_ environment variable promptbus reads: each setting's (a nested group's
+    fields joined with __) and OTHER_VARIABLES."""
+    names = []
+    for name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            names += [str(choice) for choice in alias.choices if str(choice).startswith("PROMPTBUS_")]
+            continue
+        nested = field.annotation
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            names += [f"PROMPTBUS_{name.upper()}__{inner.upper()}" for inner in nested.model_fields]
+        else:
+            names.append(f"PROMPTBUS_{name.upper()}")
+    return names + list(OTHER_VARIABLES)
+
+
+def unknown_variables(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """A line per PROMPTBUS_ variable in `environ` that is no setting (pydantic-settings
+    ignores it: a misspelt one would silently keep the default), with the nearest name."""
+    known = setting_variables()
+    lines = []
+    for name in sorted(environ):
+        if not name.startswith("PROMPTBUS_") or name in known:
+            continue
+        prefix = len("PROMPTBUS_")
+        near = get_close_matches(name[prefix:], [k[prefix:] for k in known], n=1, cutoff=0.7)
+        hint = f"; did you mean PROMPTBUS_{near[0]}?" if near else " (docs/configuration.md lists them)"
+        lines.append(f"{name} is not a promptbus setting and is ignored{hint}")
+    return lines

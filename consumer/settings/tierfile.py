@@ -5,6 +5,8 @@ dotted key and the reason."""
 from __future__ import annotations
 
 import os
+from difflib import get_close_matches
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +151,13 @@ class TierFile(StrictModel):
 
 def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) -> str:
     """The topic a producer publishes a job of `lane` to (`submit --lane`, the client's
-    `lane=`): that lane's topic in the tier file; `jobs_topic` when no lane is named. An
+    `lane=`): that lane's topic in the tier file. A job that names no lane goes to
+    `jobs_topic` unless the tier file has lanes and none reads it: then to the lowest-priority
+    lane's topic (the last), where the service reads it and it jumps ahead of no one. An
     unknown lane, or a lane named without a tier file that has lanes, is a ConfigError."""
-    if lane is None:
-        return jobs_topic
     lanes = tier_file.lanes if tier_file is not None else None
+    if lane is None:
+        return unlaned_topic(lanes, jobs_topic)
     if not lanes:
         raise ConfigError("--lane", f"lane {lane!r} is unknown: the tier file configures no lanes")
     if lane not in lanes:
@@ -161,20 +165,98 @@ def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) ->
     return lanes[lane].topic
 
 
+def unlaned_topic(lanes: dict[str, LaneConfig] | None, jobs_topic: str) -> str:
+    """Where a job that names no lane goes: `jobs_topic` when a lane reads it (or there are no
+    lanes), else the lowest-priority lane's topic."""
+    if not lanes or any(config.topic == jobs_topic for config in lanes.values()):
+        return jobs_topic
+    return list(lanes.values())[-1].topic
+
+
+def unread_jobs_topic_note(tier_file: TierFile, jobs_topic: str) -> str | None:
+    """What `run` and `check-config` say when the tier file's lanes leave PROMPTBUS_JOBS_TOPIC
+    unread (None: a lane reads it, or there are no lanes)."""
+    lanes = tier_file.lanes
+    if unlaned_topic(lanes, jobs_topic) == jobs_topic or not lanes:
+        return None
+    last = list(lanes)[-1]
+    return (
+        f"PROMPTBUS_JOBS_TOPIC {jobs_topic!r} is read by no lane (lanes: {', '.join(lanes)}): jobs "
+        f"published there wait unread; promptbus's client and CLI send a job without a lane to "
+        f"lane {last!r} ({lanes[last].topic})"
+    )
+
+
 def _dotted(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(root)"
 
 
+#: problems of one file said at once: enough for a few typos, not a wall of text
+MAX_REPORTED_PROBLEMS = 5
+
+
 def parse_tier_file(data: Any, *, source: str = "tier file") -> TierFile:
-    """Validate already-parsed YAML; raise ConfigError naming the first bad key."""
+    """Validate already-parsed YAML; raise ConfigError naming every bad key (up to
+    MAX_REPORTED_PROBLEMS, an unknown key first: it is often the cause of a missing one)."""
     try:
         return TierFile.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        cause = err.get("ctx", {}).get("error")
-        if isinstance(cause, KeyedProblem):
-            raise ConfigError(cause.key, f"{cause} (in {source})") from None
-        raise ConfigError(_dotted(err["loc"]), f"{err['msg']} (in {source})") from None
+        errors = sorted(exc.errors(), key=lambda err: err["type"] != "extra_forbidden")
+        problems = [_problem(err, source) for err in errors[:MAX_REPORTED_PROBLEMS]]
+        if len(errors) > MAX_REPORTED_PROBLEMS:
+            left = len(errors) - MAX_REPORTED_PROBLEMS
+            problems.append(ConfigError("(and more)", f"{left} more problem(s) not shown (in {source})"))
+        raise ConfigError(problems[0].key, problems[0].reason, more=tuple(problems[1:])) from None
+
+
+def _problem(err: Any, source: str) -> ConfigError:
+    cause = err.get("ctx", {}).get("error")
+    if isinstance(cause, KeyedProblem):
+        return ConfigError(cause.key, f"{cause} (in {source})")
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden":
+        near = get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        return ConfigError(_dotted(loc), f"unknown key, not permitted here{hint} (in {source})")
+    return ConfigError(_dotted(loc), f"{err['msg']} (in {source})")
+
+
+def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the tier file's schema allows in the mapping at `loc` (an unknown key's
+    siblings, for its nearest spelling)."""
+    schema = _tier_file_schema()
+    node: Any = schema
+    for part in loc:
+        node = _resolved(node, schema)
+        properties = node.get("properties", {})
+        if part in properties:
+            node = properties[part]
+        elif isinstance(part, int) and isinstance(node.get("items"), dict):
+            node = node["items"]
+        elif isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+        else:
+            return []
+    return list(_resolved(node, schema).get("properties", {}))
+
+
+def _resolved(node: Any, schema: dict[str, Any]) -> Any:
+    """`node` with its $ref followed and a nullable union reduced to the mapping it allows."""
+    while True:
+        if "$ref" in node:
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+        elif "anyOf" in node:
+            mappings = [n for n in node["anyOf"] if n.get("type") != "null"]
+            if not mappings:
+                return node
+            node = mappings[0]
+        else:
+            return node
+
+
+@cache
+def _tier_file_schema() -> dict[str, Any]:
+    return TierFile.model_json_schema()
 
 
 def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
@@ -188,5 +270,15 @@ def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
     try:
         data = load_yaml(text)
     except YAMLError as exc:
-        raise ConfigError("(yaml)", f"{p} is not valid YAML: {exc}") from None
+        raise yaml_problem(p, exc) from None
     return parse_tier_file(data, source=str(p))
+
+
+def yaml_problem(path: str | os.PathLike[str], exc: YAMLError) -> ConfigError:
+    """A file that is not YAML, said on one line: the file, the line and column, the reason."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    reason = f"not valid YAML: {problem}" + (f" ({context})" if context else "")
+    return ConfigError(where, reason)

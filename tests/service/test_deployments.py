@@ -7,13 +7,18 @@ back before the next job arrives."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from consumer.core.completion import CompletionRequest
 from consumer.core.errors import ConnectionFailed, QuotaExhausted
 from consumer.providers.fake import FakeProvider, text_completion
+from consumer.runtime.provider_calls import open_circuit_route
+from consumer.settings.tiers import FallbackConfig
 from consumer.testing.harness import job, tier_file_dict
 
 RETRY = {
@@ -113,6 +118,53 @@ async def test_a_deployment_that_refuses_connections_gets_nothing_and_its_listin
     assert closed_at_checks >= 1, "b's circuit closed on its listing"
     second_counts = _by_deployment(later.results, {j["id"] for j in second})
     assert second_counts["b"] >= len(second) // 4, second_counts
+
+
+async def test_the_open_circuit_warning_says_where_requests_go_with_and_without_other_deployments(
+    make_bus: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two deployments: the one that fails sends its requests to the other. One deployment:
+    there is no other, so its requests wait for it (and the warning says so)."""
+    caplog.set_level(logging.WARNING, logger="consumer.runtime.provider_calls")
+    for weights, says in (
+        (
+            {"a": 1, "b": 1},
+            "circuit open: its requests go to the tier's other deployments, "
+            "or are held (one probe at a time) while none is up",
+        ),
+        ({"only": 1}, "circuit open: its requests are held (one probe at a time) until it answers again"),
+    ):
+        caplog.clear()
+        endpoints = {name: _Endpoint(name) for name in weights}
+        failing = endpoints[list(weights)[-1]]
+        failing.set_down(True)
+        bus = make_bus(partitions=2)
+        providers = {f"small.{name}": e.provider for name, e in endpoints.items()}
+        jobs = [job(i, batch=False) for i in range(20)]
+        async with bus.service(_tiers(weights), providers=providers) as service:
+            await bus.produce(jobs)
+            for _ in range(200):  # bounded: until the failing deployment's circuit opened
+                if service.stats_snapshot()["deployments"][f"small/{failing.name}"]["circuit_open"]:
+                    break
+                await asyncio.sleep(0.05)
+            failing.set_down(False)
+            outcomes = await bus.wait_for_outcomes({j["id"] for j in jobs}, timeout_s=60)
+        assert not outcomes.dead
+        opened = [r.getMessage() for r in caplog.records if "circuit open" in r.getMessage()]
+        assert len(opened) == 1, opened
+        assert f"deployment {failing.name}: provider at" in opened[0]
+        assert opened[0].endswith(says), opened[0]
+        if len(weights) == 1:
+            assert "other deployments" not in opened[0]
+
+
+def test_the_open_circuit_warning_names_the_fallback_that_takes_held_requests() -> None:
+    waits = "its requests are held (one probe at a time) until it answers again"
+    assert open_circuit_route(1, FallbackConfig(tier="backup", after_s=20)) == (
+        waits + "; after 20 s of outage its held requests move to tier backup"
+    )
+    assert open_circuit_route(1, FallbackConfig(tier="backup", on=("quota_exhausted",))) == waits
+    assert open_circuit_route(3, None).startswith("its requests go to the tier's other deployments")
 
 
 async def test_an_exhausted_quota_on_one_deployment_sends_its_work_to_the_others_at_once(

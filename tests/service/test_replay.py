@@ -7,7 +7,8 @@ are dead-lettered. A dry run (the CLI, as a process) lists all of them and produ
 With the tier configured, replaying `unknown_tier` republishes exactly those jobs (key: the
 job id; header `promptbus-replay-of`: the dead letter's topic/partition/offset; value: the
 dead letter's job), the service answers them, and a second run replays nothing: neither the
-replayed ones nor the ones the first run's filter left out.
+replayed ones nor the ones the first run's filter left out. The first run says those are behind
+for good and prints the two commands that read them again; following them does.
 
 `plan_replay` (no I/O) is checked on its own for the raw-bytes path and the filters.
 """
@@ -29,7 +30,16 @@ from consumer.core.jobs import decode_job
 from consumer.kafka.clients import topic_partitions
 from consumer.kafka.connection import client_kwargs
 from consumer.kafka.records import SourceOffset, TopicPartition
-from consumer.kafka.replay import REPLAY_HEADER, Replay, ReplayFilter, Skip, plan_replay, replay_dead_letters
+from consumer.kafka.replay import (
+    REPLAY_HEADER,
+    Replay,
+    ReplayFilter,
+    ReplayReport,
+    Skip,
+    left_behind_lines,
+    plan_replay,
+    replay_dead_letters,
+)
 from consumer.settings import Settings
 from consumer.testing.harness import (
     InProcessService,
@@ -119,11 +129,15 @@ def test_a_job_admission_would_refuse_again_is_skipped_with_its_reason() -> None
 def test_filters_pick_kind_tier_and_time() -> None:
     value = dead_letter("unknown_tier", job_value=job(1, batch=False, tier="large"))
     assert isinstance(plan(value, ReplayFilter(kinds=frozenset({"unknown_tier"}))), Replay)
-    assert plan(value, ReplayFilter(kinds=frozenset({"template_error"}))) == Skip("kind", "dlq/0/7")
+    assert plan(value, ReplayFilter(kinds=frozenset({"template_error"}))) == Skip(
+        "kind", "dlq/0/7", kind="unknown_tier"
+    )
     assert isinstance(plan(value, ReplayFilter(tier="large")), Replay)
-    assert plan(value, ReplayFilter(tier="small")) == Skip("tier", "dlq/0/7")
+    assert plan(value, ReplayFilter(tier="small")) == Skip("tier", "dlq/0/7", kind="unknown_tier")
     assert isinstance(plan(value, ReplayFilter(since=NOW)), Replay), "failed_at equal to since is kept"
-    assert plan(value, ReplayFilter(since=NOW + timedelta(seconds=1))) == Skip("older", "dlq/0/7")
+    assert plan(value, ReplayFilter(since=NOW + timedelta(seconds=1))) == Skip(
+        "older", "dlq/0/7", kind="unknown_tier"
+    )
     # no usable failed_at: the record timestamp decides
     undated = orjson.loads(value)
     undated["failed_at"] = "yesterday"
@@ -141,6 +155,38 @@ def test_what_cannot_be_replayed_says_why() -> None:
     bad_raw = orjson.loads(dead_letter("invalid_job", raw=b"x"))
     bad_raw["raw"] = "!!not base64!!"
     assert plan(orjson.dumps(bad_raw)).reason == "no_input"  # type: ignore[union-attr]
+
+
+def test_what_a_filter_left_out_is_named_behind_for_good_with_the_commands_that_replay_it() -> None:
+    settings = Settings(KAFKA_BOOTSTRAP_SERVERS="b1:9092,b2:9092", group_id="g", dlq_topic="g.dlq")
+    report = ReplayReport(dry_run=False)
+    only_quota = ReplayFilter(kinds=frozenset({"quota_exhausted"}))
+    for kind in ("unknown_tier", "budget_exhausted", "unknown_tier", "quota_exhausted"):
+        report.add(plan(dead_letter(kind, job_value=job(1, batch=False)), only_quota))
+    report.add(plan(b"written by another tool", only_quota))  # cannot be replayed: no hint for it
+    assert report.summary() == [
+        "replayed 1 dead letters: quota_exhausted=1",
+        "skipped 4: kind=3, not_a_dead_letter=1",
+    ]
+    assert left_behind_lines(report, settings) == [
+        "the 3 a filter left out are now behind the replay group's place (g.replay) for good: "
+        "no later run reads them; to replay them anyway, move its place back to the start and run "
+        "again with their kinds (dead letters of those kinds replayed before are replayed again too):",
+        "  kafka-consumer-groups.sh --bootstrap-server b1:9092,b2:9092 --group g.replay --topic g.dlq "
+        "--reset-offsets --to-earliest --execute",
+        "  promptbus replay --dlq --kind budget_exhausted --kind unknown_tier",
+    ]
+    secured = Settings(KAFKA_BOOTSTRAP_SERVERS="b1:9093", kafka={"security_protocol": "SASL_SSL"})
+    reset = left_behind_lines(report, secured)[1]
+    assert "--bootstrap-server b1:9093 --command-config CLIENT.properties --group" in reset
+    dry = ReplayReport(dry_run=True)
+    dry.add(plan(dead_letter("unknown_tier", job_value=job(1, batch=False)), only_quota))
+    assert left_behind_lines(dry, settings) == [
+        "a dry run moves nothing; without --dry-run the 1 a filter left out are behind for good"
+    ]
+    nothing_left_out = ReplayReport(dry_run=False)
+    nothing_left_out.add(plan(b"written by another tool"))
+    assert left_behind_lines(nothing_left_out, settings) == []
 
 
 @pytest.mark.parametrize(
@@ -193,6 +239,21 @@ async def _records_between(
         await consumer.stop()
 
 
+async def _commit_earliest(settings: Settings, group: str) -> None:
+    """`kafka-consumer-groups.sh --group GROUP --topic DLQ --reset-offsets --to-earliest --execute`."""
+    consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **client_kwargs(settings))
+    await consumer.start()
+    try:
+        tps = [
+            TopicPartition(settings.dlq_topic, p)
+            for p in await topic_partitions(settings, settings.dlq_topic)
+        ]
+        consumer.assign(tps)
+        await consumer.commit(await consumer.beginning_offsets(tps))
+    finally:
+        await consumer.stop()
+
+
 def _dead_letters_by_id(records: list[Any]) -> dict[Any, tuple[dict[str, Any], str]]:
     return {
         orjson.loads(r.value)["id"]: (orjson.loads(r.value), f"{r.topic}/{r.partition}/{r.offset}")
@@ -236,11 +297,24 @@ async def test_replay_republishes_one_kind_once_and_the_service_answers_it(kafka
             assert f"would replay {j['id']} (unknown_tier) from {dead[j['id']][1]}" in out
         assert await _end_offsets(settings, settings.jobs_topic) == jobs_end, "a dry run produced"
 
-        # The tier exists now: replay the unknown_tier dead letters, the service answers them
+        # The tier exists now: replay the unknown_tier dead letters (the CLI, as the operator
+        # runs it: it says the four its filter left out are behind for good, and how to replay
+        # them anyway), the service answers them
         async with InProcessService(settings, both):
-            report = await replay_dead_letters(settings, ReplayFilter(kinds=frozenset({"unknown_tier"})))
-            assert dict(report.replayed) == {"unknown_tier": 5}, report.summary()
-            assert dict(report.skipped) == {"kind": 4}, report.summary()
+            done = await asyncio.to_thread(run_cli, "replay", "--dlq", "--kind", "unknown_tier", env=env)
+            assert done.returncode == 0, done.stderr
+            lines = done.stdout.splitlines()
+            assert lines[:2] == ["replayed 5 dead letters: unknown_tier=5", "skipped 4: kind=4"], done.stdout
+            group = f"{settings.group_id}.replay"
+            assert lines[2].startswith(
+                f"the 4 a filter left out are now behind the replay group's place ({group})"
+            )
+            assert lines[3] == (
+                f"  kafka-consumer-groups.sh --bootstrap-server {settings.kafka_bootstrap_servers} "
+                f"--group {group} --topic {settings.dlq_topic} --reset-offsets --to-earliest --execute"
+            )
+            assert lines[4] == "  promptbus replay --dlq --kind invalid_job --kind template_error"
+            rerun = lines[4].split()[1:]
             replayed_end = await _end_offsets(settings, settings.jobs_topic)
             replayed = await _records_between(settings, jobs_end, replayed_end)
             assert len(replayed) == 5
@@ -264,6 +338,18 @@ async def test_replay_republishes_one_kind_once_and_the_service_answers_it(kafka
         everything = await replay_dead_letters(settings, ReplayFilter())
         assert sum(again.replayed.values()) == 0 and sum(again.skipped.values()) == 0
         assert sum(everything.replayed.values()) == 0, everything.summary()
+        assert await _end_offsets(settings, settings.jobs_topic) == replayed_end
+
+        # The two commands it printed: the reset (what kafka-consumer-groups.sh commits), then
+        # the rerun reads the four again (their own content still fails: skipped, named)
+        await _commit_earliest(settings, group)
+        done = await asyncio.to_thread(run_cli, *rerun, env=env)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[:2] == [
+            "replayed 0 dead letters",
+            "skipped 9: kind=5, still_invalid=4",
+        ]
+        assert done.stderr.count("not replayable: ") == 4, done.stderr
         assert await _end_offsets(settings, settings.jobs_topic) == replayed_end
     outcomes = await read_outcomes(settings)
     assert all(len(rs) == 1 for rs in outcomes.results.values()), "a job was answered twice"

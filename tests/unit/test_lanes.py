@@ -64,7 +64,7 @@ def test_lanes_in_order_with_defaults() -> None:
         ({"a": {"topic": "x", "min_share": 0.6}, "b": {"topic": "y", "min_share": 0.5}}, "add up"),
         ({"a": {"topic": "x", "max_wait_ms": 0}}, "greater than 0"),
         ({"a": {"topic": ""}}, "at least 1"),
-        ({"a": {"topic": "x", "priority": 1}}, "Extra inputs"),
+        ({"a": {"topic": "x", "priority": 1}}, "unknown key, not permitted here"),
     ],
 )
 def test_bad_lanes_name_the_problem(lanes: dict[str, object], message: str) -> None:

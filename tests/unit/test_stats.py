@@ -180,6 +180,22 @@ def test_the_reason_flows_from_the_tier_runtime_into_a_readable_snapshot() -> No
     assert f"tier small batch {reason}" in format_stats(merged).splitlines()
 
 
+def test_a_closed_circuit_says_its_held_requests_were_held_while_it_was_open() -> None:
+    stats = ServiceStats(instance="a")
+    stats.tier("back").circuit_opened, stats.tier("back").held_requests = 2, 2
+    stats.tier("one").circuit_opened, stats.tier("one").held_requests = 1, 1
+    stats.tier("none").circuit_opened = 1  # opened while no request was waiting
+    snapshot = stats.snapshot()
+    merged = merge_snapshots(
+        [read_snapshot(orjson.dumps(snapshot))], now_s=snapshot["updated_at"], live_within_s=10.0
+    )
+    text = format_stats(merged)
+    assert "tier back circuit: closed (opened 2x, held 2 requests while open)" in text.splitlines()
+    assert "tier one circuit: closed (opened 1x, held 1 request while open)" in text.splitlines()
+    assert "tier none circuit: closed (opened 1x)" in text.splitlines()
+    assert "requests held" not in text
+
+
 async def test_the_circuit_per_tier_in_stats_text_and_metrics() -> None:
     from aiohttp.test_utils import TestClient, TestServer
     from prometheus_client.parser import text_string_to_metric_families
@@ -193,7 +209,8 @@ async def test_the_circuit_per_tier_in_stats_text_and_metrics() -> None:
     text = format_stats(merge_snapshots([read_snapshot(orjson.dumps(stats.snapshot()))],
                                         now_s=stats.snapshot()["updated_at"], live_within_s=10.0))
     expected = (
-        "tier down circuit: OPEN for 12.5 s: provider unreachable, jobs held (opened 1x, 40 requests held)"
+        "tier down circuit: OPEN for 12.5 s: provider unreachable, jobs held "
+        "(opened 1x, held 40 requests while open)"
     )
     assert expected in text
     assert "tier up circuit: closed" in text

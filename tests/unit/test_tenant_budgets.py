@@ -165,6 +165,9 @@ async def test_a_dead_letter_tenant_is_refused_budget_exhausted_at_once() -> Non
     job = _Job("t", 1)
     assert not g.admits(cast(JobContext, job)) and job.done
     ((_, kind, message),) = outcomes.failed
-    assert kind == "budget_exhausted" and "tenant 't' has spent its daily budget" in message
+    # $0.90 of $1 spent: the next estimate, $0.20, is more than the $0.10 left
+    assert kind == "budget_exhausted"
+    said = "tenant 't': a request's estimate, $0.2000, is more than the daily budget left ($0.1000 of $1"
+    assert said in message
     g.refresh_gauges()
     assert g._ledger.stats_of("t").budget_usd == 1.0

@@ -136,11 +136,13 @@ def test_an_explicit_tag_that_does_not_fit_is_a_yaml_error() -> None:
         load_yaml("v: !!float abc\n")
 
 
-def test_a_yaml_error_names_the_file(tmp_path: Path) -> None:
-    path = _tier_file(tmp_path, "tiers: [\n")
-    with pytest.raises(ConfigError, match="is not valid YAML") as err:
+def test_a_yaml_error_is_one_line_naming_the_file_line_and_column(tmp_path: Path) -> None:
+    path = _tier_file(tmp_path, "tiers:\n  small:\n    provider: openai\n   model: x\n")
+    with pytest.raises(ConfigError, match="not valid YAML") as err:
         load_tier_file(path)
-    assert err.value.key == "(yaml)"
+    assert err.value.key == f"{path}:4:4"
+    assert err.value.reason.startswith("not valid YAML: expected <block end>")
+    assert "\n" not in str(err.value) and "<unicode string>" not in str(err.value)
 
 
 def test_dump_quotes_what_the_core_schema_reads_otherwise_and_keeps_order() -> None:
