@@ -36,9 +36,14 @@ LOCAL_MODEL_SETUP := deploy/local-model/build-llama-cpp.sh
 # the distribution's package when missing (needs root; returns at once when present).
 PROMETHEUS_SETUP := deploy/prometheus/install.sh
 
+# The Helm chart's tests (helm lint, helm template) need Helm 4: built once per machine from
+# its Go module with the Go toolchain when missing (returns at once when present).
+HELM_SETUP := deploy/helm/install.sh
+
 venv: $(VENV_STAMP)
 	@if [ -x $(LOCAL_MODEL_SETUP) ]; then $(LOCAL_MODEL_SETUP) $(PY); fi
 	@$(PROMETHEUS_SETUP) || echo "make venv: no promtool/prometheus; their tests will fail" >&2
+	@$(HELM_SETUP) || echo "make venv: no helm; the chart's tests will fail" >&2
 
 $(VENV_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -107,8 +112,10 @@ broker-status:
 demo: venv
 	$(PY) examples/demo.py
 
-# Regenerate schemas/*.json from the message and tier-file models, and the tables of
-# docs/configuration.md from them and the settings (tests fail on drift of either).
+# Regenerate schemas/*.json from the message and tier-file models, the chart's
+# values.schema.json from them and the settings, the tables of docs/configuration.md, and
+# deploy/k8s/ from the chart (tests fail on drift of any).
 schemas: venv
 	$(PY) -m consumer.schemas
 	$(PY) -m consumer.docs_tables
+	$(PY) -m consumer.testing.chart

@@ -13,8 +13,10 @@ here (`from consumer.settings import X` is the public path):
     tenants.py      `TenantConfig` and the core's `TenantPolicies` made from the `tenants` section
     quotas.py       `QuotaConfig`: one fleet quota of the `quotas` section
     base.py         `StrictModel`, the base of every tier-file model
+    chart.py        `ChartValues`: the Helm chart's values (the source of its values.schema.json)
 """
 
+from consumer.settings.chart import ChartValues
 from consumer.settings.environment import KafkaSecurity, Settings, load_settings
 from consumer.settings.lanes import LaneConfig
 from consumer.settings.quotas import QuotaConfig
@@ -43,6 +45,7 @@ from consumer.settings.tiers import (
 __all__ = [
     "DEFAULT_BASE_URLS",
     "BatchingConfig",
+    "ChartValues",
     "DeploymentConfig",
     "FallbackConfig",
     "KafkaSecurity",

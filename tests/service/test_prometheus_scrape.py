@@ -27,12 +27,12 @@ import httpx
 import yaml
 
 from consumer.testing.harness import job, produce, service_env, settings_from_env, tier_file_dict
-from consumer.testing.paths import REPO_ROOT
+from consumer.testing.paths import ALERT_RULES, REPO_ROOT
 from consumer.testing.ports import free_port
 from consumer.testing.process import ServiceProcess
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
 
-RULES = REPO_ROOT / "deploy" / "prometheus" / "promptbus-rules.yml"
+RULES = ALERT_RULES
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "promptbus.json"
 #: a metric selector: a metric name with its optional label matchers
 SELECTOR = re.compile(r"\b(promptbus_[a-z_]+|up)(\{[^}]*\})?")
