@@ -51,6 +51,7 @@ from consumer.runtime.pipeline import Pipeline
 from consumer.runtime.prober import CircuitProber
 from consumer.runtime.quotas import FleetQuota, QuotaSharing
 from consumer.runtime.reachability import ReachabilityCheck
+from consumer.runtime.sources import SourceIntake
 from consumer.runtime.stats import ServiceStats
 from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
@@ -236,7 +237,7 @@ async def build_service(
     budgets = build_budgets(settings, edges, policies, instance, kafka.side_producer)
     gate = TenantGate(ledger, budgets, outcomes) if budgets is not None else None
     collector, offline_parts = build_offline(
-        settings, tier_file, outcomes, kafka, clients, limits, edges, gate
+        settings, tier_file, outcomes, kafka, clients, limits, edges, gate, sources
     )
     pipeline = Pipeline(
         settings,
@@ -324,12 +325,15 @@ async def prepare_topics(
             settings.jobs_topic,
             ", ".join(lane.name for lane in lanes),
         )
-    outputs = [settings.results_topic, settings.dlq_topic]
+    outputs = [settings.results_topic, settings.dlq_topic, settings.batches_topic]
     record_bytes, latest_evidence = await asyncio.gather(
         edges.max_record_bytes(settings, outputs), edges.read_latest(settings, settings.batching_topic)
     )
     limits = RecordLimits.of_topics(
-        record_bytes, results=settings.results_topic, dead_letters=settings.dlq_topic
+        record_bytes,
+        results=settings.results_topic,
+        dead_letters=settings.dlq_topic,
+        batches=settings.batches_topic,
     )
     return limits, RememberedEvidence.read(latest_evidence, instance=instance)
 
@@ -462,12 +466,14 @@ def build_offline(
     limits: RecordLimits,
     edges: ServiceEdges,
     gate: TenantGate | None = None,
+    sources: SourceIntake | None = None,
 ) -> tuple[OfflineCollector | None, list[Part]]:
     """Collector and tracker for tiers with offline.enabled (none when no tier allows it).
 
     Returns the collector (where the pipeline sends offline jobs) and the parts to start and
     stop in order; the HTTP clients made are added to `clients`. With a tier's
     `offline.max_enqueued_tokens` the collector follows the batches topic (what is enqueued).
+    `sources`: the tier file's, whose offline jobs the tracker writes back enriched.
     """
     offline_tiers = {n: t for n, t in tier_file.tiers.items() if t.offline.enabled}
     if not offline_tiers:
@@ -504,6 +510,7 @@ def build_offline(
         pricing_by_tier={n: t.pricing.pricing() for n, t in offline_tiers.items() if t.pricing is not None},
         max_enqueued_tokens_by_tier=max_enqueued,
         ledger=outcomes.ledger,
+        sources={s.name: s for s in sources.sources} if sources is not None else None,
     )
     # exactly_once: the tracker's own transactional producer starts first and stops last
     return collector, [tracker_producer, collector, tracker] if exactly_once else [collector, tracker]

@@ -32,7 +32,6 @@ from consumer.core.embed import embed_limits, no_embeddings
 from consumer.core.errors import ErrorKind, JobError
 from consumer.core.jobs import Job, decode_job
 from consumer.core.lanes import Lane
-from consumer.core.sources import change_of
 from consumer.core.tenants import DEFAULT_TENANT, TENANT_HEADER, tenant_problem
 from consumer.kafka.intake import InRecord
 from consumer.kafka.records import OutRecord
@@ -120,14 +119,12 @@ class Admission:
         raw = record.value
         offset = record.source
         try:
-            value, writer = source.codec.decode(raw) if raw is not None else (None, (0, ()))
-            change = change_of(value, source.mapping.envelope)
+            change, decoded, writer = source.read(raw)
             if change.row is None:
                 return source.tombstone(record)
             mapping = source.mapping
             read = mapping.read_fields(change.row)
             digest = mapping.fingerprint(read)
-            decoded = value if isinstance(value, Mapping) else change.row  # a row was read: an object
             kept = source.kept(record.key, digest)
             if kept is not None:
                 return source.unchanged(record, decoded, writer, kept)

@@ -20,7 +20,7 @@ committed, read again by the partition's next owner.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from consumer.core.errors import ErrorKind, ProviderError
@@ -59,6 +59,30 @@ class SharedFailure:
     kind: ErrorKind
     message: str
     error: ProviderError | None
+
+
+def enriched_record(
+    origin: SourceOrigin,
+    output: str | None,
+    embedding: Sequence[float] | None,
+    attempts: int,
+    *,
+    tier: str,
+    structured: bool,
+    max_bytes: int,
+    error: Mapping[str, str] | None = None,
+) -> tuple[OutRecord | None, str | None]:
+    """A source job's enriched record (None: a newer record of its key was written) and why
+    it cannot be published (None: it can): over the results' record size, the broker would
+    refuse it on every attempt. The one way an answer becomes an enriched record, online and
+    offline (`consumer.runtime.offline.records`: a member collected from its provider batch).
+    `structured`: the job asked for a response_format (the answer is the object it gives)."""
+    source = origin.source
+    answer = None if error is not None else source.answer_of(output, embedding, structured)
+    record = source.enriched(origin, answer, tier=tier, attempts=attempts, error=error)
+    if record is not None and record.size_bytes > max_bytes:
+        return record, f"the enriched record would be {record.size_bytes} bytes, over {max_bytes}"
+    return record, None
 
 
 class OutcomeWriter:
@@ -299,17 +323,12 @@ class OutcomeWriter:
         attempts: int,
         error: dict[str, str] | None = None,
     ) -> tuple[OutRecord | None, str | None]:
-        """A source job's enriched record (None: a newer record of its key was written) and why
-        it cannot be published (None: it can): over the results' record size, the broker would
-        refuse it on every attempt."""
-        source = origin.source
+        """A source job's enriched record and why it cannot be published (`enriched_record`)."""
         structured = ctx.output_format is not None
-        answer = None if error is not None else source.answer_of(output, embedding, structured)
-        record = source.enriched(origin, answer, tier=ctx.tier.name, attempts=attempts, error=error)
-        max_bytes = self.limits.results
-        if record is not None and record.size_bytes > max_bytes:
-            return record, f"the enriched record would be {record.size_bytes} bytes, over {max_bytes}"
-        return record, None
+        return enriched_record(
+            origin, output, embedding, attempts, tier=ctx.tier.name, structured=structured,
+            max_bytes=self.limits.results, error=error,
+        )
 
     def _superseded(self, ctx: JobContext, origin: SourceOrigin) -> None:
         """A source job whose key had a newer record written: no record, its offset commits."""
@@ -405,12 +424,15 @@ class OutcomeWriter:
                 self.share(follower, leader_id, answer, failure)
 
     def offline_recorded(self, ctx: JobContext) -> None:
-        """An offline job's batch is recorded durably: its input offset may commit (no outcome yet)."""
+        """An offline job's batch is recorded durably: its input offset may commit (no outcome yet;
+        a source job's enriched record is written by whichever instance collects the batch)."""
         if ctx.done:
             return
         ctx.done = True
         self._telemetry.end_job(ctx.trace)
         self._sink.deliver(ctx.ticket, None)
+        if ctx.origin is not None:
+            ctx.origin.source.order.ended(ctx.origin.key)
 
     def offline_failed(self, ctx: JobContext, kind: ErrorKind, message: str, error: ProviderError) -> None:
         """An offline job whose submission failed for good."""

@@ -34,19 +34,23 @@ MAX_VALUE_BYTES = MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES
 
 @dataclass(frozen=True, slots=True)
 class RecordLimits:
-    """The largest result and dead-letter values the output topics take (see
-    `consumer.kafka.admin.max_record_bytes`); a record over its topic's limit is refused by
-    the broker on every attempt, so it would hold its partition's commits back for ever."""
+    """The largest result, dead-letter and offline batch record values the output topics take
+    (see `consumer.kafka.admin.max_record_bytes`); a record over its topic's limit is refused
+    by the broker on every attempt, so it would hold its partition's commits back for ever."""
 
     results: int = MAX_VALUE_BYTES
     dead_letters: int = MAX_VALUE_BYTES
+    batches: int = MAX_VALUE_BYTES
 
     @classmethod
-    def of_topics(cls, max_bytes: Mapping[str, int], *, results: str, dead_letters: str) -> RecordLimits:
+    def of_topics(
+        cls, max_bytes: Mapping[str, int], *, results: str, dead_letters: str, batches: str | None = None
+    ) -> RecordLimits:
         """From each topic's largest record batch (bytes)."""
         return cls(
             results=max_bytes[results] - RECORD_OVERHEAD_BYTES,
             dead_letters=max_bytes[dead_letters] - RECORD_OVERHEAD_BYTES,
+            batches=max_bytes[batches] - RECORD_OVERHEAD_BYTES if batches is not None else MAX_VALUE_BYTES,
         )
 
 

@@ -22,6 +22,7 @@ its lane), then:
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -29,10 +30,10 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from consumer.core.errors import PromptbusError, RegistryUnavailable
+from consumer.core.errors import ErrorKind, JobError, PromptbusError, RegistryUnavailable
 from consumer.core.jobs import Job
 from consumer.core.lanes import Lane
-from consumer.core.sources import SourceMapping, enriched_value
+from consumer.core.sources import Change, SourceMapping, change_of, enriched_value
 from consumer.kafka.intake import InRecord
 from consumer.kafka.records import SOURCE_HEADER, OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.sink import Ticket
@@ -41,7 +42,7 @@ from consumer.runtime.memo import EnrichmentMemo, Recalled
 from consumer.runtime.stats import SourceStats
 from consumer.settings.sources import SourceConfig
 
-__all__ = ["KeyOrder", "SourceIntake", "SourceOrigin", "SourceRuntime"]
+__all__ = ["KeyOrder", "SourceIntake", "SourceOrigin", "SourceRuntime", "stored_origin", "stored_record"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,36 @@ class SourceOrigin(NamedTuple):
     job: Job
 
 
+def stored_origin(origin: SourceOrigin) -> dict[str, Any]:
+    """What an offline batch member keeps of its source record, so that whichever instance
+    collects the batch writes its enriched record (`SourceRuntime.restored`): the source's name,
+    the record's key, value bytes and headers (base64; null for none) and the digest of what the
+    job read. Where the record was read is the member's own `source`."""
+    return {
+        "source": origin.source.name,
+        "key": _b64(origin.key),
+        "value": _b64(origin.value),
+        "headers": [[name, _b64(value)] for name, value in origin.headers],
+        "read": origin.read_digest,
+    }
+
+
+def stored_record(
+    stored: Mapping[str, Any],
+) -> tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]:
+    """The key, value and headers `stored_origin` kept of a source record."""
+    headers = tuple((str(name), _unb64(value)) for name, value in stored.get("headers") or ())
+    return _unb64(stored.get("key")), _unb64(stored.get("value")), headers
+
+
+def _b64(data: bytes | None) -> str | None:
+    return base64.b64encode(data).decode("ascii") if data is not None else None
+
+
+def _unb64(text: Any) -> bytes | None:
+    return base64.b64decode(text) if isinstance(text, str) else None
+
+
 class SourceRuntime:
     """One configured source: its mapping, codec, lane, counters and key order."""
 
@@ -141,6 +172,25 @@ class SourceRuntime:
 
     def __repr__(self) -> str:
         return f"SourceRuntime({self.name!r}, {self.topic} -> {self.output_topic})"
+
+    def read(self, raw: bytes | None) -> tuple[Change, Any, WriterKey]:
+        """A record's value decoded: the change it carries, what its enriched record is made of
+        (the whole value: a Debezium event's envelope; None for a tombstone) and the writer
+        schema it was read with. JobError when it cannot be decoded or is no change."""
+        value, writer = self.codec.decode(raw) if raw is not None else (None, (0, ()))
+        change = change_of(value, self.mapping.envelope)
+        return change, value if isinstance(value, Mapping) else change.row, writer
+
+    def restored(self, stored: Mapping[str, Any], offset: SourceOffset, job: Job) -> SourceOrigin:
+        """The origin of an offline member from what its batch record kept (`stored_origin`):
+        the stored value decoded again with this source's codec (whose writer schema the caller
+        has prepared). JobError when it cannot be decoded (any more) or carries no row."""
+        key, raw, headers = stored_record(stored)
+        change, decoded, writer = self.read(raw)
+        if change.row is None:
+            raise JobError(ErrorKind.INVALID_JOB, f"source {self.name!r}: the stored record carries no row")
+        digest = str(stored.get("read", ""))
+        return SourceOrigin(self, key, raw, headers, offset, decoded, writer, digest, job)
 
     def headers(
         self,

@@ -71,7 +71,9 @@ class SourceConfig(StrictModel):
         None, gt=0, description="a job not answered this long after its record was read is dead-lettered"
     )
     mode: Literal["online", "offline", "auto"] | None = Field(
-        None, description="the jobs' mode (unset: the tier's default_mode)"
+        None,
+        description="the jobs' mode (unset: the tier's default_mode); offline needs the tier's "
+        "offline.enabled",
     )
     id: str = Field(
         "key",
@@ -101,10 +103,6 @@ class SourceConfig(StrictModel):
             raise ValueError(problem)
         if self.into.topic == self.topic:
             raise ValueError("into.topic must differ from topic (an enriched record would be read again)")
-        if self.mode in ("offline", "auto"):
-            # an offline answer is collected by whichever instance polls its provider batch,
-            # from the batches topic, which does not hold the source record it is written back to
-            raise ValueError(f"mode {self.mode!r} is not served for sources yet: online only")
         return self
 
     def output_fields(self) -> tuple[str, ...]:
@@ -153,6 +151,10 @@ def sources_problem(
     for name, source in sources.items():
         if source.tier not in tiers:
             return f"sources.{name}.tier", f"unknown tier {source.tier!r} (tiers: {', '.join(sorted(tiers))})"
+        if source.mode == "offline" and not tiers[source.tier].offline.enabled:
+            # admission's rule for a job's mode offline, said before any record is read
+            reason = f"tier '{source.tier}' does not allow mode 'offline' (offline.enabled is false)"
+            return f"sources.{name}.mode", reason
         if source.topic in topics:
             other = topics[source.topic]
             return f"sources.{name}.topic", f"{source.topic} is the topic of source {other!r} too"

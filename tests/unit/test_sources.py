@@ -113,8 +113,8 @@ def test_the_enriched_value_is_the_row_plus_the_field() -> None:
     assert row == {"id": 1}
 
 
-def test_a_source_refuses_offline_modes_and_its_own_topic_as_output() -> None:
-    with pytest.raises(ValueError, match="online only"):
-        mapping(prompt="X:\n${a}", mode="offline")
+def test_a_source_takes_every_mode_and_refuses_its_own_topic_as_output() -> None:
+    for mode in ("online", "offline", "auto"):
+        assert mapping(prompt="X:\n${a}", mode=mode).mode == mode
     with pytest.raises(ValueError, match="must differ"):
         SourceConfig.model_validate({"topic": "t", "tier": "s", "prompt": "${a}", "into": {"topic": "t"}})

@@ -29,10 +29,12 @@ from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.offline.records import (
     batch_key,
+    batch_member,
     batch_record,
     enqueued_fields,
     offline_request,
     provider_key,
+    record_runs,
 )
 from consumer.runtime.spending import TierSpending, reserve_offline, tier_spending
 from consumer.runtime.tenancy import TenantGate
@@ -168,9 +170,27 @@ class OfflineCollector:
             if not ctxs:
                 return
         try:
-            await self._submit_collection(tier, ctxs, requests, held)
+            members = {r.custom_id: batch_member(r.custom_id, c) for r, c in zip(requests, ctxs, strict=True)}
+            for run in self._record_runs(requests, ctxs, members):
+                await self._submit_collection(
+                    tier, ctxs[run.start : run.stop], requests[run.start : run.stop], held, members
+                )
         finally:
             self._spend_held(tier, held, ctxs, taken=False)  # what no provider took goes back
+
+    def _record_runs(
+        self, requests: list[BatchRequest], ctxs: list[JobContext], members: dict[str, dict[str, Any]]
+    ) -> list[range]:
+        """The runs of the collection whose batch records fit the batches topic
+        (`records.record_runs`); a member too large for any is dead-lettered: it cannot go
+        offline (a source record of many megabytes, say), and its offset commits."""
+        sizes = [len(orjson.dumps(members[r.custom_id])) for r in requests]
+        limit = self._outcomes.limits.batches
+        runs, too_large = record_runs(sizes, limit)
+        for i in too_large:
+            message = f"its batch record would be {sizes[i]} bytes, over the batches topic's {limit}"
+            self._outcomes.fail(ctxs[i], ErrorKind.INVALID_JOB, message, attempts=0)
+        return runs
 
     async def _reserve(
         self, tier: str, requests: list[BatchRequest], ctxs: list[JobContext]
@@ -197,7 +217,12 @@ class OfflineCollector:
                 spending.spent_as_estimated(reservation, recorded=taken)
 
     async def _submit_collection(
-        self, tier: str, ctxs: list[JobContext], requests: list[BatchRequest], held: dict[int, Reservation]
+        self,
+        tier: str,
+        ctxs: list[JobContext],
+        requests: list[BatchRequest],
+        held: dict[int, Reservation],
+        members: dict[str, dict[str, Any]],
     ) -> None:
         model = ctxs[0].tier.config.model
         tokens = [r.request.estimated_tokens() for r in requests]
@@ -209,7 +234,7 @@ class OfflineCollector:
                     BatchRequest(r.custom_id, offline_request(c, own_model))
                     for r, c in zip(requests, ctxs, strict=True)
                 ]
-            await self._submit_shard(tier, deployment, ctxs, requests, tokens, held)
+            await self._submit_shard(tier, deployment, ctxs, requests, tokens, held, members)
             return
         try:
             for shard in token_shards(tokens, limit):
@@ -229,7 +254,8 @@ class OfflineCollector:
                     ]
                 try:
                     await self._submit_shard(
-                        tier, deployment, shard_ctxs, shard_requests, tokens[shard.start : shard.stop], held
+                        tier, deployment, shard_ctxs, shard_requests, tokens[shard.start : shard.stop], held,
+                        members,
                     )
                 finally:
                     self._submitting[place] -= shard_tokens
@@ -300,6 +326,7 @@ class OfflineCollector:
         requests: list[BatchRequest],
         tokens: list[int],
         held: dict[int, Reservation],
+        members: dict[str, dict[str, Any]],
     ) -> None:
         """Submit one provider batch (or the several the provider's size limits make) to the
         tier's deployment and record each, with the deployment and its members' estimated
@@ -325,15 +352,15 @@ class OfflineCollector:
                 delay_s = min(delay_s * 2, 30.0)
         start = 0
         for job in jobs:
-            members = list(
-                zip(requests[start : start + job.total], ctxs[start : start + job.total], strict=True)
-            )
+            job_requests = requests[start : start + job.total]
+            job_ctxs = ctxs[start : start + job.total]
             job_tokens = sum(tokens[start : start + job.total])
             start += job.total
-            record = batch_record(tier, job, [(r.custom_id, c) for r, c in members], job_tokens, deployment)
+            job_members = [members[r.custom_id] for r in job_requests]
+            record = batch_record(tier, job, job_members, job_tokens, deployment)
             key = batch_key(tier, job.id, deployment)
             await self._producer.send_and_wait(self._settings.batches_topic, orjson.dumps(record), key=key)
             self._recorded[key] = (tier, deployment, job_tokens, self._clock())
-            for _, c in members:
+            for c in job_ctxs:
                 self._outcomes.offline_recorded(c)
         log.info("tier %s: %d offline jobs submitted as %s", tier, len(ctxs), ", ".join(j.id for j in jobs))

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from consumer.runtime.offline.records import (
     read_batch_record,
 )
 from consumer.runtime.outcomes import RecordLimits
+from consumer.runtime.sources import SourceRuntime, stored_record
 from consumer.runtime.spending import count_tenant_usage
 from consumer.runtime.stats import ServiceStats
 from consumer.settings import Settings
@@ -60,6 +61,8 @@ class BatchTracker:
     """Polls open provider batches and publishes their outcomes (one instance at a time).
 
     reader: the batches topic, read from its beginning whenever this instance is assigned it.
+    While a batch is open, each source member's key counts as in flight in its source's
+    `KeyOrder`, so an older version's answer collected after a newer one's is dropped.
     """
 
     def __init__(
@@ -77,8 +80,12 @@ class BatchTracker:
         pricing_by_tier: dict[str, Pricing] | None = None,
         max_enqueued_tokens_by_tier: dict[str, int] | None = None,
         ledger: TenantLedger | None = None,
+        sources: Mapping[str, SourceRuntime] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """sources: the configured sources by name: a source job's member is written back as its
+        enriched record (`outcome_records`)."""
+        self._sources = dict(sources or {})
         self._settings = settings
         self._clock = clock
         self._max_enqueued = max_enqueued_tokens_by_tier or {}
@@ -112,19 +119,20 @@ class BatchTracker:
         while True:
             read = await self._reader.read(timeout_s=0.2)
             if read.rewound:  # the batches open now are in the records read from here on
-                self._open.clear()
+                for key in list(self._open):
+                    self._set_open(key, None)
                 self._held.clear()  # a held batch is found failed again when polled
             for r in read.records:
                 if r.key is None:
                     continue
                 if r.value is None:
-                    self._open.pop(r.key, None)
+                    self._set_open(r.key, None)
                     continue
                 try:
-                    self._open[r.key] = read_batch_record(r.value)
+                    self._set_open(r.key, read_batch_record(r.value))
                 except ValueError as exc:
                     # the latest record of this key replaces any earlier one: nothing to track
-                    self._open.pop(r.key, None)
+                    self._set_open(r.key, None)
                     log.error(
                         "batches topic record %r at offset %d is not a batch record (%s); "
                         "skipped: its jobs get no outcome from it",
@@ -147,6 +155,40 @@ class BatchTracker:
                 except Exception as exc:  # polling is retried next round; nothing was published
                     log.warning("polling batch %s failed: %s", record.get("batch_id"), exc)
 
+    def _set_open(self, key: bytes, record: dict[str, Any] | None) -> None:
+        """The batch `key` is open with `record` (None: it is not): its source members' keys
+        are in flight in their sources' key order while it is."""
+        for source, record_key, _value in self._source_members(self._open.pop(key, None)):
+            source.order.ended(record_key)
+        if record is not None:
+            self._open[key] = record
+            for source, record_key, _value in self._source_members(record):
+                source.order.admitted(record_key)
+
+    def _source_members(
+        self, record: dict[str, Any] | None
+    ) -> list[tuple[SourceRuntime, bytes | None, bytes | None]]:
+        """The configured source, record key and value of each source member of `record`."""
+        out = []
+        for member in record["members"] if record is not None else ():
+            stored = member.get("origin")
+            if not isinstance(stored, dict):
+                continue
+            source = self._sources.get(str(stored.get("source")))
+            if source is not None:
+                key, value, _headers = stored_record(stored)
+                out.append((source, key, value))
+        return out
+
+    async def _prepare_sources(self, record: dict[str, Any]) -> None:
+        """Learn the writer schemas the source members' values need (the codecs keep them): a
+        registry that is down raises, and the batch is polled again later, as its records
+        would be held online."""
+        for source, _key, value in self._source_members(record):
+            writer = source.codec.missing(value)
+            if writer is not None:
+                await source.codec.prepare(writer)
+
     async def _check(self, key: bytes, record: dict[str, Any]) -> None:
         provider = self._providers.get(provider_key(record["tier"], record.get("deployment")))
         if provider is None:
@@ -162,6 +204,7 @@ class BatchTracker:
             return
         if not job.status.done:
             return
+        await self._prepare_sources(record)
         items: list[BatchItemResult] = []
         if job.status in (
             BatchStatus.COMPLETED,
@@ -172,16 +215,18 @@ class BatchTracker:
             with contextlib.suppress(ProviderError):
                 items = await provider.results(record["batch_id"])
         tier_options = self._options_by_tier.get(record["tier"])
-        records = outcome_records(self._settings, record, job.status, items, tier_options, self._limits)
-        await self._publish(key, records)
+        records = outcome_records(
+            self._settings, record, job.status, items, tier_options, self._limits, self._sources
+        )
+        await self._publish(key, [r for r in records if r is not None])
         if self._stats is not None:
             tier = record["tier"]
             count_offline_usage(self._stats.tier(tier), items, self._pricing_by_tier.get(tier))
-            observe_offline_latency(self._stats, self._settings.results_topic, record, records)
+            observe_offline_latency(self._stats, self._settings.dlq_topic, record, records)
         if self._ledger is not None:
             tenants = {m["custom_id"]: member_tenant(m) for m in record["members"]}
             count_tenant_usage(self._ledger, tenants, items, self._pricing_by_tier.get(record["tier"]))
-        self._open.pop(key, None)
+        self._set_open(key, None)
         self._next_poll_s.pop(key, None)
         self._ended[record["tier"]] += 1
         log.info("batch %s %s: %d outcomes published", record["batch_id"], job.status.value, len(records))
@@ -232,7 +277,7 @@ class BatchTracker:
         new_key = batch_key(tier, job.id, record.get("deployment"))
         await self._publish(key, [OutRecord(self._settings.batches_topic, new_key, orjson.dumps(again))])
         self._held.pop(key, None)
-        self._open.pop(key, None)
+        self._set_open(key, None)
         self._next_poll_s.pop(key, None)
         log.info("batch %s of tier %s submitted again as %s", record["batch_id"], tier, job.id)
 
