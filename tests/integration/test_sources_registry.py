@@ -22,7 +22,9 @@ from consumer.registry.protobuf import ProtoSchema
 from consumer.testing.harness import InProcessService, service_env, settings_from_env
 from consumer.testing.records import RawRecord, produce_records, read_records, wait_for_records
 from consumer.testing.relay import TcpRelay
+from consumer.testing.simulator import SimulatorConfig, SimulatorServer, answer_for
 from tests.service.test_sources import fake_answer, label, source_tiers
+from tests.service.test_sources_offline import offline_tiers, recorded_batches
 
 pytestmark = pytest.mark.integration
 
@@ -95,6 +97,42 @@ async def test_an_avro_topic_is_enriched_into_avro_under_the_input_schema_plus_t
     latest = await client.get_latest_version(f"{out_topic}-value")
     fields = [f["name"] for f in orjson.loads(latest.schema.schema_str)["fields"]]
     assert fields == ["id", "product", "review", "stars", "sentiment"]
+
+
+async def test_an_offline_avro_source_is_collected_by_an_instance_that_never_read_its_schema(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The instance that submitted the batch stops; the next one decodes the stored Avro values
+    with a schema it reads from the registry then, and writes them back in Avro."""
+    settings, source_topic, out_topic, client = env
+    monkeypatch.setenv("PB_TEST_BATCH_KEY", "k")
+    rows = [review_row(i) for i in range(8)]
+    values = await avro_values(client, source_topic, rows, REVIEW_SCHEMA)
+    records = [RawRecord(row["id"].encode(), value) for row, value in zip(rows, values, strict=True)]
+    async with SimulatorServer(SimulatorConfig(seed=4, batch_delay_s=4.0)) as base_url:
+        into = {"topic": out_topic, "field": "sentiment"}
+        source = {"topic": source_topic, "format": "avro", "mode": "offline", "into": into}
+        tiers = offline_tiers(base_url, {"reviews": source})
+        async with InProcessService(settings, tiers):
+            await produce_records(settings, source_topic, records)
+            recorded: list[dict[str, Any]] = []
+            for _ in range(150):
+                recorded = await recorded_batches(settings)
+                if recorded:
+                    break
+                await asyncio.sleep(0.2)
+            assert recorded, "the batch was recorded"
+        assert await read_records(settings, out_topic) == []
+        async with InProcessService(settings, tiers):
+            enriched = await wait_for_records(settings, out_topic, len(rows), timeout_s=60)
+    assert len(enriched) == len(rows)
+    deserializer = await AsyncAvroDeserializer(client, conf=SERDE_CONF)
+    ctx = SerializationContext(out_topic, MessageField.VALUE)
+    by_id = {row["id"]: row for row in rows}
+    for record in enriched:
+        out = await deserializer(record.value, ctx)
+        assert out == {**by_id[out["id"]], "sentiment": answer_for(out["review"]["text"])}
+        assert record.key == out["id"].encode()
 
 
 async def test_a_json_schema_topic_is_enriched_in_the_wire_format(env: Any) -> None:
