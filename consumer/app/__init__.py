@@ -365,6 +365,9 @@ async def build_tiers(
                     clients.append(client)
                     provider = build_provider(where, dep_config, client)
                 parts.append((provider, quota))
+            configs = [c for *_, c in config.deployment_configs(name)]
+            unverified = any(c.tls is not None and not c.tls.verify for c in configs)
+            stats.tier(name).tls_unverified = int(unverified)
             tiers[name] = TierRuntime.build(
                 name, config, parts[0][0], stats.tier(name), remembered, parts[0][1], deployments=parts,
                 tenants=tenants,

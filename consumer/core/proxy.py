@@ -50,5 +50,3 @@ def parse_proxy_url(url: str) -> ProxyRoute:
         pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         authorization = "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
     return ProxyRoute(parts.hostname, port, authorization)
-
-

@@ -131,21 +131,13 @@ def base_url_for(tier_name: str, tier: TierConfig) -> str:
 def check_tier(tier_name: str, tier: TierConfig) -> None:
     """What building the tier's adapters refuses, checked without building them: ConfigError
     naming the key (its API key env var set, its structured mode, its base URL), for each of
-    its deployments (`tiers.NAME.deployments.I.api_key_env`, ...)."""
+    its deployments (`tiers.NAME.deployments.I.api_key_env`, ...). Files the machine running
+    the service has (a key file, TLS certificates) are read when the service builds the tier,
+    not here: `check-config` may run where the secrets are not mounted."""
     structured_mode_for(tier_name, tier)
     for _name, where, _weight, config in tier.deployment_configs(tier_name):
         config.require_api_key(where)
-        if config.api_key_file and not _readable(config.api_key_file):
-            raise ConfigError(f"tiers.{where}.api_key_file", f"{config.api_key_file} cannot be read")
         base_url_for(where, config)
-
-
-def _readable(path: str) -> bool:
-    try:
-        with open(path, "rb"):
-            return True
-    except OSError:
-        return False
 
 
 def build_provider(tier_name: str, tier: TierConfig, client: HttpTransport) -> CompletionProvider:

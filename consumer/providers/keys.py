@@ -107,7 +107,9 @@ class FileKey:
             if self._key is not None:
                 log.warning(
                     "%s: api_key_file %s unreadable (%s); the key read last is kept",
-                    self.where, self.path, type(exc).__name__,
+                    self.where,
+                    self.path,
+                    type(exc).__name__,
                 )
             return
         if value:

@@ -317,7 +317,9 @@ class DeploymentConfig(StrictModel):
     api_key_command: list[str] | None = Field(
         None, min_length=1, description=f"{_KEY_COMMAND_HELP}; {_TIERS_OWN}"
     )
-    proxy: str | None = Field(None, description=f"{_PROXY_HELP}; {_TIERS_OWN}")
+    proxy: str | None = Field(
+        None, description=f"its HTTP proxy: http://[user:password@]host:port, or none (direct); {_TIERS_OWN}"
+    )
     tls: TlsConfig | None = Field(None, description=f"its TLS: CA, client certificate, verify; {_TIERS_OWN}")
     model: str | None = Field(None, min_length=1, description=f"the model id it serves; {_TIERS_OWN}")
     weight: float = Field(

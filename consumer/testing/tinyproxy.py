@@ -69,7 +69,7 @@ def run_tinyproxy(directory: Path, *, basic_auth: tuple[str, str] | None = None)
         "Timeout 60",
         "MaxClients 200",
         "Allow 127.0.0.1",
-        f"LogFile \"{log_file}\"",
+        f'LogFile "{log_file}"',
         "LogLevel Connect",
         "DisableViaHeader Yes",
     ]

@@ -7,8 +7,8 @@ import logging
 import sys
 import time
 import traceback
-from pathlib import Path
 from email.utils import formatdate
+from pathlib import Path
 from typing import Any
 
 import orjson

@@ -35,7 +35,15 @@ from consumer.testing.simulator import SimulatorServer, SimulatorTls, answer_for
 from consumer.testing.tinyproxy import TinyProxy, run_tinyproxy
 
 LOOPS = ["asyncio", "uvloop"]
-PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy", "ALL_PROXY")
+PROXY_VARIABLES = (
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "NO_PROXY",
+    "https_proxy",
+    "http_proxy",
+    "no_proxy",
+    "ALL_PROXY",
+)
 USER, PASSWORD = "pbuser", "pb-proxy-secret-7f3a"
 #: what proxy and TLS errors must name
 WHO = "tier t deployment d"
@@ -171,7 +179,9 @@ async def test_basic_auth_proxy_with_and_without_credentials(pki: Pki, auth_prox
         missing = await failure(tier(base_url, proxy=auth_proxy.url, tls=tls))
         wrong = await failure(tier(base_url, proxy=auth_proxy.url_with(USER, "not-" + PASSWORD), tls=tls))
     for error in (missing, wrong):
-        assert isinstance(error, ConnectionFailed) and is_outage(error), "held as an outage, not dead-lettered"
+        assert isinstance(error, ConnectionFailed) and is_outage(error), (
+            "held as an outage, not dead-lettered"
+        )
         assert WHO in error.message and auth_proxy.url in error.message, error.message
         assert "\n" not in error.message
         assert PASSWORD not in error.message and USER not in error.message
@@ -239,7 +249,9 @@ def test_a_deployments_proxy_and_tls_win_over_the_tiers() -> None:
         }
     )
     (_, _, _, eu), (_, _, _, us) = config.deployment_configs("t")
-    assert eu.proxy == "http://u:p@proxy.corp:3128" and eu.tls is not None and eu.tls.ca_file == "/corp/ca.pem"
+    assert (
+        eu.proxy == "http://u:p@proxy.corp:3128" and eu.tls is not None and eu.tls.ca_file == "/corp/ca.pem"
+    )
     assert us.proxy == "none" and us.tls is not None and us.tls.ca_file is None
 
 
@@ -272,14 +284,22 @@ async def test_the_reachability_check_says_the_refusal_in_one_line(pki: Pki, aut
 async def test_a_required_client_certificate(pki: Pki, proxy: TinyProxy) -> None:
     ca = str(pki.ca.ca_file)
     async with tls_server(pki, mtls=True) as base_url:
-        mine = {"ca_file": ca, "client_cert_file": str(pki.client.cert_file),
-                "client_key_file": str(pki.client.key_file)}
+        mine = {
+            "ca_file": ca,
+            "client_cert_file": str(pki.client.cert_file),
+            "client_key_file": str(pki.client.key_file),
+        }
         assert await ask(tier(base_url, tls=mine), ["mtls"]) == [answer_for("mtls")]
-        assert await ask(tier(base_url, tls=mine, proxy=proxy.url), ["mtls+proxy"]) == [answer_for("mtls+proxy")]
+        assert await ask(tier(base_url, tls=mine, proxy=proxy.url), ["mtls+proxy"]) == [
+            answer_for("mtls+proxy")
+        ]
 
         none = await failure(tier(base_url, tls={"ca_file": ca}))
-        stranger = {"ca_file": ca, "client_cert_file": str(pki.stranger_client.cert_file),
-                    "client_key_file": str(pki.stranger_client.key_file)}
+        stranger = {
+            "ca_file": ca,
+            "client_cert_file": str(pki.stranger_client.cert_file),
+            "client_key_file": str(pki.stranger_client.key_file),
+        }
         refused = await failure(tier(base_url, tls=stranger))
     for error in (none, refused):
         assert isinstance(error, ConnectionFailed) and "\n" not in error.message, error.message
@@ -331,7 +351,9 @@ async def test_the_openai_sdk_and_promptbus_through_the_same_proxy_to_the_same_t
         port = port_of(base_url)
         context = ssl.create_default_context(cafile=str(pki.ca.ca_file))
         async with httpx.AsyncClient(proxy=proxy_url, verify=context) as http:
-            sdk = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", http_client=http, max_retries=0)
+            sdk = openai.AsyncOpenAI(
+                base_url=base_url + "/v1", api_key="unused", http_client=http, max_retries=0
+            )
             replies = await asyncio.gather(
                 *(
                     sdk.chat.completions.create(
