@@ -178,6 +178,28 @@ def test_connection_close_is_not_reused(loop: str) -> None:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
+def test_a_pooled_connection_closed_after_its_answer_is_retried_once_on_a_new_one(loop: str) -> None:
+    # as tinyproxy does: an answer with a length and no `Connection: close`, then the close
+    async def answer(_request: bytes, _writer: asyncio.StreamWriter) -> tuple[bytes, bool]:
+        return ok(b'{"n":1}'), True
+
+    async def case() -> tuple[list[int], int, int]:
+        async with RawServer(answer) as server:
+            t = transport()
+            statuses = []
+            for _ in range(5):
+                statuses.append((await post(t, server)).status)
+                await asyncio.sleep(0)  # the close may or may not have arrived: both must work
+            opened = t.open_connections
+            await t.close()
+            return statuses, server.connections, opened
+
+    statuses, connections, opened = run(loop, case)
+    assert statuses == [200] * 5
+    assert connections == 5 and opened <= 1
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 def test_an_answer_cut_short_is_a_connection_error_and_the_next_request_works(loop: str) -> None:
     cut = b'HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{"choices":'
     answers = iter([(cut, True), (ok(b"{}"), False)])

@@ -17,6 +17,9 @@ itself. This transport does only what those calls need:
 - timeouts: `connect_timeout_s` for the TCP (and TLS) connect, `timeout_s` for a free
   connection, and `timeout_s` between two reads of the answer (a provider that stops sending
   for that long timed out; a long answer that keeps flowing does not);
+- a pooled connection that closes before a byte of its answer came (the server or a proxy
+  closed it while idle, as tinyproxy does after every answer) is retried once on a new
+  connection: the request never reached anyone who answered it;
 - a connection whose request did not end cleanly (timeout, cancellation, a parse error, the
   server saying `Connection: close`) is closed, never reused;
 - answers encoded with gzip or deflate are decoded;
@@ -61,6 +64,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since_s = 0.0
+        self.reused = False  # taken from the pool for this request
+        self.answer_started = False  # a byte of this request's answer came
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[tuple[int, dict[str, str], bytes, bool]] | None = None
         self._headers: dict[str, str] = {}
@@ -81,6 +86,7 @@ class _Connection(asyncio.Protocol):
             self.close()  # bytes nobody asked for: the connection's state is unknown
             return
         self._last_data_s = self.loop.time()
+        self.answer_started = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -118,6 +124,7 @@ class _Connection(asyncio.Protocol):
         body, whether the connection may be reused)."""
         assert self.transport is not None and self._waiter is None
         waiter = self._waiter = self.loop.create_future()
+        self.answer_started = False
         self._headers, self._chunks = {}, []
         self._headers_done = self._framed = False
         self._timeout_s = timeout_s
@@ -194,6 +201,8 @@ class KeepAliveTransport:
         self._proxy = proxy if proxy is not None and proxy.may_proxy else None
         self._keys: dict[tuple[str, str, int], PoolKey] = {}
         self._idle: dict[PoolKey, list[_Connection]] = {}
+        #: keys whose server or proxy closes after every answer: their connections are not pooled
+        self._one_shot: set[PoolKey] = set()
         self._opened = 0  # connections open or opening
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._ssl: ssl.SSLContext | None = ssl_context
@@ -220,11 +229,17 @@ class KeepAliveTransport:
             key = self._keys[target.origin] = (route, target.origin)
         data = self._encode(method, target, headers, body, key[0])
         conn = await self._acquire(key, target)
-        reuse = False
         try:
-            status, answer_headers, content, reuse = await conn.roundtrip(data, self.timeout_s)
-        finally:
-            self._release(conn, reuse=reuse)
+            status, answer_headers, content = await self._exchange(conn, data)
+        except ConnectionError:
+            if not conn.reused or conn.answer_started:
+                raise
+            # a pooled connection the server or proxy had closed before this request reached
+            # it (tinyproxy closes after each answer without saying so): once more, on a new one,
+            # and such connections are not pooled from now on
+            self._one_shot.add(key)
+            conn = await self._acquire(key, target, reuse=False)
+            status, answer_headers, content = await self._exchange(conn, data)
         if status == 407 and key[0] is not None and target.scheme == "http":
             # only a proxy answers 407: the provider never saw the request
             refusal = self._proxy_refusal(key[0], target, "407 Proxy Authentication Required")
@@ -233,6 +248,14 @@ class KeepAliveTransport:
         if encoding:
             content = _decoded(content, encoding)
         return HttpResponse(status, answer_headers, content)
+
+    async def _exchange(self, conn: _Connection, data: bytes) -> tuple[int, dict[str, str], bytes]:
+        reuse = False
+        try:
+            status, answer_headers, content, reuse = await conn.roundtrip(data, self.timeout_s)
+        finally:
+            self._release(conn, reuse=reuse)
+        return status, answer_headers, content
 
     async def close(self) -> None:
         self._closed = True
@@ -278,14 +301,15 @@ class KeepAliveTransport:
         return b"".join(parts)
 
     # ------------------------------------------------------------------ the pool
-    async def _acquire(self, key: PoolKey, target: HttpTarget) -> _Connection:
+    async def _acquire(self, key: PoolKey, target: HttpTarget, *, reuse: bool = True) -> _Connection:
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + self.timeout_s
         while True:
             if self._closed:
                 raise ConnectionError("the transport is closed")
-            conn = self._reusable(key, loop.time())
+            conn = self._reusable(key, loop.time()) if reuse else None
             if conn is not None:
+                conn.reused = True
                 return conn
             if self._opened < self.limit or self._close_idle_elsewhere(key):
                 return await self._connect(loop, key, target)
@@ -403,7 +427,7 @@ class KeepAliveTransport:
         conn.connection_made(secured)
 
     def _release(self, conn: _Connection, *, reuse: bool) -> None:
-        if reuse and not conn.closed and not self._closed:
+        if reuse and not conn.closed and not self._closed and conn.key not in self._one_shot:
             conn.idle_since_s = conn.loop.time()
             self._idle.setdefault(conn.key, []).append(conn)
             self._wake()
