@@ -173,7 +173,14 @@ class ProviderHttp:
             headers["content-type"], payload = form_body(data, files)
         started = time.perf_counter()
         target = parse_target(url)
-        response = await self._send(method, url, target, headers, payload, secret)
+        failure: ProviderError | None = None
+        try:  # inline, not through _send: one coroutine less on every request
+            response = await self.transport.request(method, target, headers, payload)
+        except (TimeoutError, OSError) as exc:  # ConnectionError is an OSError
+            failure = error_for_exception(self.provider, exc, secret=secret)
+        if failure is not None:  # raised outside the handler: the transport's error is not chained
+            log.debug("%s %s failed: %s", method, url, failure.message)
+            raise failure
         if response.status == 401 and self._keys is not None and secret:
             # a rotated key: the source may have a newer one (the file changed, the command's
             # next token); one more try with it, else the 401 stands

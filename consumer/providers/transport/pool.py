@@ -229,9 +229,11 @@ class KeepAliveTransport:
             key = self._keys[target.origin] = (route, target.origin)
         data = self._encode(method, target, headers, body, key[0])
         conn = await self._acquire(key, target)
-        try:
-            status, answer_headers, content = await self._exchange(conn, data)
+        reuse = False
+        try:  # the one exchange of almost every request, inline (no coroutine of its own)
+            status, answer_headers, content, reuse = await conn.roundtrip(data, self.timeout_s)
         except ConnectionError:
+            self._release(conn, reuse=False)
             if not conn.reused or conn.answer_started:
                 raise
             # a pooled connection the server or proxy had closed before this request reached
@@ -240,6 +242,11 @@ class KeepAliveTransport:
             self._one_shot.add(key)
             conn = await self._acquire(key, target, reuse=False)
             status, answer_headers, content = await self._exchange(conn, data)
+        except BaseException:
+            self._release(conn, reuse=False)
+            raise
+        else:
+            self._release(conn, reuse=reuse)
         if status == 407 and key[0] is not None and target.scheme == "http":
             # only a proxy answers 407: the provider never saw the request
             refusal = self._proxy_refusal(key[0], target, "407 Proxy Authentication Required")
