@@ -17,9 +17,10 @@ itself. This transport does only what those calls need:
 - timeouts: `connect_timeout_s` for the TCP (and TLS) connect, `timeout_s` for a free
   connection, and `timeout_s` between two reads of the answer (a provider that stops sending
   for that long timed out; a long answer that keeps flowing does not);
-- a pooled connection that closes before a byte of its answer came (the server or a proxy
-  closed it while idle, as tinyproxy does after every answer) is retried once on a new
-  connection: the request never reached anyone who answered it;
+- a pooled connection to an HTTP proxy (plain-http origin) that closes before a byte of its
+  answer came is retried once on a new connection, and that proxy's connections are no longer
+  pooled (tinyproxy closes after every answer without saying so); nowhere else does the
+  transport resend;
 - a connection whose request did not end cleanly (timeout, cancellation, a parse error, the
   server saying `Connection: close`) is closed, never reused;
 - answers encoded with gzip or deflate are decoded;
@@ -234,11 +235,13 @@ class KeepAliveTransport:
             status, answer_headers, content, reuse = await conn.roundtrip(data, self.timeout_s)
         except ConnectionError:
             self._release(conn, reuse=False)
-            if not conn.reused or conn.answer_started:
+            if not conn.reused or conn.answer_started or key[0] is None or target.scheme != "http":
                 raise
-            # a pooled connection the server or proxy had closed before this request reached
-            # it (tinyproxy closes after each answer without saying so): once more, on a new one,
-            # and such connections are not pooled from now on
+            # a pooled connection to an HTTP proxy that closed it after the last answer without
+            # saying so (tinyproxy does, for absolute-form requests): once more, on a new one,
+            # and that proxy's connections are not pooled from now on. Nowhere else: a server
+            # that closes without answering may have had the request, and retries are the
+            # core's to decide
             self._one_shot.add(key)
             conn = await self._acquire(key, target, reuse=False)
             status, answer_headers, content = await self._exchange(conn, data)
