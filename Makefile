@@ -1,7 +1,8 @@
 # promptbus developer and CI entry points. `make test` is what .ci/run runs.
 #
 #   make venv          create .venv (if missing) and install promptbus with dev extras;
-#                      re-installs when pyproject.toml changes; then the local model server
+#                      re-installs when pyproject.toml changes; then the local model server,
+#                      promtool/prometheus, helm and tinyproxy when missing
 #   make lint          ruff check + mypy
 #   make test          venv, start the local Kafka broker unless KAFKA_BOOTSTRAP_SERVERS is
 #                      set and the local Schema Registry unless SCHEMA_REGISTRY_URL is, run
@@ -36,6 +37,10 @@ LOCAL_MODEL_SETUP := deploy/local-model/build-llama-cpp.sh
 # the distribution's package when missing (needs root; returns at once when present).
 PROMETHEUS_SETUP := deploy/prometheus/install.sh
 
+# The proxy tests need a real HTTP proxy, `tinyproxy`: installed from the distribution's
+# package when missing (needs root; returns at once when present).
+TINYPROXY_SETUP := deploy/tinyproxy/install.sh
+
 # The Helm chart's tests (helm lint, helm template) need Helm 4: built once per machine from
 # its Go module with the Go toolchain when missing (returns at once when present).
 HELM_SETUP := deploy/helm/install.sh
@@ -44,6 +49,7 @@ venv: $(VENV_STAMP)
 	@if [ -x $(LOCAL_MODEL_SETUP) ]; then $(LOCAL_MODEL_SETUP) $(PY); fi
 	@$(PROMETHEUS_SETUP) || echo "make venv: no promtool/prometheus; their tests will fail" >&2
 	@$(HELM_SETUP) || echo "make venv: no helm; the chart's tests will fail" >&2
+	@$(TINYPROXY_SETUP) || echo "make venv: no tinyproxy; the proxy tests will fail" >&2
 
 $(VENV_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \

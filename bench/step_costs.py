@@ -15,8 +15,11 @@ Prints one JSON object (`--save`: also bench/results/step_costs.json):
               inputs, 16 requests in flight): a bare aiohttp session, a bare httpx client,
               the service's transport (`consumer.providers.transport`: keep-alive HTTP/1.1
               parsed by httptools) and the tier's own adapter on it (`build_provider`: the
-              answer decoded and checked); CPU of the event-loop thread per request, median of
-              `--repeats` interleaved rounds
+              answer decoded and checked), and the transport through a real HTTP proxy
+              (`transport_proxy`: a tinyproxy process, `deploy/tinyproxy/install.sh`; absolute-
+              form requests over the pool's connections to the proxy, kept per (proxy, origin));
+              CPU of the event-loop thread per request (the proxy's own CPU is its process's),
+              median of `--repeats` interleaved rounds
 
 Everything runs on the event loop the service runs on (`--loop`, as PROMPTBUS_EVENT_LOOP).
 
@@ -31,9 +34,11 @@ import contextlib
 import random
 import statistics
 import sys
+import tempfile
 import time
 import timeit
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -53,6 +58,7 @@ from consumer.runtime import eventloop
 from consumer.settings import TierConfig
 from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.paths import REPO_ROOT
+from consumer.testing.tinyproxy import run_tinyproxy
 
 ROOT = REPO_ROOT
 PREFIX = "Classify the sentiment of the text.\nTEXT:\n"
@@ -181,20 +187,23 @@ async def http_costs(n: int, repeats: int) -> dict[str, Any]:
     content, body = chat_body()
     payload = orjson.dumps(body)
     headers = {"content-type": "application/json"}
-    async with SimProcess({"seed": 1}, ROOT / "bench" / "out" / "sim-step-costs.log") as sim:
-        url = f"{sim.base}/v1/chat/completions"
-        tier = TierConfig.model_validate(tier_dict(f"{sim.base}/v1", batching=False)["tiers"][TIER])
-        clients: dict[str, ClientRound] = {
-            "aiohttp": aiohttp_round,
-            "httpx": httpx_round,
-            "transport": transport_round(tier, content, adapter=False),
-            "adapter": transport_round(tier, content, adapter=True),
-        }
-        runs: dict[str, list[float]] = {name: [] for name in clients}
-        for _ in range(repeats):
-            for name, client_round in clients.items():
-                async with client_round(url, payload, headers) as call:
-                    runs[name].append(round(await cpu_per_request(n, call), 1))
+    with tempfile.TemporaryDirectory() as proxy_dir, run_tinyproxy(Path(proxy_dir)) as proxy:
+        async with SimProcess({"seed": 1}, ROOT / "bench" / "out" / "sim-step-costs.log") as sim:
+            url = f"{sim.base}/v1/chat/completions"
+            tier = TierConfig.model_validate(tier_dict(f"{sim.base}/v1", batching=False)["tiers"][TIER])
+            proxied = tier.model_copy(update={"proxy": proxy.url})
+            clients: dict[str, ClientRound] = {
+                "aiohttp": aiohttp_round,
+                "httpx": httpx_round,
+                "transport": transport_round(tier, content, adapter=False),
+                "adapter": transport_round(tier, content, adapter=True),
+                "transport_proxy": transport_round(proxied, content, adapter=False),
+            }
+            runs: dict[str, list[float]] = {name: [] for name in clients}
+            for _ in range(repeats):
+                for name, client_round in clients.items():
+                    async with client_round(url, payload, headers) as call:
+                        runs[name].append(round(await cpu_per_request(n, call), 1))
     medians = {name: statistics.median(values) for name, values in runs.items()}
     return {
         "requests": n,
@@ -205,6 +214,7 @@ async def http_costs(n: int, repeats: int) -> dict[str, Any]:
         "httpx_over_aiohttp": round(medians["httpx"] / medians["aiohttp"], 2),
         "transport_over_aiohttp": round(medians["transport"] / medians["aiohttp"], 2),
         "adapter_over_aiohttp": round(medians["adapter"] / medians["aiohttp"], 2),
+        "transport_proxy_over_transport": round(medians["transport_proxy"] / medians["transport"], 2),
     }
 
 

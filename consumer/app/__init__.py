@@ -365,10 +365,13 @@ async def build_tiers(
                 if providers and key in providers:
                     provider = providers[key]
                 else:
-                    client = make_http_client(dep_config)
+                    client = make_http_client(dep_config, where, name=connection_name(name, dep_name))
                     clients.append(client)
                     provider = build_provider(where, dep_config, client)
                 parts.append((provider, quota))
+            configs = [c for *_, c in config.deployment_configs(name)]
+            unverified = any(c.tls is not None and not c.tls.verify for c in configs)
+            stats.tier(name).tls_unverified = int(unverified)
             tiers[name] = TierRuntime.build(
                 name, config, parts[0][0], stats.tier(name), remembered, parts[0][1], deployments=parts,
                 tenants=tenants,
@@ -378,6 +381,11 @@ async def build_tiers(
             await client.close()
         raise
     return tiers, clients
+
+
+def connection_name(tier: str, deployment: str | None) -> str:
+    """What a deployment's proxy and TLS errors call it: `tier small deployment eu`."""
+    return f"tier {tier}" if deployment is None else f"tier {tier} deployment {deployment}"
 
 
 def fleet_quotas(tier_file: TierFile) -> dict[str, FleetQuota]:
@@ -534,7 +542,7 @@ def offline_providers(
         for dep, where, dep_config in places:
             if dep is None and config.deployments and config.api_key_env and config.api_key() is None:
                 continue  # the tier's own key is unset: only its deployments' are used
-            client = make_http_client(dep_config)
+            client = make_http_client(dep_config, where, name=connection_name(name, dep))
             clients.append(client)
             providers[provider_key(name, dep)] = build_batch_provider(where, dep_config, client)
         if config.deployments:

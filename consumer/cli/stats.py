@@ -239,6 +239,8 @@ def format_stats(merged: dict[str, Any]) -> str:
             # the adaptive rule's own words: the size in use and the evidence for it
             lines.append(f"tier {name} batch {t['batch_size_reason']}")
         lines.append(f"tier {name} circuit: " + _circuit_text(t))
+        if t.get("tls_unverified"):
+            lines.append(f"tier {name} WARNING: tls.verify is false: provider certificates are not checked")
         lines.append(f"tier {name} tokens: " + _cost_text(t))
         lines.extend(deployment_lines(name, merged.get("deployments", {})))
         lines.extend(routing_lines(name, t))

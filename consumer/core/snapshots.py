@@ -50,7 +50,14 @@ QUANTILES = (0.5, 0.95, 0.99)
 #: a tier's gauges each instance has of its own: summed over live instances
 _OWN_GAUGES = {"limit", "inflight", "paused_s"}
 #: a tier's gauges the instances share: the largest live value
-_SHARED_GAUGES = {"batch_size", "budget_requests_per_s", "budget_tokens_per_s", "circuit_open", "outage_s"}
+_SHARED_GAUGES = {
+    "batch_size",
+    "budget_requests_per_s",
+    "budget_tokens_per_s",
+    "circuit_open",
+    "outage_s",
+    "tls_unverified",
+}
 #: text that goes with a shared gauge: taken from the live instance that has its largest value
 _GAUGE_TEXTS = {"batch_size_reason": "batch_size"}
 #: a source's gauge: the records an instance holds while the registry is unreachable

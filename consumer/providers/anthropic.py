@@ -16,11 +16,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar, Unpack
 
-from pydantic import SecretStr
-
 from consumer.core.completion import CompletionRequest, Usage
 from consumer.core.output import response_format_schema
 from consumer.providers.httpapi import AdapterOptions, HttpCompletionProvider, ProviderApi, ProviderHttp
+from consumer.providers.keys import ApiKey
 from consumer.providers.structured import (
     SCHEMA_NAME,
     TOOL_DESCRIPTION,
@@ -199,7 +198,7 @@ def read_message(
 
 
 def anthropic_http(
-    transport: HttpTransport, *, base_url: str, api_key: SecretStr | None, name: str
+    transport: HttpTransport, *, base_url: str, api_key: ApiKey, name: str
 ) -> ProviderHttp:
     """The HTTP path for Anthropic: a base URL given with a trailing `/v1` is accepted too."""
     base = base_url.rstrip("/")

@@ -3,8 +3,9 @@
 Adapters (online and batch) are `HttpAdapter`s set up from their `ProviderApi` (structured
 modes, auth, answer format); each holds a `ProviderHttp`, which owns nothing but the injected
 `HttpTransport` (`consumer.providers.transport`), the base URL, the auth headers (built from a
-`SecretStr` at call time, never stored as plain text on the object) and the provider name used
-in errors.
+`SecretStr` at call time, never stored as plain text on the object, or from a rotating
+`KeySource`, `consumer.providers.keys`, asked before each request and once more after a 401)
+and the provider name used in errors.
 
 The transport is the keep-alive one of `consumer.providers.transport.pool`: the service's
 throughput is bound by client CPU per request, and a general-purpose client's machinery around
@@ -35,9 +36,10 @@ from consumer.core.errors import (
     RequestTimeout,
 )
 from consumer.providers.errormap import error_for_exception, error_for_status, redact
+from consumer.providers.keys import ApiKey, KeySource, KeyUnavailable
 from consumer.providers.ratelimit import parse_rate_limit_headers
 from consumer.providers.structured import StructuredMode
-from consumer.providers.transport import HttpTransport, form_body, parse_target
+from consumer.providers.transport import HttpResponse, HttpTarget, HttpTransport, form_body, parse_target
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ class ProviderHttp:
         *,
         base_url: str,
         provider: str,
-        api_key: SecretStr | None,
+        api_key: ApiKey,
         auth_headers: Callable[[str], Mapping[str, str]],
         extra_headers: Mapping[str, str] | None = None,
     ) -> None:
@@ -100,7 +102,8 @@ class ProviderHttp:
         if not is_http_url(self.base_url):
             raise ValueError(f"base_url must be an http(s) URL with a host, got {self.base_url!r}")
         self.provider = provider
-        self._api_key = api_key
+        self._api_key = api_key if isinstance(api_key, SecretStr) else None
+        self._keys: KeySource | None = None if api_key is None or isinstance(api_key, SecretStr) else api_key
         self._auth_headers = auth_headers
         self._extra_headers = dict(extra_headers or {})
 
@@ -110,12 +113,19 @@ class ProviderHttp:
     def _secret(self) -> str | None:
         return self._api_key.get_secret_value() if self._api_key is not None else None
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, secret: str | None) -> dict[str, str]:
         headers = dict(self._extra_headers)
-        secret = self._secret()
         if secret:
             headers.update(self._auth_headers(secret))
         return headers
+
+    async def _current_secret(self) -> str | None:
+        if self._keys is None:
+            return self._secret()
+        try:
+            return await self._keys.key()
+        except KeyUnavailable as exc:
+            raise ConnectionFailed(f"{self.provider}: {exc}", provider=self.provider) from None
 
     def url(self, path: str) -> str:
         """`path` joined to the base URL; absolute URLs pass through."""
@@ -148,7 +158,8 @@ class ProviderHttp:
         content_type)}` (multipart when there are files, else urlencoded).
         """
         url = self.url(path)
-        headers = self._headers()
+        secret = self._secret() if self._keys is None else await self._current_secret()
+        headers = self._headers(secret)
         payload: bytes | None = None
         if json_body is not None:
             try:
@@ -161,19 +172,31 @@ class ProviderHttp:
         elif files is not None or data is not None:
             headers["content-type"], payload = form_body(data, files)
         started = time.perf_counter()
+        target = parse_target(url)
         failure: ProviderError | None = None
-        try:
-            response = await self.transport.request(method, parse_target(url), headers, payload)
+        try:  # inline, not through _send: one coroutine less on every request
+            response = await self.transport.request(method, target, headers, payload)
         except (TimeoutError, OSError) as exc:  # ConnectionError is an OSError
-            failure = error_for_exception(self.provider, exc, secret=self._secret())
-        if failure is not None:
+            failure = error_for_exception(self.provider, exc, secret=secret)
+        if failure is not None:  # raised outside the handler: the transport's error is not chained
             log.debug("%s %s failed: %s", method, url, failure.message)
             raise failure
+        if response.status == 401 and self._keys is not None and secret:
+            # a rotated key: the source may have a newer one (the file changed, the command's
+            # next token); one more try with it, else the 401 stands
+            try:
+                fresh = await self._keys.renewed(secret)
+            except KeyUnavailable as exc:
+                raise ConnectionFailed(f"{self.provider}: {exc}", provider=self.provider) from None
+            if fresh is not None:
+                secret = fresh
+                headers.update(self._auth_headers(fresh))
+                response = await self._send(method, url, target, headers, payload, secret)
         latency_ms = (time.perf_counter() - started) * 1000.0
         status_code, body, reply_headers = response.status, response.body, response.headers
         log.debug("%s %s -> %d in %.1f ms", method, url, status_code, latency_ms)
         if not 200 <= status_code < 300:
-            raise self.error_for(status_code, body, reply_headers)
+            raise self.error_for(status_code, body, reply_headers, secret=secret)
         decoded: Any = None
         if decode_json:
             try:
@@ -182,8 +205,27 @@ class ProviderHttp:
                 raise self.malformed(f"HTTP {status_code} body is not JSON") from None
         return HttpReply(status_code, body, reply_headers, latency_ms, decoded)
 
-    def error_for(self, status_code: int, body: Any, headers: Mapping[str, str] | None) -> ProviderError:
-        """Map one non-2xx answer (also used for per-item statuses inside batch result files)."""
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        target: HttpTarget,
+        headers: dict[str, str],
+        payload: bytes | None,
+        secret: str | None,
+    ) -> HttpResponse:
+        try:
+            return await self.transport.request(method, target, headers, payload)
+        except (TimeoutError, OSError) as exc:  # ConnectionError is an OSError
+            failure = error_for_exception(self.provider, exc, secret=secret)
+        log.debug("%s %s failed: %s", method, url, failure.message)
+        raise failure
+
+    def error_for(
+        self, status_code: int, body: Any, headers: Mapping[str, str] | None, *, secret: str | None = None
+    ) -> ProviderError:
+        """Map one non-2xx answer (also used for per-item statuses inside batch result files);
+        `secret`: the key the request was sent with (default: the static key)."""
         parsed: Any = body
         if isinstance(body, (bytes, bytearray)):
             try:
@@ -191,7 +233,7 @@ class ProviderHttp:
             except orjson.JSONDecodeError:
                 parsed = bytes(body).decode("utf-8", "replace")
         return error_for_status(
-            self.provider, status_code, parsed, headers, now_s=time.time(), secret=self._secret()
+            self.provider, status_code, parsed, headers, now_s=time.time(), secret=secret or self._secret()
         )
 
     def malformed(self, what: str) -> MalformedResponse:
@@ -203,7 +245,7 @@ class HttpFactory(Protocol):
     """Builds one adapter's `ProviderHttp`: the provider's base URL rule and auth headers."""
 
     def __call__(
-        self, transport: HttpTransport, *, base_url: str, api_key: SecretStr | None, name: str
+        self, transport: HttpTransport, *, base_url: str, api_key: ApiKey, name: str
     ) -> ProviderHttp: ...
 
 
@@ -237,7 +279,7 @@ class AdapterOptions(TypedDict, total=False):
     more takes these as `**adapter: Unpack[AdapterOptions]` beside its own."""
 
     base_url: Required[str]
-    api_key: SecretStr | None
+    api_key: ApiKey
     name: str
     structured_mode: StructuredMode
     owns_client: bool
@@ -271,7 +313,7 @@ class HttpAdapter:
         transport: HttpTransport,
         *,
         base_url: str,
-        api_key: SecretStr | None = None,
+        api_key: ApiKey = None,
         name: str | None = None,
         structured_mode: StructuredMode | None = None,
         owns_client: bool = True,

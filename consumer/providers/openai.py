@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import orjson
-from pydantic import SecretStr
 
 from consumer.core.completion import CompletionRequest, Usage
 from consumer.providers.embeddings import OpenAIEmbeddings
 from consumer.providers.httpapi import HttpCompletionProvider, ProviderApi, ProviderHttp
+from consumer.providers.keys import ApiKey
 from consumer.providers.structured import (
     SCHEMA_NAME,
     STRUCTURED_MODES,
@@ -45,7 +45,7 @@ def bearer_auth(secret: str) -> dict[str, str]:
 
 
 def openai_http(
-    transport: HttpTransport, *, base_url: str, api_key: SecretStr | None, name: str
+    transport: HttpTransport, *, base_url: str, api_key: ApiKey, name: str
 ) -> ProviderHttp:
     """The HTTP path for OpenAI and OpenAI-compatible servers: the base URL as given, bearer auth."""
     return ProviderHttp(

@@ -64,6 +64,7 @@ _TIER_GAUGES = {
     "budget_tokens_per_s": "Refill rate of the provider's token budget, from its headers (0: none)",
     "circuit_open": "1 while the tier's circuit is open: its provider is unreachable and its jobs are held",
     "outage_s": "Seconds the tier's provider has been unreachable (0 while its circuit is closed)",
+    "tls_unverified": "1 when a deployment of the tier has tls.verify false (certificates not checked)",
 }
 
 #: the tier figures labelled by deployment too (`tiers.NAME.deployments`; a tier without them

@@ -107,6 +107,8 @@ class TierStats:
     #: 1 while the tier's circuit is open; for how long its provider has been unreachable
     circuit_open: int = 0
     outage_s: float = 0.0
+    #: 1 when a deployment of the tier has `tls.verify: false` (its certificates unchecked)
+    tls_unverified: int = 0
     #: says why the batch size is what it is (`AdaptiveSizes.explain`; "" before any batch
     #: key): the snapshot's `batch_size_reason`, made when a snapshot asks (the text changes
     #: with every answer and only a snapshot reads it); None: no reason to give

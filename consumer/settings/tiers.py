@@ -13,6 +13,7 @@ from consumer.core.errors import ConfigError, JobError
 from consumer.core.fallback import FallbackCause, FallbackRule
 from consumer.core.limit import AIMD_RTT_TOLERANCE, DEFAULT_MAX_LIMIT
 from consumer.core.output import output_format
+from consumer.core.proxy import NO_PROXY_SETTING, parse_proxy_url
 from consumer.core.routing import ModePolicy, parse_duration_s
 from consumer.settings.base import StrictModel
 
@@ -240,6 +241,63 @@ class PricingConfig(StrictModel):
 _TIERS_OWN = "null: the tier's own"
 
 
+class TlsConfig(StrictModel):
+    """`tls:` of a tier or deployment: what its provider connections trust and present
+    (docs/operations.md "Provider connections")."""
+
+    ca_file: str | None = Field(
+        None, description="PEM bundle of CA certificates trusted beside the system's (a company's CA)"
+    )
+    system_ca: bool = Field(
+        True, description="trust the system's CAs too (SSL_CERT_FILE); false: only ca_file's"
+    )
+    client_cert_file: str | None = Field(
+        None, description="PEM client certificate presented to gateways that require one (mTLS)"
+    )
+    client_key_file: str | None = Field(
+        None, description="PEM private key of client_cert_file; null: in the certificate's file"
+    )
+    verify: bool = Field(
+        True, description="check the provider's certificate and host name; false warns at start and in stats"
+    )
+
+    @model_validator(mode="after")
+    def _check_files(self) -> TlsConfig:
+        if not self.system_ca and not self.ca_file:
+            raise ValueError("system_ca: false needs a ca_file to trust")
+        if self.client_key_file and not self.client_cert_file:
+            raise ValueError("client_key_file needs client_cert_file")
+        return self
+
+
+_PROXY_HELP = (
+    "HTTP proxy of its provider connections: http://[user:password@]host:port, or none (connect "
+    "directly); null: HTTPS_PROXY / HTTP_PROXY / NO_PROXY"
+)
+_KEY_FILE_HELP = (
+    "file holding the API key (a mounted secret), re-read when it changes; instead of api_key_env"
+)
+_KEY_COMMAND_HELP = (
+    "command (argument list) printing the API key, or JSON with token and expires_at; run at start,"
+    " before expiry and on a 401; instead of api_key_env"
+)
+#: the key settings a tier or deployment may name (one of them)
+KEY_SOURCES = ("api_key_env", "api_key_file", "api_key_command")
+
+
+def _check_proxy(value: str | None) -> str | None:
+    if value is None or value.strip().lower() == NO_PROXY_SETTING:
+        return value
+    parse_proxy_url(value)  # ValueError never repeats the URL (it may hold a password)
+    return value
+
+
+def _one_key_source(model: Any) -> None:
+    named = [key for key in KEY_SOURCES if getattr(model, key) is not None]
+    if len(named) > 1:
+        raise ValueError(f"name one of {', '.join(KEY_SOURCES)}, not {' and '.join(named)}")
+
+
 class DeploymentConfig(StrictModel):
     """`tiers.NAME.deployments[i]`: one endpoint (a key, a region, a replica) serving the tier,
     with its own limiter, pacing, circuit and connections; each key left out is the tier's own,
@@ -255,6 +313,14 @@ class DeploymentConfig(StrictModel):
     api_key_env: str | None = Field(
         None, description=f"name of the environment variable holding its API key; {_TIERS_OWN}"
     )
+    api_key_file: str | None = Field(None, min_length=1, description=f"{_KEY_FILE_HELP}; {_TIERS_OWN}")
+    api_key_command: list[str] | None = Field(
+        None, min_length=1, description=f"{_KEY_COMMAND_HELP}; {_TIERS_OWN}"
+    )
+    proxy: str | None = Field(
+        None, description=f"its HTTP proxy: http://[user:password@]host:port, or none (direct); {_TIERS_OWN}"
+    )
+    tls: TlsConfig | None = Field(None, description=f"its TLS: CA, client certificate, verify; {_TIERS_OWN}")
     model: str | None = Field(None, min_length=1, description=f"the model id it serves; {_TIERS_OWN}")
     weight: float = Field(
         1.0, gt=0, description="its share of the requests when headroom says nothing more (equal headroom)"
@@ -263,6 +329,16 @@ class DeploymentConfig(StrictModel):
     quota: str | None = Field(
         None, min_length=1, description=f"the quota (under quotas) its requests count against; {_TIERS_OWN}"
     )
+
+    @field_validator("proxy")
+    @classmethod
+    def _check_proxy_url(cls, value: str | None) -> str | None:
+        return _check_proxy(value)
+
+    @model_validator(mode="after")
+    def _check_key_source(self) -> DeploymentConfig:
+        _one_key_source(self)
+        return self
 
 
 class TierConfig(StrictModel):
@@ -281,6 +357,16 @@ class TierConfig(StrictModel):
         description=(
             "name of the environment variable holding the API key (never the key); when named it must be set"
         ),
+    )
+    api_key_file: str | None = Field(None, min_length=1, description=_KEY_FILE_HELP)
+    api_key_command: list[str] | None = Field(None, min_length=1, description=_KEY_COMMAND_HELP)
+    api_key_command_timeout_s: float = Field(
+        10.0, gt=0, description="longest run of api_key_command; past it the run failed (work held)"
+    )
+    proxy: str | None = Field(None, description=_PROXY_HELP)
+    tls: TlsConfig | None = Field(
+        None,
+        description="TLS of its provider connections: CA bundle, client certificate, verify; null: system's",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
@@ -336,6 +422,11 @@ class TierConfig(StrictModel):
         ),
     )
 
+    @field_validator("proxy")
+    @classmethod
+    def _check_proxy_url(cls, value: str | None) -> str | None:
+        return _check_proxy(value)
+
     @field_validator("options")
     @classmethod
     def _check_response_format(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -363,6 +454,7 @@ class TierConfig(StrictModel):
             raise ValueError("offline.enabled: openai_compat has no Batch API; use online mode")
         if self.default_mode == "offline" and not self.offline.enabled:
             raise ValueError("default_mode offline needs offline.enabled: true")
+        _one_key_source(self)
         return self
 
     def deployment_configs(self, tier_name: str) -> list[tuple[str | None, str, float, TierConfig]]:
@@ -375,9 +467,11 @@ class TierConfig(StrictModel):
         for i, d in enumerate(self.deployments):
             own = {
                 key: value
-                for key in ("base_url", "api_key_env", "model", "limiter", "quota")
+                for key in ("base_url", *KEY_SOURCES, "proxy", "tls", "model", "limiter", "quota")
                 if (value := getattr(d, key)) is not None
             }
+            if any(key in own for key in KEY_SOURCES):  # its own key replaces the tier's, whichever kind
+                own = {**dict.fromkeys(KEY_SOURCES), **own}
             config = self.model_copy(update={**own, "deployments": None})
             out.append((d.name, f"{tier_name}.deployments.{i}", d.weight, config))
         return out

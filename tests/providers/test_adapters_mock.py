@@ -4,9 +4,11 @@ errors mapped (status codes and real transport failures), no key leaks."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import traceback
 from email.utils import formatdate
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -27,6 +29,7 @@ from consumer.core.errors import (
 )
 from consumer.providers.anthropic import AnthropicProvider
 from consumer.providers.base import CompletionProvider
+from consumer.providers.keys import ApiKey, CommandKey, FileKey
 from consumer.providers.openai import OpenAIProvider
 from consumer.providers.openai_compat import OpenAICompatProvider
 from tests.providers.recording import (
@@ -81,14 +84,33 @@ def anthropic(rec: Recorder, **kw: Any) -> AnthropicProvider:
     return AnthropicProvider(rec.client(), base_url=rec.base_url, api_key=SecretStr(SECRET), **kw)
 
 
-def at_url(name: str, base_url: str, *, timeout_s: float = 10.0) -> Any:
-    """The adapter `name` on `base_url` (an origin; `/v1` added for the OpenAI shapes)."""
+def at_url(name: str, base_url: str, *, timeout_s: float = 10.0, key: ApiKey = None) -> Any:
+    """The adapter `name` on `base_url` (an origin; `/v1` added for the OpenAI shapes), with
+    `key` (default: SECRET as a static key)."""
     client = client_session(timeout_s)
+    api_key = key if key is not None else SecretStr(SECRET)
     if name == "anthropic":
-        return AnthropicProvider(client, base_url=base_url, api_key=SecretStr(SECRET))
+        return AnthropicProvider(client, base_url=base_url, api_key=api_key)
     if name == "openai_compat":
-        return OpenAICompatProvider(client, base_url=base_url + "/v1", api_key=SecretStr(SECRET))
-    return OpenAIProvider(client, base_url=base_url + "/v1", api_key=SecretStr(SECRET))
+        return OpenAICompatProvider(client, base_url=base_url + "/v1", api_key=api_key)
+    return OpenAIProvider(client, base_url=base_url + "/v1", api_key=api_key)
+
+
+def key_of_kind(kind: str, directory: Path) -> ApiKey:
+    """SECRET as the tier file's key kinds give it: `api_key_env` (a static key),
+    `api_key_file` (a FileKey), `api_key_command` (a CommandKey printing it as JSON)."""
+    if kind == "api_key_env":
+        return SecretStr(SECRET)
+    if kind == "api_key_file":
+        path = directory / "key"
+        path.write_text(SECRET + "\n")
+        source = FileKey(str(path), "tiers.t")
+        source.prime()
+        return source
+    script = f"import json; print(json.dumps({{'token': {SECRET!r}, 'expires_at': 4102444800}}))"
+    command = CommandKey([sys.executable, "-c", script], "tiers.t", timeout_s=10)
+    command.prime()
+    return command
 
 
 def openai_error(message: str, etype: str, code: str | None = None) -> dict[str, Any]:
@@ -509,9 +531,14 @@ async def test_anthropic_rejects_modes_it_has_not() -> None:
 # ---------------------------------------------------------------- secrets
 
 
-async def test_key_never_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("kind", ["api_key_env", "api_key_file", "api_key_command"])
+async def test_key_never_in_reprs_errors_or_logs(
+    caplog: pytest.LogCaptureFixture, kind: str, tmp_path: Path
+) -> None:
     caplog.set_level(logging.DEBUG)
     seen: list[str] = []
+    key = key_of_kind(kind, tmp_path)
+    seen += [repr(key), str(key)]
     for name in ("openai", "anthropic"):
         # the provider echoes the key back in its error message, as OpenAI's 401 does (masked)
         echo = _err_body(name, f"Incorrect API key provided: {SECRET}", "authentication_error")
@@ -525,7 +552,7 @@ async def test_key_never_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixtur
             behaving(Behaviour.GARBAGE),
             behaving(Behaviour.TRUNCATE),
         ):
-            provider = at_url(name, rec.base_url, timeout_s=0.3)
+            provider = at_url(name, rec.base_url, timeout_s=0.3, key=key)
             seen += [repr(provider), str(provider), repr(provider.http)]
             with pytest.raises(ProviderError) as info:
                 await provider.complete(make_request())
@@ -537,7 +564,7 @@ async def test_key_never_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixtur
             assert SECRET in sent.get("authorization", "") + sent.get("x-api-key", "")
         for url in (closed_port_url(), unaccepting_url()):
             with pytest.raises(ProviderError) as info:
-                await at_url(name, url, timeout_s=0.3).complete(make_request())
+                await at_url(name, url, timeout_s=0.3, key=key).complete(make_request())
             seen += [str(info.value), repr(info.value), "".join(traceback.format_exception(info.value))]
     seen += [record.getMessage() for record in caplog.records]
     seen.append(caplog.text)

@@ -178,6 +178,61 @@ def test_connection_close_is_not_reused(loop: str) -> None:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
+def test_through_a_proxy_that_closes_after_each_answer_no_request_fails(loop: str) -> None:
+    # as tinyproxy does: an answer with a length and no `Connection: close`, then the close
+    from consumer.providers.transport.route import ProxyPolicy
+
+    async def answer(_request: bytes, _writer: asyncio.StreamWriter) -> tuple[bytes, bool]:
+        return ok(b'{"n":1}'), True
+
+    async def case() -> tuple[list[int], int, int, list[bytes]]:
+        async with RawServer(answer) as proxy:  # the "proxy" answers absolute-form requests itself
+            t = KeepAliveTransport(
+                limit=4,
+                timeout_s=2.0,
+                connect_timeout_s=1.0,
+                keepalive_s=4.0,
+                proxy=ProxyPolicy(f"http://127.0.0.1:{proxy.port}"),
+            )
+            statuses = []
+            for _ in range(5):
+                target = parse_target("http://provider.test:8080/v1/chat/completions")
+                statuses.append((await t.request("POST", target, {}, b"{}")).status)
+            opened = t.open_connections
+            await t.close()
+            return statuses, proxy.connections, opened, proxy.requests
+
+    statuses, connections, opened, requests = run(loop, case)
+    assert statuses == [200] * 5
+    assert connections >= 5 and opened == 0
+    assert all(
+        r.startswith(b"POST http://provider.test:8080/v1/chat/completions HTTP/1.1\r\n") for r in requests
+    )
+    assert len(requests) <= 6, "at most one request sent twice: the one that met the first close"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_direct_connection_closed_without_an_answer_is_not_resent(loop: str) -> None:
+    async def answer(_request: bytes, _writer: asyncio.StreamWriter) -> tuple[bytes, bool]:
+        return ok(b'{"n":1}'), True
+
+    async def case() -> tuple[int, int]:
+        async with RawServer(answer) as server:
+            t = transport()
+            failures = 0
+            for _ in range(5):
+                try:
+                    await post(t, server)
+                except ConnectionError:
+                    failures += 1
+            await t.close()
+            return failures, len(server.requests)
+
+    failures, sent = run(loop, case)
+    assert sent + failures >= 5 and sent <= 5, "one request per call: the core decides retries"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 def test_an_answer_cut_short_is_a_connection_error_and_the_next_request_works(loop: str) -> None:
     cut = b'HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{"choices":'
     answers = iter([(cut, True), (ok(b"{}"), False)])

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import orjson
@@ -178,12 +180,22 @@ async def test_poison_input_goes_to_dead_letters_with_original_bytes(make_bus: C
     assert "nested too deeply" in by_raw[poison["deep-schema"]]["error"]["message"]
 
 
+@pytest.mark.parametrize("key_kind", ["api_key_env", "api_key_file", "api_key_command"])
 async def test_deadline_passed_and_auth_failure_dead_letter_with_their_kinds(
-    make_bus: Callable[..., Any],
+    make_bus: Callable[..., Any], key_kind: str, tmp_path: Path
 ) -> None:
     bus = make_bus(partitions=1)
     async with SimulatorServer(SimulatorConfig(api_key="right-key")) as base_url:
-        tiers = tier_file_dict(base_url + "/v1", api_key_env="PB_TEST_WRONG_KEY")
+        # the wrong key from each source the tier file offers: a 401 that a renewed key does
+        # not cure stands, and the key is in no dead letter
+        key_file = tmp_path / "key"
+        key_file.write_text("wrong-key\n")
+        source: dict[str, Any] = {
+            "api_key_env": {"api_key_env": "PB_TEST_WRONG_KEY"},
+            "api_key_file": {"api_key_file": str(key_file)},
+            "api_key_command": {"api_key_command": [sys.executable, "-c", "print('wrong-key')"]},
+        }[key_kind]
+        tiers = tier_file_dict(base_url + "/v1", **source)
         import os
 
         os.environ["PB_TEST_WRONG_KEY"] = "wrong-key"

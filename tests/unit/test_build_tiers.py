@@ -17,8 +17,8 @@ async def test_a_failing_tier_closes_the_sessions_built_before_it(monkeypatch: p
     made: list[Any] = []
     real = app.make_http_client
 
-    def recording(tier: Any) -> Any:
-        made.append(real(tier))
+    def recording(tier: Any, *args: Any, **kwargs: Any) -> Any:
+        made.append(real(tier, *args, **kwargs))
         return made[-1]
 
     monkeypatch.setattr(app, "make_http_client", recording)

@@ -196,6 +196,38 @@ def test_a_closed_circuit_says_its_held_requests_were_held_while_it_was_open() -
     assert "requests held" not in text
 
 
+async def test_a_tier_with_tls_verify_false_is_warned_about_in_stats_from_a_real_build() -> None:
+    from consumer.app import build_tiers
+    from consumer.settings import TierFile
+
+    tier_file = TierFile.model_validate(
+        {
+            "tiers": {
+                "lax": {
+                    "provider": "openai_compat", "base_url": "https://127.0.0.1:9/v1", "model": "m",
+                    "deployments": [{"name": "a"}, {"name": "b", "tls": {"verify": False}}],
+                },
+                "strict": {"provider": "openai_compat", "base_url": "https://127.0.0.1:9/v1", "model": "m"},
+            }
+        }
+    )
+    stats = ServiceStats(instance="a")
+
+    _tiers, clients = await build_tiers(tier_file, stats)
+    for client in clients:
+        await client.close()
+    snapshot = stats.snapshot()
+    merged = merge_snapshots(
+        [read_snapshot(orjson.dumps(snapshot)), read_snapshot(orjson.dumps(snapshot))],
+        now_s=snapshot["updated_at"],
+        live_within_s=10.0,
+    )
+    lines = format_stats(merged).splitlines()
+    assert "tier lax WARNING: tls.verify is false: provider certificates are not checked" in lines
+    assert merged["tiers"]["lax"]["tls_unverified"] == 1, "a shared gauge: not summed over instances"
+    assert not any(line.startswith("tier strict WARNING") for line in lines)
+
+
 async def test_the_circuit_per_tier_in_stats_text_and_metrics() -> None:
     from aiohttp.test_utils import TestClient, TestServer
     from prometheus_client.parser import text_string_to_metric_families

@@ -8,8 +8,10 @@ turns into the error taxonomy:
     TimeoutError      connect, a free connection or the answer did not come in time
     ConnectionError   refused, reset, closed mid-answer, or an answer that is not HTTP
 
-Nothing here follows redirects or reads proxy settings: a key is only ever sent to the URL the
-adapter built.
+Nothing here follows redirects: a key is only ever sent to the URL the adapter built. A proxy
+(`route.py`) only carries the bytes: HTTPS goes through it as a CONNECT tunnel with TLS to the
+provider inside, so the proxy never sees the key unless it re-signs TLS with a CA the tier's
+`tls.ca_file` trusts.
 """
 
 from __future__ import annotations

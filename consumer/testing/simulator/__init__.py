@@ -93,7 +93,7 @@ from consumer.testing.simulator.model import (
 )
 from consumer.testing.simulator.ratelimit import TokenBucket
 from consumer.testing.simulator.refusals import ANTHROPIC_ROLES, OPENAI_ROLES, Refusal, request_refusal
-from consumer.testing.simulator.server import SimulatorServer, run_simulator
+from consumer.testing.simulator.server import SimulatorServer, SimulatorTls, run_simulator
 from consumer.testing.simulator.wire import anthropic_message_body, openai_completion_body
 
 __all__ = [
@@ -112,6 +112,7 @@ __all__ = [
     "SimulatorApp",
     "SimulatorConfig",
     "SimulatorServer",
+    "SimulatorTls",
     "TokenBucket",
     "add_arguments",
     "answer_for",

@@ -10,7 +10,7 @@ import uvicorn
 
 from consumer.testing.simulator.app import SimulatorApp
 from consumer.testing.simulator.config import FIELD_TYPES, KNOBS, SimulatorConfig, parse_faults
-from consumer.testing.simulator.server import uvicorn_config
+from consumer.testing.simulator.server import SimulatorTls, uvicorn_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    parser.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (and --tls-key)")
+    parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca", metavar="PEM", help="require a client certificate signed by this CA (mTLS)"
+    )
     parser.add_argument("--faults", default="", metavar="NAME=VALUE,...", help="fault knobs, see above")
     for knob in KNOBS:
         flag = "--" + knob.field.replace("_", "-")
@@ -66,9 +71,17 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"promptbus simulate: {exc}", flush=True)
         return 2
+    tls = None
+    if getattr(args, "tls_cert", None):
+        if not args.tls_key:
+            print("promptbus simulate: --tls-cert needs --tls-key", flush=True)
+            return 2
+        tls = SimulatorTls(args.tls_cert, args.tls_key, args.tls_client_ca)
     sim = SimulatorApp(config)
-    server = uvicorn.Server(uvicorn_config(sim, args.host, args.port))
+    server = uvicorn.Server(uvicorn_config(sim, args.host, args.port, tls))
     sim.server = server
-    print(f"promptbus simulator on http://{args.host}:{args.port} (OpenAI base .../v1) {config}", flush=True)
+    scheme = "https" if tls else "http"
+    where = f"{scheme}://{args.host}:{args.port}"
+    print(f"promptbus simulator on {where} (OpenAI base .../v1) {config}", flush=True)
     server.run()
     return 0

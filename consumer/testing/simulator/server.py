@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import uvicorn
@@ -15,11 +16,29 @@ from consumer.testing.simulator.app import SimulatorApp
 from consumer.testing.simulator.config import SimulatorConfig
 
 
-def uvicorn_config(sim: SimulatorApp, host: str, port: int) -> uvicorn.Config:
+@dataclass(frozen=True)
+class SimulatorTls:
+    """Serving HTTPS: the server's PEM certificate and key; `client_ca_file`: require a
+    client certificate signed by that CA (mTLS), None: ask for none."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+
+    def uvicorn_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"ssl_certfile": self.cert_file, "ssl_keyfile": self.key_file}
+        if self.client_ca_file:
+            options |= {"ssl_ca_certs": self.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+        return options
+
+
+def uvicorn_config(
+    sim: SimulatorApp, host: str, port: int, tls: SimulatorTls | None = None
+) -> uvicorn.Config:
     """How the simulator is served, embedded or from the CLI: quiet, no lifespan, a short
     graceful shutdown, and no per-request work no client reads (proxy headers, a Date and a
     Server header): on a 2-core machine what the simulator spends, the service under test
-    cannot."""
+    cannot. `tls`: serve HTTPS."""
     return uvicorn.Config(
         sim.app,
         host=host,
@@ -31,6 +50,7 @@ def uvicorn_config(sim: SimulatorApp, host: str, port: int) -> uvicorn.Config:
         proxy_headers=False,
         server_header=False,
         date_header=False,
+        **(tls.uvicorn_options() if tls is not None else {}),
     )
 
 
@@ -48,15 +68,22 @@ class SimulatorServer:
     """The simulator on 127.0.0.1 inside the running event loop.
 
     `base_url = await server.start()` (port 0 picks a free port), `await server.stop()`.
-    The OpenAI base URL is `base_url + "/v1"`; the Anthropic one is `base_url`.
+    The OpenAI base URL is `base_url + "/v1"`; the Anthropic one is `base_url`. `tls`: serve
+    HTTPS (the base URL is https://HOST:PORT).
     """
 
     def __init__(
-        self, config: SimulatorConfig | None = None, *, host: str = "127.0.0.1", port: int = 0
+        self,
+        config: SimulatorConfig | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: SimulatorTls | None = None,
     ) -> None:
         self.config = config or SimulatorConfig()
         self.host = host
         self.port = port
+        self.tls = tls
         self.sim = SimulatorApp(self.config)
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -64,7 +91,7 @@ class SimulatorServer:
 
     async def start(self) -> str:
         """Serve in the background; returns the base URL once listening."""
-        server = _EmbeddedServer(uvicorn_config(self.sim, self.host, self.port))
+        server = _EmbeddedServer(uvicorn_config(self.sim, self.host, self.port, self.tls))
         self._server = server
         self.sim.server = server
         self.sim._stop = asyncio.Event()  # bound to this loop
@@ -79,7 +106,7 @@ class SimulatorServer:
         else:
             raise RuntimeError("simulator did not start in time")
         port = server.servers[0].sockets[0].getsockname()[1]
-        self.base_url = f"http://{self.host}:{port}"
+        self.base_url = f"{'https' if self.tls else 'http'}://{self.host}:{port}"
         return self.base_url
 
     async def stop(self) -> None:
@@ -110,14 +137,16 @@ class SimulatorServer:
 
 
 @contextlib.contextmanager
-def run_simulator(config: SimulatorConfig | None = None, *, port: int = 0) -> Iterator[str]:
+def run_simulator(
+    config: SimulatorConfig | None = None, *, port: int = 0, tls: SimulatorTls | None = None
+) -> Iterator[str]:
     """`with run_simulator(cfg) as base_url:` — the simulator in a background thread (its own loop)."""
     ready = threading.Event()
     stop = threading.Event()
     box: dict[str, Any] = {}
 
     async def main() -> None:
-        server = SimulatorServer(config, port=port)
+        server = SimulatorServer(config, port=port, tls=tls)
         try:
             box["url"] = await server.start()
         except BaseException as exc:
