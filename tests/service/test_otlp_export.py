@@ -197,12 +197,19 @@ def simulator() -> Iterator[int]:
         proc.wait(timeout=30)
 
 
-def _tier_file(base_url: str) -> dict[str, Any]:
+def _tier_file(base_url: str, keys: Path) -> dict[str, Any]:
+    """`small`'s key from a command and `locked`'s (the wrong one) from a file: each of the
+    key sources must stay out of the spans and logs, as a key from the environment does."""
     tiers = tier_file_dict(
-        base_url + "/v1", max_items=PACKED, api_key_env="PB_OTLP_RIGHT_KEY",
-        options={"temperature": 0.2, "max_tokens": 64},
+        base_url + "/v1", max_items=PACKED, options={"temperature": 0.2, "max_tokens": 64},
     )
-    tiers["tiers"]["locked"] = {**tiers["tiers"]["small"], "api_key_env": "PB_OTLP_WRONG_KEY"}
+    (keys / "right.key").write_text(RIGHT_KEY + "\n")
+    (keys / "wrong.key").write_text(WRONG_KEY + "\n")
+    tiers["tiers"]["small"]["api_key_command"] = ["cat", str(keys / "right.key")]
+    tiers["tiers"]["locked"] = {
+        **{k: v for k, v in tiers["tiers"]["small"].items() if k != "api_key_command"},
+        "api_key_file": str(keys / "wrong.key"),
+    }
     return tiers
 
 
@@ -221,10 +228,9 @@ async def test_a_real_run_exports_genai_and_messaging_telemetry(
             "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
             "OTEL_METRIC_EXPORT_INTERVAL": "300",
-            "PB_OTLP_RIGHT_KEY": RIGHT_KEY,
-            "PB_OTLP_WRONG_KEY": WRONG_KEY,
         }
-        service = ServiceProcess({**env, **otel}, _tier_file(f"http://127.0.0.1:{provider.port}"), tmp_path)
+        tiers = _tier_file(f"http://127.0.0.1:{provider.port}", tmp_path)
+        service = ServiceProcess({**env, **otel}, tiers, tmp_path)
         service.start()
         try:
             await _produce(settings, jobs)
