@@ -351,13 +351,27 @@ class SourceMapping:
             # above (the tenant): the first job checked the rest against the Job schema
             if "messages" in fields:
                 fields["messages"] = [Message.model_construct(**m) for m in fields["messages"]]
-            return template.model_copy(update=fields)
+            return _copied_with(template, fields)
         try:
             job = job_from_fields(fields)
         except JobError as exc:
             raise JobError(ErrorKind.INVALID_JOB, f"source {self.name!r}: {exc}") from None
         object.__setattr__(self, "_template", job)
         return job
+
+
+def _copied_with(template: Job, fields: dict[str, Any]) -> Job:
+    """`template.model_copy(update=fields)` without its three generic `copy` calls (one job per
+    record): the steps pydantic's own `__copy__` takes, for a model that forbids extra fields
+    and has no private ones (tests/unit/test_sources.py holds the job equal to a validated one)."""
+    job = Job.__new__(Job)
+    values = template.__dict__.copy()
+    values.update(fields)
+    object.__setattr__(job, "__dict__", values)
+    object.__setattr__(job, "__pydantic_extra__", None)
+    object.__setattr__(job, "__pydantic_fields_set__", template.__pydantic_fields_set__ | fields.keys())
+    object.__setattr__(job, "__pydantic_private__", None)
+    return job
 
 
 def _render(template: str, variables: Mapping[str, str]) -> str:

@@ -67,16 +67,18 @@ def _message_indexes(value: bytes, at: int) -> tuple[tuple[int, ...], int]:
     return tuple(indexes), pos
 
 
+def _varint(n: int, out: bytearray) -> None:
+    """`n` (not negative) as a base-128 varint, appended to `out`."""
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
 def _zigzag_varints(numbers: tuple[int, ...]) -> bytes:
     out = bytearray()
     for n in numbers:
-        z = (n << 1) ^ (n >> 63)
-        while True:
-            if z < 0x80:
-                out.append(z)
-                break
-            out.append((z & 0x7F) | 0x80)
-            z >>= 7
+        _varint((n << 1) ^ (n >> 63), out)
     return bytes(out)
 
 
@@ -92,6 +94,9 @@ def to_json(row: Any) -> bytes:
     return orjson.dumps(row, default=_json_default)
 
 
+#: how many wire-format headers a codec keeps the writer keys of (a topic has a few writers)
+_HEADERS_KEPT = 1024
+
 #: what a value was written with: its schema id and, for Protobuf, its message indexes
 WriterKey = tuple[int, tuple[int, ...]]
 
@@ -103,7 +108,12 @@ class _Writer:
 
     decode: Any  # (payload bytes) -> row
     encode: Any  # (row) -> payload bytes
-    out_id: int | None
+    #: the wire-format header of its enriched records: magic byte, output schema id and, for
+    #: Protobuf, the message indexes (None: JSON)
+    out_header: bytes | None
+    #: (the added fields' values) -> their encoding, to follow the input's own payload (None:
+    #: the row is encoded whole; a field the input schema already has changes the payload)
+    append: Any = None
 
 
 class SourceCodec:
@@ -130,13 +140,22 @@ class SourceCodec:
         self._out_format = out_format
         self._fields = fields
         self._writers: dict[WriterKey, _Writer] = {}
+        #: a wire-format header (magic byte, schema id) -> its writer key
+        self._by_header: dict[bytes, WriterKey] = {}
 
     def _key(self, value: bytes) -> tuple[WriterKey, int]:
         """The writer key of a wire-format value and where its payload starts (JobError
         UNDECODABLE when it is not in the wire format)."""
-        schema_id = wire_schema_id(value)
         if self.format != "protobuf":
-            return (schema_id, ()), 5
+            # asked two or three times per record, of a handful of schema ids: by header
+            header = value[:5]
+            key = self._by_header.get(header)
+            if key is None:
+                key = (wire_schema_id(value), ())
+                if len(self._by_header) < _HEADERS_KEPT:
+                    self._by_header[header] = key
+            return key, 5
+        schema_id = wire_schema_id(value)
         indexes, at = _message_indexes(value, 5)
         return (schema_id, indexes), at
 
@@ -172,7 +191,11 @@ class SourceCodec:
             self._writers[key] = _Writer(_unknown(f"schema id {schema_id}: {exc}"), None, None)
             return
         if self._out_format == "same":
-            made.writer.out_id = await self._registry.register(self._out_subject, expected, made.out_text)
+            out_id = await self._registry.register(self._out_subject, expected, made.out_text)
+            header = bytes((MAGIC_BYTE,)) + out_id.to_bytes(4, "big")
+            if self.format == "protobuf":
+                header += b"\x00" if indexes in ((), (0,)) else _zigzag_varints((len(indexes), *indexes))
+            made.writer.out_header = header
         self._writers[key] = made.writer
 
     def decode(self, value: bytes) -> tuple[Any, WriterKey]:
@@ -196,15 +219,22 @@ class SourceCodec:
             problem = f"schema id {key[0]} cannot read the value: {exc}"
             raise JobError(ErrorKind.UNDECODABLE, problem) from None
 
-    def encode(self, row: Mapping[str, Any], key: WriterKey) -> bytes:
-        """An enriched row in the output's format (`key`: what its input was written with)."""
+    def encode(self, row: Mapping[str, Any], key: WriterKey, *, input_value: bytes | None = None) -> bytes:
+        """An enriched row in the output's format (`key`: what its input was written with).
+
+        input_value: the value `row` was decoded from, when `row` is that value plus the
+        codec's fields and nothing else changed. An Avro record's encoding is its fields'
+        encodings in schema order, as is a Protobuf message's in any order, and the output
+        schema only adds fields at the end: so the input's payload is kept as it is and the
+        added fields' encodings appended, which decodes as `row` does without encoding the
+        whole row again."""
         writer = self._writers.get(key)
-        if writer is None or writer.out_id is None:
+        if writer is None or writer.out_header is None:
             return to_json(row)
-        header = bytes((MAGIC_BYTE,)) + writer.out_id.to_bytes(4, "big")
-        if self.format == "protobuf":
-            indexes = key[1]
-            header += b"\x00" if indexes in ((), (0,)) else _zigzag_varints((len(indexes), *indexes))
+        header = writer.out_header
+        if input_value is not None and writer.append is not None:
+            at = self._key(input_value)[1] if self.format == "protobuf" else 5
+            return header + input_value[at:] + writer.append([row.get(name) for name in self._fields])
         return header + writer.encode(row)
 
 
@@ -248,14 +278,36 @@ def _avro(text: str, fields: tuple[str, ...]) -> _Made:
     parsed_out = fastavro.parse_schema(orjson.loads(out_text))
 
     def decode(payload: bytes) -> Any:
-        return fastavro.schemaless_reader(io.BytesIO(payload), parsed_in, None)
+        buf = io.BytesIO(payload)
+        row = fastavro.schemaless_reader(buf, parsed_in, None)
+        if buf.tell() != len(payload):
+            # bytes past the record: the schema id names a schema the value was not written
+            # with (one whose fields are a prefix of the writer's), or two values were joined
+            past = len(payload) - buf.tell()
+            raise JobError(ErrorKind.UNDECODABLE, f"{past} bytes follow the record its schema describes")
+        return row
 
     def encode(row: Mapping[str, Any]) -> bytes:
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, parsed_out, _strings(row, fields))
         return buf.getvalue()
 
-    return _Made(_Writer(decode, encode, None), out_text)
+    def append(values: list[Any]) -> bytes:
+        """The added fields, each a ["null", "string"] union: its branch, then the string."""
+        out = bytearray()
+        for value in values:
+            if value is None:
+                out.append(0)
+            else:
+                data = _text(value).encode()
+                out.append(2)  # branch 1, zigzag
+                _varint(len(data) << 1, out)
+                out += data
+        return bytes(out)
+
+    taken = {f["name"] for f in orjson.loads(text).get("fields", [])}
+    appendable = not any(name in taken for name in fields)
+    return _Made(_Writer(decode, encode, None, append if appendable else None), out_text)
 
 
 def _json_schema(text: str, fields: tuple[str, ...]) -> _Made:
@@ -288,10 +340,12 @@ def _protobuf(text: str, indexes: tuple[int, ...], fields: tuple[str, ...]) -> _
     message = schema_in.descriptor(indexes)
     out_text = text
     number = max((f.number for f in message.fields), default=0)
+    tags = []
     for name in fields:
         if name not in message.fields_by_name:
             number += 1
             out_text = with_string_field(out_text, message.name, name, number)
+            tags.append(number << 3 | 2)  # length-delimited
     schema_out = ProtoSchema(out_text)
 
     def decode(payload: bytes) -> Any:
@@ -300,7 +354,25 @@ def _protobuf(text: str, indexes: tuple[int, ...], fields: tuple[str, ...]) -> _
     def encode(row: Mapping[str, Any]) -> bytes:
         return schema_out.encode(indexes, _strings(row, fields))
 
-    return _Made(_Writer(decode, encode, None), out_text)
+    def append(values: list[Any]) -> bytes:
+        """The added string fields: a tag, the length, the text (an unset or empty string,
+        as proto3 writes it: nothing)."""
+        out = bytearray()
+        for tag, value in zip(tags, values, strict=True):
+            data = _text(value).encode() if value is not None else b""
+            if data:
+                _varint(tag, out)
+                _varint(len(data), out)
+                out += data
+        return bytes(out)
+
+    appendable = len(tags) == len(fields)
+    return _Made(_Writer(decode, encode, None, append if appendable else None), out_text)
+
+
+def _text(value: Any) -> str:
+    """An added field's value as a string schema holds it (an object answer as its JSON)."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def _strings(row: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
@@ -311,6 +383,6 @@ def _strings(row: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     out = dict(row)
     for name in fields:
         value = out.get(name)
-        if value is not None and not isinstance(value, str):
-            out[name] = orjson.dumps(value).decode()
+        if value is not None:
+            out[name] = _text(value)
     return out

@@ -231,7 +231,9 @@ class SourceRuntime:
             self.stats.stale_dropped += 1
             return None
         self.stats.skipped_unchanged += 1
-        return self._record(record.key, record.headers, record.source, decoded, writer, kept.answer, 0)
+        return self._record(
+            record.key, record.headers, record.source, record.value, decoded, writer, kept.answer, 0
+        )
 
     def enriched(
         self,
@@ -252,8 +254,8 @@ class SourceRuntime:
             if self.memo is not None:
                 self.memo.remember(self.name, origin.key, origin.read_digest, answer)
         return self._record(
-            origin.key, origin.headers, origin.offset, origin.decoded, origin.writer, answer, attempts,
-            tier=tier, error=error,
+            origin.key, origin.headers, origin.offset, origin.value, origin.decoded, origin.writer, answer,
+            attempts, tier=tier, error=error,
         )
 
     def _record(
@@ -261,6 +263,7 @@ class SourceRuntime:
         key: bytes | None,
         record_headers: Sequence[tuple[str, bytes | None]],
         offset: SourceOffset,
+        raw: bytes | None,
         decoded: Mapping[str, Any],
         writer: WriterKey,
         answer: Any,
@@ -269,9 +272,13 @@ class SourceRuntime:
         tier: str | None = None,
         error: Mapping[str, Any] | None = None,
     ) -> OutRecord:
-        """The enriched record: the decoded value plus the answer, in the output's format."""
+        """The enriched record: the decoded value (read from `raw`) plus the answer, in the
+        output's format."""
         row = enriched_value(decoded, self._field, answer, error)
-        value = self.codec.encode(row, writer) if self.config.into.format == "same" else to_json(row)
+        if self.config.into.format == "same":
+            value = self.codec.encode(row, writer, input_value=raw)
+        else:
+            value = to_json(row)
         own_tier = tier is None or tier == self.config.tier
         tier_header = self._tier_header if own_tier else (TIER_HEADER, (tier or "").encode())
         headers = self.headers(record_headers, offset, tier_header, (ATTEMPTS_HEADER, b"%d" % attempts))

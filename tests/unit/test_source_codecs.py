@@ -5,12 +5,16 @@ undecodable; and the Protobuf text a field is added to."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import fastavro
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consumer.core.errors import ErrorKind, JobError, RegistryUnavailable
+from consumer.core.sources import enriched_value
 from consumer.registry.codecs import SourceCodec, avro_output_schema
 from consumer.registry.memory import MemoryRegistry
 from consumer.registry.protobuf import ProtoSchema, with_string_field
@@ -109,3 +113,94 @@ def test_a_string_field_is_added_to_the_message_it_names() -> None:
     assert "answer" not in schema.descriptor((0,)).fields_by_name
     payload = schema.encode((1,), {"id": "r", "inner": {"y": "z"}, "answer": "yes"})
     assert schema.decode((1,), payload)["answer"] == "yes"
+
+
+PROTO = (
+    'syntax = "proto3";\nmessage Review {\n  string id = 1;\n  int32 n = 2;\n  repeated string tags = 3;\n}\n'
+)
+#: what an answer holds: none (a failure), text, or an object (a response_format's; a JSON int fits 64 bits)
+ANSWERS = st.one_of(
+    st.none(),
+    st.text(max_size=40),
+    st.dictionaries(st.text(max_size=5), st.integers(-(2**63), 2**63 - 1), max_size=3),
+)
+ERRORS = st.one_of(st.none(), st.fixed_dictionaries({"kind": st.sampled_from(["provider_error", "timeout"])}))
+
+
+async def _prepared(fmt: str, text: str, value_of: Any, fields: tuple[str, ...]) -> tuple[SourceCodec, Any]:
+    registry = MemoryRegistry()
+    schema_id = await registry.register("in-value", "AVRO" if fmt == "avro" else "PROTOBUF", text)
+    codec = SourceCodec(fmt, registry, out_topic="out", out_format="same", fields=fields)  # type: ignore[arg-type]
+    await codec.prepare((schema_id, (0,) if fmt == "protobuf" else ()))
+    return codec, value_of(schema_id)
+
+
+@settings(max_examples=60)
+@given(
+    row=st.fixed_dictionaries({"id": st.text(max_size=30), "n": st.integers(-(2**31), 2**31 - 1)}),
+    answer=ANSWERS,
+    error=ERRORS,
+)
+async def test_an_avro_row_written_by_appending_to_its_input_is_the_row_encoded_whole(
+    row: dict[str, Any], answer: Any, error: Any
+) -> None:
+    codec, value = await _prepared(
+        "avro", orjson.dumps(SCHEMA).decode(), lambda i: avro_value(i, row), ("answer", "answer_error")
+    )
+    decoded, writer = codec.decode(value)
+    enriched = enriched_value(decoded, "answer", answer, error)
+    appended = codec.encode(enriched, writer, input_value=value)
+    assert appended == codec.encode(enriched, writer)  # Avro's encoding of a row is one
+
+
+@settings(max_examples=60)
+@given(
+    row=st.fixed_dictionaries(
+        {
+            "id": st.text(max_size=30),
+            "n": st.integers(-(2**31), 2**31 - 1),
+            "tags": st.lists(st.text(max_size=5)),
+        }
+    ),
+    answer=ANSWERS,
+)
+async def test_a_protobuf_message_written_by_appending_to_its_input_decodes_as_the_row(
+    row: dict[str, Any], answer: Any
+) -> None:
+    schema = ProtoSchema(PROTO)
+    payload = schema.encode((0,), row)
+    codec, value = await _prepared(
+        "protobuf", PROTO, lambda i: b"\x00" + i.to_bytes(4, "big") + b"\x00" + payload, ("answer",)
+    )
+    decoded, writer = codec.decode(value)
+    enriched = enriched_value(decoded, "answer", answer)
+    appended = codec.encode(enriched, writer, input_value=value)
+    whole = codec.encode(enriched, writer)
+    out = ProtoSchema(with_string_field(PROTO, "Review", "answer", 4))
+    assert appended[:6] == whole[:6]
+    assert out.decode((0,), appended[6:]) == out.decode((0,), whole[6:])
+
+
+async def test_a_field_the_input_schema_has_already_is_written_by_encoding_the_row_whole() -> None:
+    schema = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "answer", "type": ["null", "string"]}]}
+    registry = MemoryRegistry()
+    schema_id = await registry.register("in-value", "AVRO", orjson.dumps(schema).decode())
+    codec = SourceCodec("avro", registry, out_topic="out", out_format="same", fields=("answer",))
+    await codec.prepare((schema_id, ()))
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), {"id": "a", "n": 1, "answer": "old"})
+    value = b"\x00" + schema_id.to_bytes(4, "big") + buf.getvalue()
+    decoded, writer = codec.decode(value)
+    out = codec.encode(enriched_value(decoded, "answer", "new"), writer, input_value=value)
+    out_schema = fastavro.parse_schema(orjson.loads((await registry.latest("out-value")).text))
+    back = fastavro.schemaless_reader(io.BytesIO(out[5:]), out_schema, None)
+    assert back == {"id": "a", "n": 1, "answer": "new"}
+
+
+async def test_an_avro_value_longer_than_its_record_is_undecodable() -> None:
+    codec, value = await _prepared(
+        "avro", orjson.dumps(SCHEMA).decode(), lambda i: avro_value(i, {"id": "a", "n": 1}), ("answer",)
+    )
+    with pytest.raises(JobError, match="3 bytes follow the record") as caught:
+        codec.decode(value + b"\x02\x02x")
+    assert caught.value.kind is ErrorKind.UNDECODABLE

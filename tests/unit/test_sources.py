@@ -7,9 +7,11 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from consumer.core.content import job_content, merged_options
 from consumer.core.errors import ErrorKind, JobError
+from consumer.core.jobs import Job
 from consumer.core.sources import SourceMapping, change_of, enriched_value, get_path, mapping_problem
 from consumer.settings.sources import SourceConfig
 
@@ -118,3 +120,24 @@ def test_a_source_takes_every_mode_and_refuses_its_own_topic_as_output() -> None
         assert mapping(prompt="X:\n${a}", mode=mode).mode == mode
     with pytest.raises(ValueError, match="must differ"):
         SourceConfig.model_validate({"topic": "t", "tier": "s", "prompt": "${a}", "into": {"topic": "t"}})
+
+
+@given(values=st.lists(st.tuples(st.text(max_size=20), st.text(max_size=20)), min_size=2, max_size=5))
+def test_every_job_after_the_first_is_the_job_validation_would_give(values: list[tuple[str, str]]) -> None:
+    """The first job of a mapping is validated; the others copy it with what varies."""
+    shapes = (
+        {"prompt": "About ${p}:\n${t}", "batch": True},
+        {"messages": [{"role": "user", "content": "${p} ${t}"}]},
+    )
+    for shape in shapes:
+        m = mapping(**shape, tenant={"field": "p"}, deadline_s=5)
+        first = None
+        for i, (p, t) in enumerate(values):
+            row = {"p": f"team{i}", "t": t + p}
+            job = m.job_of(row, m.read_fields(row), f"id-{i}", deadline=None)
+            validated = Job.model_validate(job.model_dump())
+            assert job == validated and job.model_dump_json() == validated.model_dump_json()
+            first = first or job
+            assert job.model_fields_set == first.model_fields_set  # the same fields given each time
+            with pytest.raises(ValidationError):
+                job.id = "changed"  # frozen, as any job
