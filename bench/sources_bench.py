@@ -1,7 +1,7 @@
 """Sources: an Avro topic enriched by the service, against a raw loop on the same serdes.
 
     .venv/bin/python bench/sources_bench.py [--records 50000] [--repeats 2] [--unchanged skip|ask]
-        [--save [NAME]]
+        [--loop auto|uvloop|asyncio] [--save [NAME]]
 
 Needs a Kafka broker (KAFKA_BOOTSTRAP_SERVERS, default 127.0.0.1:9092) and a Schema Registry
 (SCHEMA_REGISTRY_URL, else `deploy/schema-registry/registry start`'s). Prints one JSON object on
@@ -20,6 +20,9 @@ its own consumer group and output topic, interleaved `--repeats` times:
              (max_items 20) and the in-memory `FakeProvider` answering every pack at once: the
              service's own cost of a source (decode, mapping, windows, packing, the limiter,
              the per-key order, encode, produce, commit).
+
+Both run on the event loop `promptbus run` runs on (`--loop auto`: uvloop where installed), as
+pipeline_bench's variants do; `--loop asyncio` measures both on the standard loop.
 
 Records/s is counted from the output records' own Kafka timestamps (first to last), so start-up
 and group join are left out alike; `ratio_vs_raw` = median service rate / median raw rate
@@ -49,6 +52,7 @@ from consumer.kafka.sink import kafka_producer_factory
 from consumer.providers.fake import FakeProvider
 from consumer.registry.client import RegistryClient
 from consumer.registry.codecs import SourceCodec
+from consumer.runtime import eventloop
 from consumer.settings import Settings
 from consumer.testing.benchreport import add_save_option, emit_report
 from consumer.testing.cluster import create_topic_on
@@ -229,6 +233,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "records": args.records,
         "repeats": args.repeats,
         "unchanged": args.unchanged,
+        "event_loop": args.loop,
         "runs": runs,
         "median_records_per_s": medians,
         "ratio_vs_raw": ratio,
@@ -247,9 +252,13 @@ def main() -> int:
         "--unchanged", choices=("skip", "ask"), default="skip",
         help="the source's unchanged: skip (the default: each key's memo is kept) or ask",
     )
+    parser.add_argument(
+        "--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+        help="the event loop both run on (auto: the service's default, uvloop where installed)",
+    )
     add_save_option(parser)
     args = parser.parse_args()
-    result = asyncio.run(main_async(args))
+    result = eventloop.run(main_async(args), args.loop)
     emit_report(result, args.save, name="sources_bench")
     return 0 if result["met"] else 1
 

@@ -79,6 +79,7 @@ def build_sources(
             out_topic=config.into.topic,
             out_format=config.into.format,
             fields=config.output_fields(),
+            schemas=config.output_schemas(),
         )
         lane = by_name[config.lane] if config.lane is not None else lanes[-1]
         runtimes.append(SourceRuntime(name, config, codec, lane, stats.source(name), memo))

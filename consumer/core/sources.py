@@ -381,6 +381,14 @@ def _render(template: str, variables: Mapping[str, str]) -> str:
     return render(template, {k: v for k, v in variables.items() if k in names})
 
 
+#: the JSON Schema of the error object `on_error: field` writes beside a failed record's field
+ANSWER_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
+    "required": ["kind", "message"],
+}
+
+
 def enriched_value(
     row: Mapping[str, Any], field_name: str, answer: Any, error: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:

@@ -107,7 +107,7 @@ async def check_source(
     if config.format == "avro" and config.into.format == "same":
         from consumer.registry.codecs import avro_output_schema
 
-        text = avro_output_schema(latest.text, config.output_fields())
+        text = avro_output_schema(latest.text, config.output_fields(), config.output_schemas())
         out_subject = f"{config.into.topic}-value"
         try:
             if not await registry.compatible(out_subject, "AVRO", text):

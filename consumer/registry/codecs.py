@@ -22,6 +22,7 @@ from typing import Any, Literal
 import orjson
 
 from consumer.core.errors import ErrorKind, JobError, PromptbusError
+from consumer.registry.avro_types import avro_type
 from consumer.registry.client import SchemaNotFound, SchemaRegistry, SchemaType
 
 __all__ = ["MAGIC_BYTE", "SourceCodec", "WriterKey", "avro_output_schema", "to_json", "wire_schema_id"]
@@ -119,8 +120,11 @@ class _Writer:
 class SourceCodec:
     """One source's values: decoded into rows, enriched rows encoded back (module docstring).
 
-    fields: the answer's field and, with on_error: field, its error field (a registry format's
-    output schema gets them as optional strings: an object answer is kept as its JSON text).
+    fields: the answer's field and, with on_error: field, its error field. schemas: the JSON
+    Schema of those of them that hold an object (a response_format's answer, the error object).
+    A registry format's output schema adds each as optional: in Avro a field with a schema is
+    typed from it (`consumer.registry.avro_types`), in JSON Schema it is that schema, and
+    otherwise (any field in Protobuf) it is a string, an object kept as its JSON text.
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class SourceCodec:
         out_topic: str,
         out_format: Literal["same", "json"],
         fields: tuple[str, ...],
+        schemas: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         if fmt != "json" and registry is None:
             raise PromptbusError(f"format {fmt} needs a Schema Registry (PROMPTBUS_SCHEMA_REGISTRY__URL)")
@@ -139,6 +144,7 @@ class SourceCodec:
         self._out_subject = f"{out_topic}-value"
         self._out_format = out_format
         self._fields = fields
+        self._schemas = dict(schemas or {})
         self._writers: dict[WriterKey, _Writer] = {}
         #: a wire-format header (magic byte, schema id) -> its writer key
         self._by_header: dict[bytes, WriterKey] = {}
@@ -186,7 +192,7 @@ class SourceCodec:
             self._writers[key] = _Writer(_unknown(problem), None, None)
             return
         try:
-            made = _writer_for(self.format, registered.text, indexes, self._fields)
+            made = _writer_for(self.format, registered.text, indexes, self._fields, self._schemas)
         except (PromptbusError, ValueError) as exc:  # a schema this codec cannot read
             self._writers[key] = _Writer(_unknown(f"schema id {schema_id}: {exc}"), None, None)
             return
@@ -232,10 +238,16 @@ class SourceCodec:
         if writer is None or writer.out_header is None:
             return to_json(row)
         header = writer.out_header
-        if input_value is not None and writer.append is not None:
-            at = self._key(input_value)[1] if self.format == "protobuf" else 5
-            return header + input_value[at:] + writer.append([row.get(name) for name in self._fields])
-        return header + writer.encode(row)
+        try:
+            if input_value is not None and writer.append is not None:
+                at = self._key(input_value)[1] if self.format == "protobuf" else 5
+                return header + input_value[at:] + writer.append([row.get(name) for name in self._fields])
+            return header + writer.encode(row)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            # an answer that obeyed its JSON Schema but not the Avro type made from it (3.0
+            # for an integer): the job's output is invalid, as one that broke the schema is
+            problem = f"the answer does not fit the output schema of {self._out_subject}: {exc}"
+            raise JobError(ErrorKind.OUTPUT_INVALID, problem) from None
 
 
 def _unknown(problem: str) -> Any:
@@ -251,31 +263,58 @@ class _Made:
     out_text: str
 
 
-def _writer_for(fmt: Format, text: str, indexes: tuple[int, ...], fields: tuple[str, ...]) -> _Made:
+def _writer_for(
+    fmt: Format,
+    text: str,
+    indexes: tuple[int, ...],
+    fields: tuple[str, ...],
+    schemas: Mapping[str, Mapping[str, Any]],
+) -> _Made:
     if fmt == "avro":
-        return _avro(text, fields)
+        return _avro(text, fields, schemas)
     if fmt == "json_schema":
-        return _json_schema(text, fields)
+        return _json_schema(text, fields, schemas)
     return _protobuf(text, indexes, fields)
 
 
-def avro_output_schema(text: str, fields: tuple[str, ...]) -> str:
-    """The enriched records' Avro schema: the writer's record plus `fields`, each an optional
-    string (null by default, so the output subject stays BACKWARD compatible)."""
+def _added_avro_fields(
+    fields: tuple[str, ...], schemas: Mapping[str, Mapping[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The Avro fields an enriched record adds: each optional (null by default, so the output
+    subject stays BACKWARD compatible), typed from its JSON Schema where Avro can hold it, else
+    a string (an object as its JSON text)."""
+    out = []
+    for name in fields:
+        schema = (schemas or {}).get(name)
+        typed = avro_type(schema, f"promptbus_{name}") if schema is not None else None
+        if typed is None:
+            typed = "string"
+        field_type = typed if isinstance(typed, list) else ["null", typed]
+        out.append({"name": name, "type": field_type, "default": None})
+    return out
+
+
+def avro_output_schema(
+    text: str, fields: tuple[str, ...], schemas: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
+    """The enriched records' Avro schema: the writer's record plus `fields` (`_added_avro_fields`)."""
     writer_schema = orjson.loads(text)
     if not isinstance(writer_schema, dict) or writer_schema.get("type") != "record":
         raise PromptbusError("an Avro source's schema must be a record")
     taken = {f["name"] for f in writer_schema.get("fields", [])}
-    extra = [{"name": f, "type": ["null", "string"], "default": None} for f in fields if f not in taken]
+    extra = [f for f in _added_avro_fields(fields, schemas) if f["name"] not in taken]
     return orjson.dumps({**writer_schema, "fields": [*writer_schema.get("fields", []), *extra]}).decode()
 
 
-def _avro(text: str, fields: tuple[str, ...]) -> _Made:
+def _avro(text: str, fields: tuple[str, ...], schemas: Mapping[str, Mapping[str, Any]]) -> _Made:
     import fastavro
 
-    out_text = avro_output_schema(text, fields)
+    out_text = avro_output_schema(text, fields, schemas)
     parsed_in = fastavro.parse_schema(orjson.loads(text))
     parsed_out = fastavro.parse_schema(orjson.loads(out_text))
+    added = _added_avro_fields(fields, schemas)
+    #: the added fields that hold text (a string, or an object as its JSON)
+    text_fields = tuple(f["name"] for f in added if f["type"] == ["null", "string"])
 
     def decode(payload: bytes) -> Any:
         buf = io.BytesIO(payload)
@@ -289,10 +328,10 @@ def _avro(text: str, fields: tuple[str, ...]) -> _Made:
 
     def encode(row: Mapping[str, Any]) -> bytes:
         buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, parsed_out, _strings(row, fields))
+        fastavro.schemaless_writer(buf, parsed_out, _strings(row, text_fields))
         return buf.getvalue()
 
-    def append(values: list[Any]) -> bytes:
+    def append_texts(values: list[Any]) -> bytes:
         """The added fields, each a ["null", "string"] union: its branch, then the string."""
         out = bytearray()
         for value in values:
@@ -305,18 +344,34 @@ def _avro(text: str, fields: tuple[str, ...]) -> _Made:
                 out += data
         return bytes(out)
 
+    # a record of the added fields alone encodes as their encodings one after the other
+    parsed_added = fastavro.parse_schema({"type": "record", "name": "promptbus_added", "fields": added})
+
+    def append_typed(values: list[Any]) -> bytes:
+        """The added fields, some typed records: encoded by fastavro under their own schema."""
+        buf = io.BytesIO()
+        row = dict(zip(fields, values, strict=True))
+        fastavro.schemaless_writer(buf, parsed_added, _strings(row, text_fields))
+        return buf.getvalue()
+
     taken = {f["name"] for f in orjson.loads(text).get("fields", [])}
     appendable = not any(name in taken for name in fields)
+    append = append_texts if len(text_fields) == len(fields) else append_typed
     return _Made(_Writer(decode, encode, None, append if appendable else None), out_text)
 
 
-def _json_schema(text: str, fields: tuple[str, ...]) -> _Made:
+def _json_schema(text: str, fields: tuple[str, ...], schemas: Mapping[str, Mapping[str, Any]]) -> _Made:
     writer_schema = orjson.loads(text)
     if not isinstance(writer_schema, dict):
         raise PromptbusError("a JSON Schema source's schema must be an object")
     properties = dict(writer_schema.get("properties") or {})
     for name in fields:
-        properties.setdefault(name, {"type": ["string", "object", "array", "null"]})
+        schema = schemas.get(name)
+        # optional: null when the job failed (on_error: field) or the row was never answered
+        typed: dict[str, Any] = {"type": ["string", "object", "array", "null"]}
+        if schema is not None:
+            typed = {"anyOf": [dict(schema), {"type": "null"}]}
+        properties.setdefault(name, typed)
     out_schema = {**writer_schema, "properties": properties}
 
     def decode(payload: bytes) -> Any:
@@ -376,8 +431,8 @@ def _text(value: Any) -> str:
 
 
 def _strings(row: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    """The row with the answer's fields as text (an object answer as its JSON) for a schema
-    whose added fields are strings."""
+    """The row with `fields` as text (an object as its JSON): the added fields the output
+    schema holds as strings."""
     if all(isinstance(row.get(name), (str, type(None))) for name in fields):
         return dict(row) if not isinstance(row, dict) else row
     out = dict(row)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from consumer.core.errors import ErrorKind, ProviderError
+from consumer.core.errors import ErrorKind, JobError, ProviderError
 from consumer.core.lanes import Lane
 from consumer.core.tenants import TenantPolicies
 from consumer.kafka.records import OutRecord
@@ -79,7 +79,10 @@ def enriched_record(
     `structured`: the job asked for a response_format (the answer is the object it gives)."""
     source = origin.source
     answer = None if error is not None else source.answer_of(output, embedding, structured)
-    record = source.enriched(origin, answer, tier=tier, attempts=attempts, error=error)
+    try:
+        record = source.enriched(origin, answer, tier=tier, attempts=attempts, error=error)
+    except JobError as exc:  # an answer the output's schema cannot hold
+        return None, str(exc)
     if record is not None and record.size_bytes > max_bytes:
         return record, f"the enriched record would be {record.size_bytes} bytes, over {max_bytes}"
     return record, None

@@ -245,18 +245,20 @@ class SourceRuntime:
         error: Mapping[str, Any] | None = None,
     ) -> OutRecord | None:
         """The enriched record of `origin` with `answer` in its field (`error`: on_error field's
-        failure); None when a newer record of its key was written already (dropped, counted)."""
+        failure); None when a newer record of its key was written already (dropped, counted).
+        JobError OUTPUT_INVALID when the output's schema cannot hold the answer."""
         if not self.order.write(origin.key, origin.offset.offset):
             self.stats.stale_dropped += 1
             return None
+        record = self._record(
+            origin.key, origin.headers, origin.offset, origin.value, origin.decoded, origin.writer, answer,
+            attempts, tier=tier, error=error,
+        )
         if error is None:
             self.stats.enriched += 1
             if self.memo is not None:
                 self.memo.remember(self.name, origin.key, origin.read_digest, answer)
-        return self._record(
-            origin.key, origin.headers, origin.offset, origin.value, origin.decoded, origin.writer, answer,
-            attempts, tier=tier, error=error,
-        )
+        return record
 
     def _record(
         self,

@@ -9,7 +9,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from consumer.core.jobs import Message
-from consumer.core.sources import SourceMapping, mapping_problem
+from consumer.core.output import response_format_schema
+from consumer.core.sources import ANSWER_ERROR_SCHEMA, SourceMapping, mapping_problem
 from consumer.settings.base import StrictModel
 
 
@@ -109,6 +110,19 @@ class SourceConfig(StrictModel):
         """The fields an enriched record adds: the answer's, and with on_error: field, its error's."""
         answer = self.into.field
         return (answer, f"{answer}_error") if self.on_error == "field" else (answer,)
+
+    def output_schemas(self) -> dict[str, dict[str, Any]]:
+        """The JSON Schemas of the added fields that have one: the answer's (an embedding, or
+        what a response_format gives), and the error object's."""
+        out: dict[str, dict[str, Any]] = {}
+        answer = response_format_schema(_options(self.options, self.response_format).get("response_format"))
+        if self.kind == "embed":
+            out[self.into.field] = {"type": "array", "items": {"type": "number"}}
+        elif answer is not None:
+            out[self.into.field] = answer
+        if self.on_error == "field":
+            out[f"{self.into.field}_error"] = ANSWER_ERROR_SCHEMA
+        return out
 
     def mapping_fields(self) -> dict[str, Any]:
         """The fields `consumer.core.sources.SourceMapping` is made from."""

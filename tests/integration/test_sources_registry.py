@@ -16,7 +16,8 @@ from confluent_kafka.schema_registry._async.avro import AsyncAvroDeserializer, A
 from confluent_kafka.schema_registry._async.json_schema import AsyncJSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from consumer.providers.fake import FakeProvider
+from consumer.core.completion import Completion, CompletionRequest
+from consumer.providers.fake import FakeProvider, text_completion
 from consumer.registry.client import RegistryClient
 from consumer.registry.protobuf import ProtoSchema
 from consumer.testing.harness import InProcessService, service_env, settings_from_env
@@ -97,6 +98,56 @@ async def test_an_avro_topic_is_enriched_into_avro_under_the_input_schema_plus_t
     latest = await client.get_latest_version(f"{out_topic}-value")
     fields = [f["name"] for f in orjson.loads(latest.schema.schema_str)["fields"]]
     assert fields == ["id", "product", "review", "stars", "sentiment"]
+
+
+#: a structured answer's schema: in the Avro output a record, not JSON text
+VERDICT_SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"type": "string"}, "score": {"type": "number"}},
+    "required": ["label", "score"],
+    "additionalProperties": False,
+}
+
+
+def verdict_answer(request: CompletionRequest) -> Completion:
+    """A verdict for a review that reads well; for any other, an answer its schema refuses."""
+    if "good" in request.messages[-1].content:
+        return text_completion('{"label": "positive", "score": 0.9}')
+    return text_completion('{"label": "negative"}')
+
+
+async def test_a_structured_answer_is_written_as_a_typed_avro_record_and_a_failure_as_an_error_record(
+    env: Any,
+) -> None:
+    settings, source_topic, out_topic, client = env
+    rows = [review_row(i) for i in range(6)]
+    values = await avro_values(client, source_topic, rows, REVIEW_SCHEMA)
+    records = [RawRecord(row["id"].encode(), value) for row, value in zip(rows, values, strict=True)]
+    response_format = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA}}
+    tiers = source_tiers(
+        source_topic, out_topic, format="avro", batch=False, response_format=response_format, on_error="field"
+    )
+    async with InProcessService(settings, tiers, providers={"small": FakeProvider(verdict_answer)}):
+        await produce_records(settings, source_topic, records)
+        enriched = await wait_for_records(settings, out_topic, len(rows), timeout_s=60)
+    assert len(enriched) == len(rows)
+    deserializer = await AsyncAvroDeserializer(client, conf=SERDE_CONF)
+    ctx = SerializationContext(out_topic, MessageField.VALUE)
+    outs = {out["id"]: out for out in [await deserializer(r.value, ctx) for r in enriched]}
+    assert set(outs) == {row["id"] for row in rows}
+    for row in rows:
+        out = outs[row["id"]]
+        if "good" in row["review"]["text"]:
+            assert out["sentiment"] == {"label": "positive", "score": 0.9} and out["sentiment_error"] is None
+        else:  # refused by its schema on every attempt: null, and the error object beside it
+            assert out["sentiment"] is None
+            assert out["sentiment_error"]["kind"] == "output_invalid", out
+            assert "score" in out["sentiment_error"]["message"]
+    latest = orjson.loads((await client.get_latest_version(f"{out_topic}-value")).schema.schema_str)
+    added = {f["name"]: f["type"] for f in latest["fields"][-2:]}
+    assert added["sentiment"][1]["type"] == "record"
+    assert [f["name"] for f in added["sentiment"][1]["fields"]] == ["label", "score"]
+    assert added["sentiment_error"][1]["type"] == "record"
 
 
 async def test_an_offline_avro_source_is_collected_by_an_instance_that_never_read_its_schema(

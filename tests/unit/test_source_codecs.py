@@ -204,3 +204,121 @@ async def test_an_avro_value_longer_than_its_record_is_undecodable() -> None:
     with pytest.raises(JobError, match="3 bytes follow the record") as caught:
         codec.decode(value + b"\x02\x02x")
     assert caught.value.kind is ErrorKind.UNDECODABLE
+
+
+#: a response_format's schema of the shape structured extraction asks for
+LABEL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"type": "string", "enum": ["positive", "negative"]},
+        "score": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "source": {"type": "object", "properties": {"page": {"type": "integer"}}, "required": ["page"]},
+        "note": {"type": ["string", "null"]},
+    },
+    "required": ["label", "score"],
+}
+TYPED_ANSWERS = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {"label": st.sampled_from(["positive", "negative"]), "score": st.floats(allow_nan=False)},
+        optional={
+            "tags": st.lists(st.text(max_size=5), max_size=3),
+            "source": st.fixed_dictionaries({"page": st.integers(-(2**63), 2**63 - 1)}),
+            "note": st.one_of(st.none(), st.text(max_size=8)),
+        },
+    ),
+)
+
+
+def test_a_json_schema_maps_to_the_avro_type_that_holds_its_values() -> None:
+    from consumer.registry.avro_types import avro_type
+
+    made = avro_type(LABEL_SCHEMA, "promptbus_answer")
+    assert made["type"] == "record" and made["name"] == "promptbus_answer"
+    by_name = {f["name"]: f for f in made["fields"]}
+    assert by_name["label"] == {"name": "label", "type": "string"}  # required: no null
+    assert by_name["score"]["type"] == "double"
+    tags_type = ["null", {"type": "array", "items": "string"}]
+    assert by_name["tags"] == {"name": "tags", "type": tags_type, "default": None}
+    assert by_name["source"]["type"][1]["fields"] == [{"name": "page", "type": "long"}]
+    assert by_name["note"] == {"name": "note", "type": ["null", "string"], "default": None}
+    fastavro.parse_schema(made)  # a schema Avro accepts
+    assert avro_type({"type": "object", "additionalProperties": {"type": "integer"}}, "m") == {
+        "type": "map", "values": "long",
+    }
+    # no Avro type: the field is then JSON text
+    for schema in (
+        {"type": "object"},
+        {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+        {"type": "object", "properties": {"not-a-name": {"type": "string"}}},
+        {"type": ["string", "integer"]},
+        {"type": "array"},
+        {"$ref": "#/defs/x"},
+    ):
+        assert avro_type(schema, "x") is None, schema
+
+
+@settings(max_examples=60)
+@given(answer=TYPED_ANSWERS, error=ERRORS)
+async def test_a_structured_answer_is_a_typed_avro_record_and_reads_back_as_the_object(
+    answer: Any, error: Any
+) -> None:
+    from consumer.core.sources import ANSWER_ERROR_SCHEMA
+
+    registry = MemoryRegistry()
+    schema_id = await registry.register("in-value", "AVRO", orjson.dumps(SCHEMA).decode())
+    fields = ("answer", "answer_error")
+    schemas = {"answer": LABEL_SCHEMA, "answer_error": ANSWER_ERROR_SCHEMA}
+    codec = SourceCodec("avro", registry, out_topic="out", out_format="same", fields=fields, schemas=schemas)
+    await codec.prepare((schema_id, ()))
+    value = avro_value(schema_id, {"id": "a", "n": 1})
+    decoded, writer = codec.decode(value)
+    if error is not None:
+        error = {"kind": error["kind"], "message": "it failed"}
+        answer = None
+    enriched = enriched_value(decoded, "answer", answer, error)
+    appended = codec.encode(enriched, writer, input_value=value)
+    assert appended == codec.encode(enriched, writer)  # appended or encoded whole: one encoding
+    out_schema = await registry.latest("out-value")
+    assert out_schema.text == avro_output_schema(orjson.dumps(SCHEMA).decode(), fields, schemas)
+    parsed = fastavro.parse_schema(orjson.loads(out_schema.text))
+    back = fastavro.schemaless_reader(io.BytesIO(appended[5:]), parsed, None)
+    assert back["id"] == "a" and back["answer_error"] == error
+    if answer is None:
+        assert back["answer"] is None
+    else:  # the object itself, its optional properties null where the answer left them out
+        expected = {"tags": None, "source": None, "note": None, **answer}
+        assert back["answer"] == expected
+
+
+async def test_an_answer_the_avro_type_cannot_hold_is_an_invalid_output() -> None:
+    registry = MemoryRegistry()
+    schema_id = await registry.register("in-value", "AVRO", orjson.dumps(SCHEMA).decode())
+    schemas = {"answer": LABEL_SCHEMA}
+    codec = SourceCodec("avro", registry, out_topic="out", out_format="same", fields=("answer",),
+                        schemas=schemas)
+    await codec.prepare((schema_id, ()))
+    value = avro_value(schema_id, {"id": "a", "n": 1})
+    decoded, writer = codec.decode(value)
+    bad = enriched_value(decoded, "answer", {"label": "positive", "score": 1.0, "source": {"page": 2.5}})
+    with pytest.raises(JobError, match="does not fit the output schema of out-value") as caught:
+        codec.encode(bad, writer, input_value=value)
+    assert caught.value.kind is ErrorKind.OUTPUT_INVALID
+
+
+async def test_a_json_schema_output_gives_the_answer_its_schema() -> None:
+    registry = MemoryRegistry()
+    in_schema = {"type": "object", "properties": {"id": {"type": "string"}}}
+    schema_id = await registry.register("in-value", "JSON", orjson.dumps(in_schema).decode())
+    codec = SourceCodec(
+        "json_schema", registry, out_topic="out", out_format="same", fields=("answer",),
+        schemas={"answer": LABEL_SCHEMA},
+    )
+    await codec.prepare((schema_id, ()))
+    out_schema = orjson.loads((await registry.latest("out-value")).text)
+    assert out_schema["properties"]["answer"] == {"anyOf": [LABEL_SCHEMA, {"type": "null"}]}
+    value = b"\x00" + schema_id.to_bytes(4, "big") + b'{"id": "a"}'
+    decoded, writer = codec.decode(value)
+    out = codec.encode(enriched_value(decoded, "answer", {"label": "positive", "score": 1}), writer)
+    assert orjson.loads(out[5:]) == {"id": "a", "answer": {"label": "positive", "score": 1}}
