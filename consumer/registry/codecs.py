@@ -384,22 +384,21 @@ def _json_schema(text: str, fields: tuple[str, ...], schemas: Mapping[str, Mappi
 
 
 def _protobuf(text: str, indexes: tuple[int, ...], fields: tuple[str, ...]) -> _Made:
-    """The message `indexes` name, and the same schema with the fields added to it (a
-    top-level message: a nested one is refused, as undecodable)."""
-    from consumer.registry.protobuf import ProtoSchema, with_string_field
+    """The message `indexes` name (top-level or nested), and the same schema with the fields
+    added to that message."""
+    from consumer.registry.protobuf import ProtoSchema, message_path, with_string_field
 
     indexes = indexes or (0,)
-    if len(indexes) > 1:
-        raise PromptbusError(f"message indexes {list(indexes)}: a nested message is not enriched")
     schema_in = ProtoSchema(text)
     message = schema_in.descriptor(indexes)
+    path = message_path(message)
     out_text = text
     number = max((f.number for f in message.fields), default=0)
     tags = []
     for name in fields:
         if name not in message.fields_by_name:
             number += 1
-            out_text = with_string_field(out_text, message.name, name, number)
+            out_text = with_string_field(out_text, path, name, number)
             tags.append(number << 3 | 2)  # length-delimited
     schema_out = ProtoSchema(out_text)
 

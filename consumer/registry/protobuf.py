@@ -1,4 +1,4 @@
-""".proto text as message classes, and the same text with one more string field.
+""".proto text as message classes, and the same text with one more string field in a message.
 
 Registries hold Protobuf schemas as .proto text (Apicurio answers its `format=serialized` with
 raw bytes rather than the base64 a Confluent client expects), so the text is compiled here with
@@ -20,7 +20,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from consumer.core.errors import PromptbusError
 
-__all__ = ["ProtoSchema", "with_string_field"]
+__all__ = ["ProtoSchema", "message_path", "with_string_field"]
 
 _FILE = "schema.proto"
 
@@ -89,13 +89,33 @@ def _compile(text: str) -> descriptor_pb2.FileDescriptorSet:
         return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
 
 
-def with_string_field(text: str, message: str, field_name: str, number: int) -> str:
-    """The .proto text with `string FIELD = NUMBER;` added to the top-level `message` (before
-    its closing brace; comments and strings are skipped when braces are counted)."""
-    opening = re.search(r"\bmessage\s+" + re.escape(message) + r"\s*\{", text)
-    if opening is None:
-        raise PromptbusError(f"no message {message} in the schema")
-    depth, i = 1, opening.end()
+def message_path(desc: Descriptor) -> tuple[str, ...]:
+    """The names from a message's top-level message down to it (`Review`, `Review.Line`)."""
+    names = []
+    current: Descriptor | None = desc
+    while current is not None:
+        names.append(current.name)
+        current = current.containing_type
+    return tuple(reversed(names))
+
+
+def with_string_field(text: str, message: str | tuple[str, ...], field_name: str, number: int) -> str:
+    """The .proto text with `string FIELD = NUMBER;` added to `message` (a top-level message's
+    name, or the names down to a nested one: each looked for inside the one before), before
+    its closing brace (comments and strings are skipped when braces are counted)."""
+    path = (message,) if isinstance(message, str) else message
+    start, end = 0, len(text)
+    for name in path:
+        opening = re.compile(r"\bmessage\s+" + re.escape(name) + r"\s*\{").search(text, start, end)
+        if opening is None:
+            raise PromptbusError(f"no message {'.'.join(path)} in the schema")
+        start, end = opening.end(), _closing_brace(text, opening.end(), ".".join(path))
+    return text[:end] + f"  string {field_name} = {number};\n" + text[end:]
+
+
+def _closing_brace(text: str, i: int, message: str) -> int:
+    """Where the block opened just before `i` closes."""
+    depth = 1
     while i < len(text) and depth:
         if text.startswith("//", i):
             i = text.find("\n", i)
@@ -116,5 +136,4 @@ def with_string_field(text: str, message: str, field_name: str, number: int) -> 
         i += 1
     if depth:
         raise PromptbusError(f"message {message} is not closed in the schema")
-    close = i - 1
-    return text[:close] + f"  string {field_name} = {number};\n" + text[close:]
+    return i - 1

@@ -242,6 +242,35 @@ async def test_a_protobuf_topic_is_enriched_with_one_more_string_field(
     await registry.aclose()
 
 
+async def test_a_nested_protobuf_message_is_enriched_in_place(env: Any, schema_registry_url: str) -> None:
+    settings, source_topic, out_topic, _client = env
+    text = (
+        'syntax = "proto3";\npackage shop;\nmessage Product { string name = 1; }\n'
+        "message Feedback {\n  message Review {\n    string id = 1;\n    Product product = 2;\n"
+        "    message Text { string text = 1; }\n    Text review = 3;\n  }\n  Review review = 1;\n}\n"
+    )
+    registry = RegistryClient(schema_registry_url)
+    schema_id = await registry.register(f"{source_topic}-value", "PROTOBUF", text)
+    schema = ProtoSchema(text)
+    rows = [{k: v for k, v in review_row(i).items() if k != "stars"} for i in range(6)]
+    # message indexes [1, 0]: Feedback.Review
+    header = b"\x00" + schema_id.to_bytes(4, "big") + b"\x04\x02\x00"
+    records = [RawRecord(r["id"].encode(), header + schema.encode((1, 0), r)) for r in rows]
+    tiers = source_tiers(source_topic, out_topic, format="protobuf")
+    async with InProcessService(settings, tiers, providers={"small": FakeProvider(fake_answer)}):
+        await produce_records(settings, source_topic, records)
+        enriched = await wait_for_records(settings, out_topic, len(rows), timeout_s=60)
+    assert len(enriched) == len(rows)
+    for record in enriched:
+        value = record.value or b""
+        assert value[5:8] == b"\x04\x02\x00"
+        out_schema = ProtoSchema((await registry.schema(int.from_bytes(value[1:5], "big"))).text)
+        row = out_schema.decode((1, 0), value[8:])
+        assert row["sentiment"] == label(row["review"]["text"]) and row["id"].encode() == record.key
+        assert "sentiment" not in out_schema.descriptor((1,)).fields_by_name
+    await registry.aclose()
+
+
 async def test_debezium_changes_create_update_and_delete(env: Any) -> None:
     settings, source_topic, out_topic, client = env
     row = record_of(

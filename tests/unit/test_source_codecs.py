@@ -322,3 +322,34 @@ async def test_a_json_schema_output_gives_the_answer_its_schema() -> None:
     decoded, writer = codec.decode(value)
     out = codec.encode(enriched_value(decoded, "answer", {"label": "positive", "score": 1}), writer)
     assert orjson.loads(out[5:]) == {"id": "a", "answer": {"label": "positive", "score": 1}}
+
+
+NESTED_PROTO = (
+    'syntax = "proto3";\npackage shop;\nmessage Other { message Line { string x = 1; } }\n'
+    "message Order {\n  string id = 1;\n  message Line {\n    string sku = 1;\n    int32 qty = 2;\n  }\n"
+    "  repeated Line lines = 2;\n}\n"
+)
+
+
+async def test_a_nested_protobuf_message_is_enriched_in_the_message_its_indexes_name() -> None:
+    """Message indexes [1, 0]: the first message nested in the second top-level one (Order.Line,
+    not Other.Line): the field is added there and nowhere else."""
+    schema = ProtoSchema(NESTED_PROTO)
+    payload = schema.encode((1, 0), {"sku": "k-1", "qty": 3})
+    header_indexes = b"\x04\x02\x00"  # zigzag: count 2, then 1 and 0
+    def wire(schema_id: int) -> bytes:
+        return b"\x00" + schema_id.to_bytes(4, "big") + header_indexes + payload
+
+    codec, value = await _prepared("protobuf", NESTED_PROTO, wire, ("answer",))
+    missing = codec.missing(value)
+    assert missing is not None and missing[1] == (1, 0)
+    await codec.prepare(missing)
+    decoded, writer = codec.decode(value)
+    assert decoded == {"sku": "k-1", "qty": 3} and writer[1] == (1, 0)
+    out = codec.encode(enriched_value(decoded, "answer", "ok"), writer, input_value=value)
+    assert out[5:8] == header_indexes  # the output names the same nested message
+    out_text = with_string_field(NESTED_PROTO, ("Order", "Line"), "answer", 3)
+    out_schema = ProtoSchema(out_text)
+    assert out_schema.decode((1, 0), out[8:]) == {"sku": "k-1", "qty": 3, "answer": "ok"}
+    assert "answer" not in out_schema.descriptor((0, 0)).fields_by_name  # Other.Line untouched
+    assert "answer" not in out_schema.descriptor((1,)).fields_by_name
