@@ -69,7 +69,11 @@ def test_without_bindings_nothing_changes() -> None:
 @pytest.mark.parametrize(
     ("tenants", "key", "words"),
     [
-        ({"a": {"topics": ["jobs.a"]}, "b": {"topics": ["jobs.b", "jobs.a"]}}, "tenants.b.topics.1", "tenant 'a' too"),
+        (
+            {"a": {"topics": ["jobs.a"]}, "b": {"topics": ["jobs.b", "jobs.a"]}},
+            "tenants.b.topics.1",
+            "tenant 'a' too",
+        ),
         ({"default": {"topics": ["jobs.a"]}}, "tenants.default.topics", "every unbound tenant"),
         ({"default": {"results_topic": "r"}}, "tenants.default.results_topic", "every unbound tenant"),
         ({"a": {"topics": []}}, "tenants.a.topics", "at least 1"),
@@ -85,17 +89,21 @@ def test_the_tier_file_refuses_a_topic_bound_twice_and_default_bound(
 
 
 def test_a_bound_topic_no_lane_or_source_reads_is_refused() -> None:
-    unread = parse_tier_file({"tiers": {"small": TIER}, "lanes": LANES, "tenants": {"a": {"topics": ["jobs.z"]}}})
+    def tier_file(topic: str, lanes: dict[str, Any] | None = LANES) -> Any:
+        data = {"tiers": {"small": TIER}, "tenants": {"a": {"topics": [topic]}}}
+        return parse_tier_file({**data, "lanes": lanes} if lanes else data)
+
+    unread = tier_file("jobs.z")
     with pytest.raises(ConfigError) as caught:
         validate_config(unread, jobs_topic="jobs")
-    assert caught.value.key == "tenants.a.topics.0" and "'jobs.z' is read by no lane or source" in caught.value.reason
+    assert caught.value.key == "tenants.a.topics.0"
+    assert "'jobs.z' is read by no lane or source" in caught.value.reason
     # without lanes the service reads PROMPTBUS_JOBS_TOPIC: binding it is fine, another is not
-    no_lanes = parse_tier_file({"tiers": {"small": TIER}, "tenants": {"a": {"topics": ["promptbus.jobs"]}}})
+    no_lanes = tier_file("promptbus.jobs", None)
     validate_config(no_lanes, jobs_topic="promptbus.jobs")
     with pytest.raises(ConfigError):
         validate_config(no_lanes, jobs_topic="other.jobs")
-    read = parse_tier_file({"tiers": {"small": TIER}, "lanes": LANES, "tenants": {"a": {"topics": ["jobs.a"]}}})
-    validate_config(read, jobs_topic="jobs")
+    validate_config(tier_file("jobs.a"), jobs_topic="jobs")
 
 
 def test_a_source_on_a_bound_topic_naming_another_tenant_is_refused() -> None:
