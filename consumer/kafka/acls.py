@@ -17,8 +17,11 @@ promptbus (PROMPTBUS_KAFKA__SASL_USERNAME):
 plus Create on the topics it should create at start (none when they are made beforehand:
 every topic it has Describe on and finds is left as it is).
 
-A bound tenant's team: Write, Describe on its job topics; Read, Describe on its results and
-dead-letter topics (the client and `promptbus results` read them assigned, without a group).
+A bound tenant's team: Write, Describe on its job topics; Read, Describe on its own results
+and dead-letter topics (the client and `promptbus results` read them assigned, without a
+group). A topic it shares with other tenants (the service's, when it has none of its own) is
+left out: reading it would be reading theirs (`shared_outputs` says which; check-config notes
+them).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 
 from consumer.settings import Settings, TierFile
 
-__all__ = ["Acl", "acl_command", "service_acls", "tenant_acls"]
+__all__ = ["Acl", "acl_command", "service_acls", "shared_outputs", "tenant_acls"]
 
 #: what a topic promptbus reads jobs from needs
 JOB_TOPIC_OPERATIONS = ("Read", "Describe")
@@ -80,9 +83,23 @@ def tenant_acls(settings: Settings, tier_file: TierFile, tenant: str) -> list[Ac
     config = (tier_file.tenants or {}).get(tenant)
     if config is None or not config.topics:
         raise ValueError(f"tenant {tenant!r} is not bound to topics in the tier file")
+    shared = shared_outputs(settings, tier_file, tenant)
     tenants = tier_file.tenant_topics(settings.results_topic, settings.dlq_topic)
-    outputs = [tenants.results_of(tenant), tenants.dead_letters_of(tenant)]
+    outputs = [t for t in (tenants.results_of(tenant), tenants.dead_letters_of(tenant)) if t not in shared]
     return [*_topics(config.topics, ("Write", "Describe")), *_topics(outputs, ("Read", "Describe"))]
+
+
+def shared_outputs(settings: Settings, tier_file: TierFile, tenant: str) -> list[str]:
+    """`tenant`'s results and dead-letter topics that other tenants' outcomes go to as well."""
+    tenants = tier_file.tenant_topics(settings.results_topic, settings.dlq_topic)
+    others = [name for name in (tier_file.tenants or {}) if name != tenant]
+    shared = []
+    for of in (tenants.results_of, tenants.dead_letters_of):
+        topic = of(tenant)
+        service = settings.results_topic if of == tenants.results_of else settings.dlq_topic
+        if topic == service or any(of(other) == topic for other in others):
+            shared.append(topic)
+    return shared
 
 
 def _topics(names: Iterable[str], operations: Sequence[str]) -> list[Acl]:

@@ -17,6 +17,7 @@ from consumer.core.fallback import chain_problem
 from consumer.core.lanes import Lane
 from consumer.core.tenants import TenantPolicies, TenantTopics
 from consumer.settings.base import StrictModel
+from consumer.settings.environment import Settings
 from consumer.settings.lanes import LaneConfig, lane_list, lanes_problem
 from consumer.settings.quotas import QuotaConfig
 from consumer.settings.sources import SourceConfig, sources_problem
@@ -193,6 +194,24 @@ def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) ->
     if lane not in lanes:
         raise ConfigError("--lane", f"lane {lane!r} is unknown (lanes: {', '.join(lanes)})")
     return lanes[lane].topic
+
+
+def tenant_settings(settings: Settings, tier_file: TierFile | None, tenant: str | None) -> Settings:
+    """The settings of a client of `tenant` (`results --tenant`, `replay --tenant`, the
+    client's `tenant=`): its results and dead-letter topics, and its first bound job topic as
+    the jobs topic; `settings` as they are without a tenant or a tier file."""
+    if tenant is None or tier_file is None:
+        return settings
+    tenants = tier_file.tenant_topics(settings.results_topic, settings.dlq_topic)
+    config = (tier_file.tenants or {}).get(tenant)
+    jobs_topic = config.topics[0] if config is not None and config.topics else settings.jobs_topic
+    return settings.model_copy(
+        update={
+            "results_topic": tenants.results_of(tenant),
+            "dlq_topic": tenants.dead_letters_of(tenant),
+            "jobs_topic": jobs_topic,
+        }
+    )
 
 
 def unlaned_topic(lanes: dict[str, LaneConfig] | None, jobs_topic: str) -> str:
