@@ -129,3 +129,27 @@ def test_check_config_says_the_key_of_an_unread_bound_topic(
     code = main(["check-config", "--config", str(config)])
     err = capsys.readouterr().err
     assert code != 0 and "tenants.a.topics.0" in err and "read by no lane or source" in err
+
+
+def test_the_acl_lines_operations_md_shows_are_what_check_config_acls_prints() -> None:
+    """docs/operations.md#acls: its example lines, for the tier file of tenants.md#bound-tenants
+    with exactly_once, are lines `check-config --acls` prints (and the list the ACL test uses)."""
+    import re
+
+    from consumer.cli.run import acl_lines
+    from consumer.settings import Settings
+    from consumer.testing.paths import REPO_ROOT
+
+    tenants_md = (REPO_ROOT / "docs" / "tenants.md").read_text()
+    section = tenants_md[tenants_md.index("## Bound tenants") :]
+    tier_yaml = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert tier_yaml is not None
+    tier_file = parse_tier_file(yaml.safe_load(tier_yaml.group(1)))
+    settings = Settings(processing_guarantee="exactly_once")  # type: ignore[call-arg]
+    printed = acl_lines(settings, tier_file)
+    operations_md = (REPO_ROOT / "docs" / "operations.md").read_text()
+    shown = [line for line in operations_md.splitlines() if line.startswith("acl ")]
+    assert len(shown) >= 7
+    prefix = "--bootstrap-server $KAFKA_BOOTSTRAP_SERVERS --command-config admin.properties"
+    for line in shown:
+        assert line.replace("...", prefix) in printed, line
