@@ -153,3 +153,31 @@ def test_the_acl_lines_operations_md_shows_are_what_check_config_acls_prints() -
     prefix = "--bootstrap-server $KAFKA_BOOTSTRAP_SERVERS --command-config admin.properties"
     for line in shown:
         assert line.replace("...", prefix) in printed, line
+
+
+def test_a_tenants_clients_use_its_own_topics(tmp_path: Path) -> None:
+    """`results`/`replay --tenant`, `submit --tenant` and the client's `tenant=` read the
+    tenant's outputs and send to its bound topic (a lane named wins)."""
+    from consumer.client import AsyncClient
+    from consumer.settings import Settings, tenant_settings
+
+    data = {
+        "tiers": {"small": TIER},
+        "lanes": LANES,
+        "tenants": {
+            "team-a": {"topics": ["jobs.a"], "results_topic": "results.a", "dead_letter_topic": "dlq.a"}
+        },
+    }
+    base = Settings(jobs_topic="jobs", results_topic="results", dlq_topic="dlq")  # type: ignore[call-arg]
+    scoped = tenant_settings(base, parse_tier_file(data), "team-a")
+    assert (scoped.jobs_topic, scoped.results_topic, scoped.dlq_topic) == ("jobs.a", "results.a", "dlq.a")
+    unbound = tenant_settings(base, parse_tier_file(data), "carol")
+    assert (unbound.jobs_topic, unbound.results_topic, unbound.dlq_topic) == ("jobs", "results", "dlq")
+    assert tenant_settings(base, None, "team-a") is base
+    config = tmp_path / "tiers.yaml"
+    config.write_text(yaml.safe_dump(data))
+    client = AsyncClient(base.model_copy(update={"config": str(config)}))
+    assert client.tenant_settings("team-a").results_topic == "results.a"
+    assert client.lane_settings(None, client.tenant_settings("team-a")).jobs_topic == "jobs.a"
+    assert client.lane_settings("b", client.tenant_settings("team-a")).jobs_topic == "jobs.b"
+    assert client.tenant_settings(None).results_topic == "results"
