@@ -5,7 +5,8 @@ does the refusing:
 - team-a cannot write team-b's job topic (and can write its own);
 - a job team-a writes claiming `team-b` is dead-lettered `tenant_mismatch` into team-a's
   dead-letter topic and spends nothing of team-b's budget;
-- team-a cannot read team-b's results (and can read its own);
+- team-a cannot read team-b's results (and can read its own); `promptbus results --tenant
+  team-b` as team-a is one line naming the user and the topic, exit 2;
 - promptbus runs (exactly-once) with exactly the ACLs `consumer.kafka.acls.service_acls` lists,
   the list docs/operations.md#security gives and `promptbus check-config --acls` prints.
 
@@ -16,14 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
+from consumer.core.errors import ConfigError
 from consumer.kafka.acls import service_acls, tenant_acls
 from consumer.kafka.admin import ensure_topics, topic_specs, with_admin
 from consumer.kafka.clients import topic_partitions
@@ -33,6 +38,7 @@ from consumer.settings import Settings, parse_tier_file
 from consumer.testing.acls import create_acls
 from consumer.testing.cluster import LocalKafka
 from consumer.testing.harness import InProcessService, job, service_env, settings_from_env, tier_file_dict
+from consumer.testing.process import run_cli
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 from tests.integration.private_broker import private_broker
 
@@ -87,10 +93,11 @@ def setup(acl_kafka: LocalKafka) -> Iterator[dict[str, Any]]:
             await ensure_topics(admin, specs)
             await create_acls(client_kwargs(admin), grants)
             # the broker's authorizer learns new ACLs from the metadata log, a moment later
+            teams = [(user_settings(acl_kafka, env, t), f"{t}.jobs") for t in TEAMS]
             for _ in range(100):
-                seen = [await topic_partitions(user_settings(acl_kafka, env, t), f"{t}.jobs") for t in TEAMS]
-                if all(seen):
-                    return
+                with contextlib.suppress(ConfigError):  # refused until the ACLs are in
+                    if all([await topic_partitions(user, topic) for user, topic in teams]):
+                        return
                 await asyncio.sleep(0.1)
             raise AssertionError("the teams' ACLs did not take effect")
 
@@ -170,6 +177,22 @@ async def test_team_a_cannot_read_team_bs_results(setup: dict[str, Any]) -> None
     assert await topic_error(team_a, "team-a.results") == 0
     # ...and a reader of it, as promptbus's client reads (assigned, no group), gets nothing
     assert await read_all(team_a, "team-b.results", {"b-answer"}, timeout_s=5) == {}
+
+
+def test_promptbus_results_as_team_a_for_team_b_is_one_refusal_line(
+    setup: dict[str, Any], tmp_path: Path
+) -> None:
+    kafka, env = setup["kafka"], setup["env"]
+    config = tmp_path / "tiers.yaml"
+    config.write_text(yaml.safe_dump(setup["tiers"]))
+    as_a = {**env, **kafka.user_env("team-a"), "PROMPTBUS_CONFIG": str(config)}
+    refused_run = run_cli("results", "--tenant", "team-b", env=as_a)
+    assert refused_run.returncode == 2, refused_run.stderr
+    lines = refused_run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'team-a'" in lines[0] and "'team-b.results'" in lines[0], lines
+    assert kafka.user_env("team-a")["PROMPTBUS_KAFKA__SASL_PASSWORD"] not in refused_run.stderr
+    own = run_cli("results", "--tenant", "team-a", env=as_a)  # its own: read, no refusal
+    assert own.returncode == 0, own.stderr
 
 
 async def topic_error(settings: Settings, topic: str) -> int:
