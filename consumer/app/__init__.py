@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from consumer.app.sources import build_memo, build_sources, enriched_topics, source_topics
 from consumer.core.errors import ConfigError
 from consumer.core.lanes import Lane
-from consumer.core.tenants import TenantPolicies
+from consumer.core.tenants import TenantPolicies, TenantTopics
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.board import TopicBoard
 from consumer.kafka.edges import KafkaEdges, ServiceEdges, ServiceIntake
@@ -90,11 +90,16 @@ def instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def validate_config(tier_file: TierFile, *, source: str | None = None) -> None:
+def validate_config(tier_file: TierFile, *, source: str | None = None, jobs_topic: str | None = None) -> None:
     """Everything building the service refuses in the tier file, before anything is built:
     one ConfigError naming every bad key, each with `source` (the file) when given
-    (`promptbus run` and `check-config` both ask)."""
+    (`promptbus run` and `check-config` both ask). `jobs_topic`: PROMPTBUS_JOBS_TOPIC, read
+    when there are no lanes (None: bound topics are not checked against what is read)."""
     problems = []
+    bound = tier_file.bound_topics_problem(jobs_topic) if jobs_topic is not None else None
+    if bound is not None:
+        key, reason = bound
+        problems.append(ConfigError(key, f"{reason} (in {source})" if source else reason))
     for name, tier in tier_file.tiers.items():
         try:
             check_tier(name, tier)
@@ -216,7 +221,10 @@ async def build_service(
     stats = ServiceStats(instance=instance, group=settings.group_id)
     telemetry = open_telemetry(stack, stats, tracer_provider, meter_provider)
     lanes = tier_file.lane_list(settings.jobs_topic, settings.max_inflight)
-    limits, remembered = await prepare_topics(settings, edges, lanes, instance, enriched_topics(tier_file))
+    tenant_topics = tier_file.tenant_topics(settings.results_topic, settings.dlq_topic)
+    limits, remembered = await prepare_topics(
+        settings, edges, lanes, instance, enriched_topics(tier_file), tenant_topics
+    )
     clients: list[Any] = []
     stack.push_async_callback(_close_all, clients)
     quotas = fleet_quotas(tier_file)
@@ -233,7 +241,9 @@ async def build_service(
     sources = build_sources(settings, tier_file, stats, lanes, stack, memo, source_range)
     policies = tier_file.tenant_policies()
     ledger = TenantLedger(policies, stats)
-    outcomes = OutcomeWriter(settings, kafka.sink, stats, telemetry, limits, ledger=ledger)
+    outcomes = OutcomeWriter(
+        settings, kafka.sink, stats, telemetry, limits, ledger=ledger, tenants=tenant_topics
+    )
     budgets = build_budgets(settings, edges, policies, instance, kafka.side_producer)
     gate = TenantGate(ledger, budgets, outcomes) if budgets is not None else None
     collector, offline_parts = build_offline(
@@ -312,11 +322,16 @@ async def prepare_topics(
     lanes: Sequence[Lane],
     instance: str,
     enriched_topics: Sequence[str] = (),
+    tenants: TenantTopics | None = None,
 ) -> tuple[RecordLimits, RememberedEvidence]:
     """Create the topics that are missing (the lanes' and the sources' outputs too, not the
-    sources' own: they are a company's); read the output topics' record size limits and the
-    batching evidence earlier runs left (`consumer.runtime.evidence`)."""
-    report = await edges.ensure_topics(settings, [lane.topic for lane in lanes], enriched_topics)
+    sources' own: they are a company's; the tenants' results and dead-letter topics); read the
+    output topics' record size limits and the batching evidence earlier runs left
+    (`consumer.runtime.evidence`)."""
+    tenants = tenants if tenants is not None else TenantTopics(settings.results_topic, settings.dlq_topic)
+    report = await edges.ensure_topics(
+        settings, [lane.topic for lane in lanes], enriched_topics, tenants.output_topics
+    )
     for topic, state in report.items():
         log.info("topic %s: %s", topic, state)
     if settings.jobs_topic not in {lane.topic for lane in lanes}:
@@ -325,14 +340,14 @@ async def prepare_topics(
             settings.jobs_topic,
             ", ".join(lane.name for lane in lanes),
         )
-    outputs = [settings.results_topic, settings.dlq_topic, settings.batches_topic]
+    outputs = [*tenants.output_topics, settings.batches_topic]
     record_bytes, latest_evidence = await asyncio.gather(
         edges.max_record_bytes(settings, outputs), edges.read_latest(settings, settings.batching_topic)
     )
     limits = RecordLimits.of_topics(
         record_bytes,
-        results=settings.results_topic,
-        dead_letters=settings.dlq_topic,
+        results=tenants.own_results_topics,
+        dead_letters=tenants.own_dead_letter_topics,
         batches=settings.batches_topic,
     )
     return limits, RememberedEvidence.read(latest_evidence, instance=instance)
@@ -519,6 +534,7 @@ def build_offline(
         max_enqueued_tokens_by_tier=max_enqueued,
         ledger=outcomes.ledger,
         sources={s.name: s for s in sources.sources} if sources is not None else None,
+        tenants=outcomes.tenants,
     )
     # exactly_once: the tracker's own transactional producer starts first and stops last
     return collector, [tracker_producer, collector, tracker] if exactly_once else [collector, tracker]

@@ -64,7 +64,8 @@ def load_config(args: argparse.Namespace, warn: Callable[[str], None]) -> tuple[
         warn(line)
     settings = load_settings(args)
     tier_file = load_tier_file(args)
-    validate_config(tier_file, source=args.config or os.environ.get("PROMPTBUS_CONFIG"))
+    source = args.config or os.environ.get("PROMPTBUS_CONFIG")
+    validate_config(tier_file, source=source, jobs_topic=settings.jobs_topic)
     return settings, tier_file
 
 

@@ -23,7 +23,7 @@ from consumer.cli.environment import (
     load_tier_file,
 )
 from consumer.core.errors import JobInputError, UsageError
-from consumer.settings import lane_topic
+from consumer.settings import lane_topic, tenant_settings
 
 if TYPE_CHECKING:
     from consumer.client import Outcome, ProgressBar
@@ -144,7 +144,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         job = _one_job(args, settings.max_job_bytes)
         jobs = [job]
     if args.lane or args.config or os.environ.get("PROMPTBUS_CONFIG"):
-        topic = lane_topic(load_tier_file(args), args.lane, settings.jobs_topic)
+        tier_file = load_tier_file(args)
+        # a bound tenant's jobs go to its own topic when no lane is named
+        settings = tenant_settings(settings, tier_file, args.tenant)
+        topic = lane_topic(tier_file, args.lane, settings.jobs_topic)
         if args.lane is None and topic != settings.jobs_topic:
             note = f"no --lane: sent to the lowest-priority lane's topic {topic}"
             print(f"promptbus submit: {note}", file=sys.stderr)
@@ -181,6 +184,8 @@ def cmd_results(args: argparse.Namespace) -> int:
 
     configure_logging("WARNING", kafka_level="CRITICAL")
     settings = kafka_settings(args)
+    if args.tenant is not None:  # a tenant's own results and dead-letter topics
+        settings = tenant_settings(settings, load_tier_file(args), args.tenant)
     topic = settings.dlq_topic if args.dlq else settings.results_topic
 
     async def go() -> None:
@@ -362,6 +367,10 @@ def add_results_command(sub: Any) -> None:
     results.add_argument(
         "--from-beginning", action="store_true", help="with --follow: start at the beginning"
     )
+    results.add_argument(
+        "--tenant", help="read this tenant's results (or dead-letter) topic, from the tier file"
+    )
+    results.add_argument("--config", help="with --tenant: the tier file (YAML); default PROMPTBUS_CONFIG")
     add_bootstrap(results)
     results.set_defaults(func=cmd_results)
 

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-from consumer.cli.environment import add_bootstrap, configure_logging, kafka_settings
+from consumer.cli.environment import add_bootstrap, configure_logging, kafka_settings, load_tier_file
 from consumer.core.errors import UsageError
 
 
@@ -16,6 +16,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from consumer.core.errors import ErrorKind
     from consumer.kafka.replay import ReplayFilter, left_behind_lines, replay_dead_letters
+    from consumer.settings import tenant_settings
 
     configure_logging("WARNING", kafka_level="CRITICAL")
     if not args.dlq:
@@ -34,6 +35,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if since.tzinfo is None:
             raise UsageError("--since", f"give a UTC offset (e.g. Z): {args.since!r}")
     settings = kafka_settings(args)
+    if args.tenant is not None:  # a tenant's own dead-letter topic; its jobs back to its topic
+        settings = tenant_settings(settings, load_tier_file(args), args.tenant)
     flt = ReplayFilter(kinds=kinds, tier=args.tier, since=since)
     report = asyncio.run(replay_dead_letters(settings, flt, dry_run=args.dry_run))
     if args.dry_run:
@@ -56,5 +59,7 @@ def add_replay_command(sub: Any) -> None:
     r.add_argument("--tier", help="only jobs of this tier")
     r.add_argument("--since", metavar="TIME", help="only dead letters failed at or after this RFC 3339 time")
     r.add_argument("--dry-run", action="store_true", help="print what would be replayed; produce nothing")
+    r.add_argument("--tenant", help="replay this tenant's dead-letter topic (its topics from the tier file)")
+    r.add_argument("--config", help="with --tenant: the tier file (YAML); default PROMPTBUS_CONFIG")
     add_bootstrap(r)
     r.set_defaults(func=cmd_replay)

@@ -48,6 +48,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             for problem in problems:
                 print(f"error: {problem}", file=sys.stderr)
             return 2
+    if getattr(args, "acls", False):
+        for line in acl_lines(settings, tier_file):
+            print(line)
     counted = f", {len(tier_file.sources)} source(s)" if tier_file.sources else ""
     print(f"ok: {len(tier_file.tiers)} tier(s){counted}")
     return 0
@@ -93,6 +96,28 @@ def source_lines(settings: Any, tier_file: Any) -> list[str]:
     for note in notes:
         print(f"note: {note}")
     return problems
+
+
+def acl_lines(settings: Any, tier_file: Any) -> list[str]:
+    """`check-config --acls`: the `kafka-acls.sh` commands that give promptbus's principal (its
+    SASL user, else `promptbus`) what it needs, and each bound tenant's principal (named as the
+    tenant: put your team's user there) what its team needs (`consumer.kafka.acls`)."""
+    from consumer.kafka.acls import acl_command, service_acls, shared_outputs, tenant_acls
+
+    user = settings.kafka.sasl_username or "promptbus"
+    grants = [(user, acl) for acl in service_acls(settings, tier_file)]
+    bound = [name for name, t in (tier_file.tenants or {}).items() if t.topics]
+    grants += [(name, acl) for name in bound for acl in tenant_acls(settings, tier_file, name)]
+    prefix = "kafka-acls.sh --bootstrap-server $KAFKA_BOOTSTRAP_SERVERS --command-config admin.properties"
+    lines = [f"acl {user}: {prefix} {' '.join(acl_command(user, acl))}" for user, acl in grants]
+    for name in bound:
+        for topic in shared_outputs(settings, tier_file, name):
+            lines.append(
+                f"note: tenant '{name}' is bound, but its outcomes go to {topic}, which other tenants' "
+                "outcomes go to too: its team gets no ACL to read it (give it results_topic and "
+                "dead_letter_topic of its own)"
+            )
+    return lines
 
 
 def tenant_lines(tier_file: Any) -> list[str]:
@@ -160,4 +185,9 @@ def add_check_config_command(sub: Any) -> None:
     """`check-config`."""
     check = sub.add_parser("check-config", help="validate a tier file")
     check.add_argument("--config", help="tier file (YAML); default PROMPTBUS_CONFIG")
+    check.add_argument(
+        "--acls",
+        action="store_true",
+        help="print the kafka-acls.sh commands promptbus's principal and each bound tenant's need",
+    )
     check.set_defaults(func=cmd_check_config)

@@ -25,7 +25,7 @@ from consumer.client.outcomes import MapError, MapTimeout, Outcome, ProgressCall
 from consumer.client.reader import OutcomeReader
 from consumer.client.tracker import RunTracker
 from consumer.core.errors import ConfigError
-from consumer.settings import Settings, lane_topic, load_settings, load_tier_file
+from consumer.settings import Settings, lane_topic, load_settings, load_tier_file, tenant_settings
 
 log = logging.getLogger(__name__)
 
@@ -63,21 +63,31 @@ class AsyncClient:
         """Forget the runs' start offsets (each call opens and closes its own Kafka clients)."""
         self._starts.clear()
 
-    def lane_settings(self, lane: str | None) -> Settings:
-        """The settings whose jobs topic is `lane`'s (the tier file's `lanes`); ValueError for
-        a lane the tier file does not name, or a lane without a tier file. No lane: the jobs
-        topic, or the lowest-priority lane's when the tier file's lanes do not read it."""
-        if lane is None and self.settings.config is None:
+    def tenant_settings(self, tenant: str | None) -> Settings:
+        """The settings of `tenant`'s runs (`consumer.settings.tenant_settings`): its results
+        and dead-letter topics, its bound job topic, from the tier file (PROMPTBUS_CONFIG or
+        config=); the client's own settings without a tenant or a tier file."""
+        if tenant is None or self.settings.config is None:
             return self.settings
+        return tenant_settings(self.settings, load_tier_file(self.settings.config), tenant)
+
+    def lane_settings(self, lane: str | None, base: Settings | None = None) -> Settings:
+        """The settings (`base`'s, else the client's) whose jobs topic is `lane`'s (the tier
+        file's `lanes`); ValueError for a lane the tier file does not name, or a lane without a
+        tier file. No lane: the jobs topic, or the lowest-priority lane's when the tier file's
+        lanes do not read it."""
+        base = base if base is not None else self.settings
+        if lane is None and self.settings.config is None:
+            return base
         if self.settings.config is None:
             raise ValueError(
                 f"lane {lane!r}: the lanes' topics are in the tier file: set PROMPTBUS_CONFIG or config="
             )
         try:
-            topic = lane_topic(load_tier_file(self.settings.config), lane, self.settings.jobs_topic)
+            topic = lane_topic(load_tier_file(self.settings.config), lane, base.jobs_topic)
         except ConfigError as exc:
             raise ValueError(f"lane: {exc.reason}") from None
-        return self.settings.model_copy(update={"jobs_topic": topic})
+        return base.model_copy(update={"jobs_topic": topic})
 
     async def _ensure_topics(self, settings: Settings | None = None) -> None:
         settings = settings or self.settings
@@ -150,11 +160,12 @@ class AsyncClient:
         timeout_s: float | None = None,
         on_progress: ProgressCallback | None = None,
         raise_on_error: bool = False,
+        tenant: str | None = None,
     ) -> list[Outcome]:
         """The outcomes of run `run_id` (indexes 0..total-1), e.g. after a MapTimeout, also
         from another process: see "Where `collect` starts reading" in `consumer.client`.
         `since` (Unix seconds) is needed for a run id chosen by the caller that this client
-        did not start."""
+        did not start; `tenant`: the run's, whose results topic holds its outcomes."""
         if not isinstance(total, int) or total < 1:
             raise ValueError("total: must be a positive number of inputs")
         check_run_id(run_id, total)
@@ -167,7 +178,7 @@ class AsyncClient:
             raise ValueError(
                 f"run_id {run_id!r} carries no start time and this client did not start it: pass since="
             )
-        reader = OutcomeReader(self.settings)
+        reader = OutcomeReader(self.tenant_settings(tenant))
         try:
             await reader.open(self._ensure_topics)
             if start is None:
@@ -195,7 +206,10 @@ class AsyncClient:
 
         if tenant is not None:
             with_tenant(jobs, tenant)
-        submit_to = self.lane_settings(lane)
+        # a tenant's jobs go to its bound topic (unless a lane is named), its outcomes are read
+        # from its own results and dead-letter topics
+        scoped = self.tenant_settings(tenant)
+        submit_to = self.lane_settings(lane, scoped)
         started_at = time.time()
         started = time.monotonic()
         run_id = run_id if run_id is not None else new_run_id(started_at, secrets.token_hex(4))
@@ -204,7 +218,7 @@ class AsyncClient:
         tracker = RunTracker(run_id, len(values))
         # the same as `promptbus submit`: the jobs topic exists before jobs are produced
         await self._ensure_topics(submit_to)
-        reader = OutcomeReader(self.settings)
+        reader = OutcomeReader(scoped)
         try:
             await reader.open(self._ensure_topics)
             # Step 1: where the output topics end before the first job exists

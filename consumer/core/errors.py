@@ -56,6 +56,9 @@ class ErrorKind(StrEnum):
     #: not know, bytes its schema cannot read, JSON that is not JSON (there is no job to replay:
     #: the producer's data or schema is what needs fixing)
     UNDECODABLE = "undecodable"
+    #: the job claims a tenant its topic does not belong to: a bound topic's job naming another
+    #: tenant, or a job naming a bound tenant from a topic not bound to it (docs/tenants.md)
+    TENANT_MISMATCH = "tenant_mismatch"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,19 @@ account `other` (with `default`'s policy), so a producer cannot escape a budget 
 names, and metrics have one label value per named tenant. Fair share is per tenant name, each
 unnamed tenant at `default`'s weight: one unnamed tenant's backlog never goes ahead of
 another's either.
+
+Bound tenants (`TenantTopics`): a tenant the tier file binds to job topics (`topics`) owns every
+job read from them, whatever the job claims; a job there that claims another tenant, and a job
+that claims a bound tenant from a topic not bound to it, is a `tenant_mismatch` dead letter. Who
+may write a topic is what Kafka's ACLs decide, so a bound tenant is as safe as its topics'
+ACLs. A tenant may have its own results and dead-letter topics (unset: the service's); its
+outcomes go there and nowhere else.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -34,6 +41,7 @@ __all__ = [
     "OnExhausted",
     "TenantPolicies",
     "TenantPolicy",
+    "TenantTopics",
     "tenant_problem",
 ]
 
@@ -121,3 +129,76 @@ class TenantPolicies:
     def budgeted(self) -> tuple[TenantPolicy, ...]:
         """The accounts some daily budget limits."""
         return tuple(p for a in self.accounts if (p := self._by_account[a]).budgeted)
+
+
+class TenantTopics:
+    """Which tenant each bound job topic belongs to, and where each tenant's outcomes go.
+
+    bound: tenant -> the job topics bound to it (a topic is bound to one tenant at most);
+    outputs: tenant -> (its results topic, its dead-letter topic), None for the service's;
+    results_topic, dead_letter_topic: the service's, every other tenant's.
+    `claim`, `results_of` and `dead_letters_of` are one dict lookup each: they run per job.
+    """
+
+    def __init__(
+        self,
+        results_topic: str,
+        dead_letter_topic: str,
+        *,
+        bound: Mapping[str, Sequence[str]] | None = None,
+        outputs: Mapping[str, tuple[str | None, str | None]] | None = None,
+    ) -> None:
+        self.results_topic = results_topic
+        self.dead_letter_topic = dead_letter_topic
+        #: job topic -> its tenant
+        self._owner = {topic: tenant for tenant, topics in (bound or {}).items() for topic in topics}
+        self._bound_tenants = frozenset(self._owner.values())
+        outputs = outputs or {}
+        self._results = {t: r for t, (r, _) in outputs.items() if r is not None}
+        self._dead_letters = {t: d for t, (_, d) in outputs.items() if d is not None}
+
+    def owner(self, topic: str) -> str | None:
+        """The tenant `topic` is bound to (None: it is bound to none)."""
+        return self._owner.get(topic)
+
+    def claim(self, topic: str, claimed: str | None) -> tuple[str, str | None]:
+        """(the tenant of a job read from `topic` claiming `claimed` (None: it names none), why
+        the claim is a `tenant_mismatch` (None: it is not)). A bound topic's job is its owner's
+        whatever it claims; an unbound topic's job claiming a bound tenant is `default`'s."""
+        owner = self._owner.get(topic)
+        if owner is not None:
+            if claimed is None or claimed == owner:
+                return owner, None
+            return owner, f"topic {topic!r} is bound to tenant {owner!r}; the job claims tenant {claimed!r}"
+        if claimed is None:
+            return DEFAULT_TENANT, None
+        if claimed in self._bound_tenants:
+            return DEFAULT_TENANT, (
+                f"tenant {claimed!r} is bound to its own topics; topic {topic!r} is not one of them"
+            )
+        return claimed, None
+
+    def results_of(self, tenant: str) -> str:
+        """The topic `tenant`'s results go to."""
+        return self._results.get(tenant, self.results_topic)
+
+    def dead_letters_of(self, tenant: str | None) -> str:
+        """The topic `tenant`'s dead letters go to (None: a record whose tenant is unknown)."""
+        if tenant is None:
+            return self.dead_letter_topic
+        return self._dead_letters.get(tenant, self.dead_letter_topic)
+
+    @property
+    def output_topics(self) -> tuple[str, ...]:
+        """Every results and dead-letter topic, the service's first."""
+        return tuple(dict.fromkeys((*self.own_results_topics, *self.own_dead_letter_topics)))
+
+    @property
+    def own_results_topics(self) -> tuple[str, ...]:
+        """Every results topic (the service's first)."""
+        return tuple(dict.fromkeys((self.results_topic, *self._results.values())))
+
+    @property
+    def own_dead_letter_topics(self) -> tuple[str, ...]:
+        """Every dead-letter topic (the service's first)."""
+        return tuple(dict.fromkeys((self.dead_letter_topic, *self._dead_letters.values())))

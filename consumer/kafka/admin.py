@@ -55,20 +55,24 @@ class TopicSpec:
 
 
 def topic_specs(
-    settings: Settings, lane_topics: Sequence[str] = (), enriched_topics: Sequence[str] = ()
+    settings: Settings,
+    lane_topics: Sequence[str] = (),
+    enriched_topics: Sequence[str] = (),
+    output_topics: Sequence[str] = (),
 ) -> list[TopicSpec]:
     """Every topic promptbus reads or writes; `lane_topics`: the lanes' job topics, made like
     the jobs topic and instead of it (with lanes, the jobs topic is read only as a lane's);
     `enriched_topics`: the sources' outputs, compacted (the latest enrichment of each key; a
-    deleted row's tombstone forgets it). batches, stats, batching, quotas and budgets are
+    deleted row's tombstone forgets it); `output_topics`: the tenants' own results and
+    dead-letter topics, made like the service's. batches, stats, batching, quotas and budgets are
     compacted (latest per key); quotas and budgets, groups' boards, are one partition so every
     instance reads their records in the order they were written."""
     p, r = settings.topic_partitions, settings.topic_replication
     jobs = list(dict.fromkeys(lane_topics or [settings.jobs_topic]))
+    outputs = dict.fromkeys((settings.results_topic, settings.dlq_topic, *output_topics))
     return [
         *(TopicSpec(topic, p, r) for topic in jobs),
-        TopicSpec(settings.results_topic, p, r),
-        TopicSpec(settings.dlq_topic, p, r),
+        *(TopicSpec(topic, p, r) for topic in outputs if topic not in jobs),
         TopicSpec(settings.batches_topic, 1, r, compacted=True),
         TopicSpec(settings.stats_topic, 1, r, compacted=True),
         TopicSpec(settings.batching_topic, 1, r, compacted=True),
@@ -136,10 +140,11 @@ async def ensure_topics(
     *,
     lane_topics: Sequence[str] = (),
     enriched_topics: Sequence[str] = (),
+    output_topics: Sequence[str] = (),
 ) -> dict[str, str]:
     """Create missing topics (`topic_specs` unless `specs` are given); return
     {topic: "created" | "exists"} for the startup report."""
-    specs = specs if specs is not None else topic_specs(settings, lane_topics, enriched_topics)
+    specs = specs if specs is not None else topic_specs(settings, lane_topics, enriched_topics, output_topics)
     return await with_admin(settings, lambda admin: _ensure(admin, specs))
 
 

@@ -11,7 +11,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from consumer.kafka.admin import with_admin
-from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs
+from consumer.kafka.connection import (
+    MAX_MESSAGE_BYTES,
+    TOPIC_AUTHORIZATION_FAILED,
+    client_kwargs,
+    topic_refused,
+)
 from consumer.kafka.records import TopicPartition
 from consumer.settings import Settings
 
@@ -61,10 +66,15 @@ async def submit_jobs(
 
 
 async def topic_partitions(settings: Settings, topic: str) -> list[int]:
-    """Partition ids of a topic (empty when it does not exist)."""
+    """Partition ids of a topic (empty when it does not exist); ConfigError when the broker's
+    ACLs refuse the user the topic (a reader would otherwise wait on it, reading nothing)."""
     described = await with_admin(settings, lambda admin: admin.describe_topics([topic]))
     for t in described:
-        if t.get("topic") == topic and not t.get("error_code"):
+        if t.get("topic") != topic:
+            continue
+        if t.get("error_code") == TOPIC_AUTHORIZATION_FAILED:
+            raise topic_refused(settings.kafka, topic)
+        if not t.get("error_code"):
             return sorted(p["partition"] for p in t.get("partitions", []))
     return []
 

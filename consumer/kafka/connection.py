@@ -69,6 +69,20 @@ def sasl_refused(security: KafkaSecurity) -> ConfigError:
     )
 
 
+#: Kafka's error code for a topic the principal is not authorized to (ACLs)
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+def topic_refused(security: KafkaSecurity, topic: str) -> ConfigError:
+    """The error for a topic the broker's ACLs do not let the user describe (and so neither
+    read nor write): names the user and the topic (docs/operations.md#acls)."""
+    user = security.sasl_username or "ANONYMOUS"
+    return ConfigError(
+        "PROMPTBUS_KAFKA__SASL_USERNAME",
+        f"Kafka's ACLs do not let user {user!r} use topic {topic!r} (TOPIC_AUTHORIZATION_FAILED)",
+    )
+
+
 async def check_connection(settings: Settings, *, timeout_s: float = CHECK_TIMEOUT_S) -> None:
     """Open one connection to a bootstrap server (TLS and SASL as configured), then close it.
 

@@ -34,7 +34,11 @@ class ServiceEdges(Protocol):
     reader, the followers of compacted topics (the batches topic, the group's boards)."""
 
     async def ensure_topics(
-        self, settings: Settings, lane_topics: Sequence[str] = (), enriched_topics: Sequence[str] = ()
+        self,
+        settings: Settings,
+        lane_topics: Sequence[str] = (),
+        enriched_topics: Sequence[str] = (),
+        output_topics: Sequence[str] = (),
     ) -> dict[str, str]: ...
 
     async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]: ...
@@ -68,9 +72,15 @@ class KafkaEdges:
     """The real edges: aiokafka's admin client, consumer and producers."""
 
     async def ensure_topics(
-        self, settings: Settings, lane_topics: Sequence[str] = (), enriched_topics: Sequence[str] = ()
+        self,
+        settings: Settings,
+        lane_topics: Sequence[str] = (),
+        enriched_topics: Sequence[str] = (),
+        output_topics: Sequence[str] = (),
     ) -> dict[str, str]:
-        return await ensure_topics(settings, lane_topics=lane_topics, enriched_topics=enriched_topics)
+        return await ensure_topics(
+            settings, lane_topics=lane_topics, enriched_topics=enriched_topics, output_topics=output_topics
+        )
 
     async def max_record_bytes(self, settings: Settings, topics: list[str]) -> dict[str, int]:
         return await max_record_bytes(settings, topics)

@@ -1,12 +1,16 @@
 """Admission: an input record becomes a JobContext, or a Rejection that says why not.
 
 Nothing here performs I/O: the caller delivers a rejection to the dead-letter topic (with the
-record's original bytes) and routes an admitted job. The checks, in order:
+record's original bytes) and routes an admitted job. Every rejection of a record read from a
+bound topic is its tenant's (its dead letter goes to that tenant's dead-letter topic), whatever
+the record says. The checks, in order:
 
     1. the record is at most `max_job_bytes`;
     2. it decodes as a Job (UTF-8 JSON of the job schema: `invalid_job`);
     3. its tenant (its `tenant` field, else its `promptbus-tenant` header, else `default`) is a
-       tenant name (`invalid_job`; `consumer.core.tenants`);
+       tenant name (`invalid_job`; `consumer.core.tenants`), and the one its topic allows: a
+       bound topic's job is its tenant's, a claim of another tenant there or of a bound tenant
+       elsewhere is `tenant_mismatch` (`TenantTopics.claim`);
     4. its tier is configured (`unknown_tier`);
     5. `mode: offline` only where the tier enables it and offline processing runs (`invalid_job`);
        `auto` (or no mode, by the tier's `default_mode`) is decided here (`core/routing.py`);
@@ -32,7 +36,7 @@ from consumer.core.embed import embed_limits, no_embeddings
 from consumer.core.errors import ErrorKind, JobError
 from consumer.core.jobs import Job, decode_job
 from consumer.core.lanes import Lane
-from consumer.core.tenants import DEFAULT_TENANT, TENANT_HEADER, tenant_problem
+from consumer.core.tenants import TENANT_HEADER, TenantTopics, tenant_problem
 from consumer.kafka.intake import InRecord
 from consumer.kafka.records import OutRecord
 from consumer.kafka.sink import Ticket
@@ -67,6 +71,7 @@ class Admission:
 
     start_trace: starts a job's tracing span from the job and its record.
     offline_runs: offline processing is wired (some tier enables it).
+    tenants: the bound topics (None: none, every job's tenant is what it claims).
     """
 
     def __init__(
@@ -76,8 +81,10 @@ class Admission:
         max_job_bytes: int,
         offline_runs: bool,
         start_trace: Callable[[Job, InRecord], Any],
+        tenants: TenantTopics | None = None,
     ) -> None:
         self._tiers = tiers
+        self._tenants = tenants if tenants is not None else TenantTopics("", "")
         self._max_job_bytes = max_job_bytes
         self._offline_runs = offline_runs
         self._start_trace = start_trace
@@ -96,14 +103,16 @@ class Admission:
         One pass per record: the checks in the module's order, then the context built from
         the job's fields directly."""
         raw = record.value if record.value is not None else b""
+        owner = self._tenants.owner(record.source.tp.topic)
         if len(raw) > self._max_job_bytes:
             message = f"job is {len(raw)} bytes, over max_job_bytes ({self._max_job_bytes})"
-            return Rejection(ErrorKind.INVALID_JOB, message, raw, job_id=key_text(record.key), key=record.key)
+            return Rejection(
+                ErrorKind.INVALID_JOB, message, raw, job_id=key_text(record.key), tenant=owner, key=record.key
+            )
         try:
             job = decode_job(raw)
         except JobError as exc:
-            header = header_tenant(record.headers)
-            tenant = header if header is not None and tenant_problem(header) is None else None
+            tenant = owner if owner is not None else self._readable_claim(record)
             return Rejection(exc.kind, str(exc), raw, job_id=job_id_hint(raw), tenant=tenant, key=record.key)
         admitted = self._admit_job(job, raw, record, ticket, now_s, lane)
         if isinstance(admitted, Rejection):
@@ -140,6 +149,7 @@ class Admission:
                 str(exc),
                 raw or b"",
                 job_id=key_text(record.key),
+                tenant=self._tenants.owner(record.source.tp.topic),
                 key=record.key,
                 headers=source.headers(record.headers, offset),
                 source=source,
@@ -165,14 +175,17 @@ class Admission:
         self, job: Job, raw: bytes, record: InRecord, ticket: Ticket, now_s: float, lane: Lane | None
     ) -> JobContext | Rejection:
         """The checks after decoding (tenant, tier, mode, content), then the context."""
-        tenant = job.tenant
-        if tenant is None:
-            tenant = header_tenant(record.headers)
-            if tenant is None:
-                tenant = DEFAULT_TENANT
-            elif (problem := tenant_problem(tenant)) is not None:
+        topic = record.source.tp.topic
+        claimed = job.tenant
+        if claimed is None:
+            claimed = header_tenant(record.headers)
+            if claimed is not None and (problem := tenant_problem(claimed)) is not None:
                 message = f"header '{TENANT_HEADER}': {problem}"
-                return Rejection(ErrorKind.INVALID_JOB, message, raw, job=job)
+                owner = self._tenants.owner(topic)
+                return Rejection(ErrorKind.INVALID_JOB, message, raw, job=job, tenant=owner)
+        tenant, mismatch = self._tenants.claim(topic, claimed)
+        if mismatch is not None:
+            return Rejection(ErrorKind.TENANT_MISMATCH, mismatch, raw, job=job, tenant=tenant)
         tier = self._tiers.get(job.tier)
         if tier is None:
             message = f"tier '{job.tier}' is not configured (known: {self._known})"
@@ -211,6 +224,14 @@ class Admission:
             tenant,
             record.key,
         )
+
+    def _readable_claim(self, record: InRecord) -> str | None:
+        """The tenant an undecodable record's header names, when it is a tenant name that is
+        not bound (a bound tenant's dead letters hold only its own topics' records)."""
+        header = header_tenant(record.headers)
+        if header is None or tenant_problem(header) is not None:
+            return None
+        return None if self._tenants.claim(record.source.tp.topic, header)[1] is not None else header
 
     @staticmethod
     def _check_for_provider(job: Job, tier: TierRuntime) -> None:

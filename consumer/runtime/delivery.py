@@ -25,14 +25,20 @@ from dataclasses import dataclass
 
 from consumer.core.errors import ErrorKind, JobError, ProviderError
 from consumer.core.lanes import Lane
-from consumer.core.tenants import TenantPolicies
+from consumer.core.tenants import TenantPolicies, TenantTopics
 from consumer.kafka.records import OutRecord
 from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.accounts import TenantLedger
 from consumer.runtime.admission import Rejection
 from consumer.runtime.context import JobContext
 from consumer.runtime.latency import DEAD_LETTER, JOB_LATENCY, OFFLINE_JOB_LATENCY, RESULT, Series
-from consumer.runtime.outcomes import AnswerResults, RecordLimits, dead_letter_record, too_large_result
+from consumer.runtime.outcomes import (
+    AnswerResults,
+    RecordLimits,
+    ResultTail,
+    dead_letter_record,
+    too_large_result,
+)
 from consumer.runtime.sources import SourceOrigin
 from consumer.runtime.stats import LaneStats, ServiceStats
 from consumer.settings import Settings
@@ -100,11 +106,17 @@ class OutcomeWriter:
         limits: RecordLimits,
         *,
         ledger: TenantLedger | None = None,
+        tenants: TenantTopics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """ledger: where each job's end is counted per tenant (None: every tenant weight 1 and
-        no budget, as without a `tenants` section)."""
+        no budget, as without a `tenants` section); tenants: the tenants' bound topics and
+        outputs (None: every tenant's outcomes go to the service's topics)."""
         self._settings = settings
+        #: where each tenant's results and dead letters go (admission reads its bound topics)
+        self.tenants = (
+            tenants if tenants is not None else TenantTopics(settings.results_topic, settings.dlq_topic)
+        )
         self.ledger = ledger if ledger is not None else TenantLedger(TenantPolicies(), stats)
         self._sink = sink
         self._stats = stats
@@ -123,8 +135,9 @@ class OutcomeWriter:
         return self._stats
 
     @property
-    def results_topic(self) -> str:
-        return self._settings.results_topic
+    def results_topic(self) -> Callable[[str], str]:
+        """A tenant's results topic (`TenantTopics.results_of`), what `AnswerResults` takes."""
+        return self.tenants.results_of
 
     def take_rerouted(self) -> list[JobContext]:
         """The jobs to route again since the last call (the pipeline takes them every turn)."""
@@ -135,7 +148,7 @@ class OutcomeWriter:
         """An input that cannot become a job context: dead letter with the original bytes,
         counted in the totals and in the dead letters of `lane`, the lane it was read in."""
         record = dead_letter_record(
-            self._settings.dlq_topic,
+            self.tenants.dead_letters_of(rejection.tenant),
             source=ticket.source,
             kind=rejection.kind,
             message=rejection.message,
@@ -183,7 +196,7 @@ class OutcomeWriter:
             self._source_failed_in_field(ctx, origin, kind, message, attempts)
             return
         record = dead_letter_record(
-            self._settings.dlq_topic,
+            self.tenants.dead_letters_of(ctx.tenant),
             source=ctx.source,
             kind=kind,
             message=message,
@@ -260,7 +273,7 @@ class OutcomeWriter:
         its deadline takes `answered` itself."""
         # the jobs of one answer share their records' tail and their counters: per (tier,
         # lane, mode, tenant), its tail and the jobs that ended in it
-        groups: dict[tuple[str, str | None, str, str], tuple[bytes, list[JobContext]]] = {}
+        groups: dict[tuple[str, str | None, str, str], tuple[ResultTail, list[JobContext]]] = {}
         outcomes: list[tuple[Ticket, OutRecord | None]] = []
         superseded = 0  # source jobs whose key had a newer record written: no record of their own
         max_bytes, result = self.limits.results, results.result

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -44,12 +44,18 @@ class RecordLimits:
 
     @classmethod
     def of_topics(
-        cls, max_bytes: Mapping[str, int], *, results: str, dead_letters: str, batches: str | None = None
+        cls,
+        max_bytes: Mapping[str, int],
+        *,
+        results: Sequence[str],
+        dead_letters: Sequence[str],
+        batches: str | None = None,
     ) -> RecordLimits:
-        """From each topic's largest record batch (bytes)."""
+        """From each topic's largest record batch (bytes): the least of the results topics (every
+        tenant's) and of the dead-letter topics, so a record fits whichever its tenant writes."""
         return cls(
-            results=max_bytes[results] - RECORD_OVERHEAD_BYTES,
-            dead_letters=max_bytes[dead_letters] - RECORD_OVERHEAD_BYTES,
+            results=min(max_bytes[t] for t in results) - RECORD_OVERHEAD_BYTES,
+            dead_letters=min(max_bytes[t] for t in dead_letters) - RECORD_OVERHEAD_BYTES,
             batches=max_bytes[batches] - RECORD_OVERHEAD_BYTES if batches is not None else MAX_VALUE_BYTES,
         )
 
@@ -81,6 +87,9 @@ def job_id_hint(raw: bytes | None) -> str | None:
 
 _new_out_record = maker(OutRecord)
 
+#: a group's results topic and its records' closing members (`AnswerResults.tail`)
+ResultTail = tuple[str, bytes]
+
 #: the usage of a job answered by another job's identical request
 _NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "cached_input_tokens": 0, "cache_write_tokens": 0}
 
@@ -97,19 +106,22 @@ class AnswerResults:
     group; each job's record is its own members followed by that tail. Every value comes from
     already-validated objects; tests/unit/test_outcomes.py holds this encoding equal to
     `encode(Result(...))`.
+
+    topic: the results topic, or a tenant's results topic by tenant (`TenantTopics.results_of`):
+    a tail carries its group's topic, looked up once per group.
     """
 
-    __slots__ = ("_shared", "_shared_members", "_shared_no_usage", "_tails", "_topic")
+    __slots__ = ("_shared", "_shared_members", "_shared_no_usage", "_tails", "_topic_of")
 
     def __init__(
         self,
-        topic: str,
+        topic: str | Callable[[str], str],
         completion: Completion | Embeddings,
         batch_size: int,
         completed_at: datetime | None = None,
     ) -> None:
         usage = completion.usage.share(max(batch_size, 1))
-        self._topic = topic
+        self._topic_of = topic if callable(topic) else (lambda _tenant, _topic=topic: _topic)
         # an embeddings answer has no finish reason; a batched answer's is the batch's, not a job's
         if isinstance(completion, Completion) and batch_size == 1:
             finish_reason = completion.finish_reason
@@ -135,7 +147,7 @@ class AnswerResults:
         self._shared_members = shared
         self._shared_no_usage: bytes | None = None  # see `_no_usage`
         #: (tier, requested tier, lane, mode, tenant) -> its jobs' tail (see `result`)
-        self._tails: dict[tuple[str, str, str | None, str, str], bytes] = {}
+        self._tails: dict[tuple[str, str, str | None, str, str], ResultTail] = {}
 
     def record(
         self,
@@ -164,24 +176,27 @@ class AnswerResults:
         if dedupe_of is None:
             tail = self.tail(tier or requested_tier, requested_tier, lane, mode, tenant)
         else:
-            tail = self._render_tail(tier or requested_tier, requested_tier, lane, mode, tenant, dedupe_of)
+            by = tier or requested_tier
+            rendered = self._render_tail(by, requested_tier, lane, mode, tenant, dedupe_of)
+            tail = (self._topic_of(tenant), rendered)
         return self.result(
             tail, job_id, metadata, source, output, attempts, latency_ms, embedding, traceparent
         )
 
-    def tail(self, tier: str, requested_tier: str, lane: str | None, mode: str, tenant: str) -> bytes:
-        """The closing members of the results of the jobs of `requested_tier` answered by `tier`,
-        read in `lane`, gone `mode`, of `tenant`: rendered once per such group of the answer's
-        jobs, which `result` ends each of their records with."""
+    def tail(self, tier: str, requested_tier: str, lane: str | None, mode: str, tenant: str) -> ResultTail:
+        """The topic and the closing members of the results of the jobs of `requested_tier`
+        answered by `tier`, read in `lane`, gone `mode`, of `tenant`: made once per such group
+        of the answer's jobs, which `result` ends each of their records with."""
         key = (tier, requested_tier, lane, mode, tenant)
         found = self._tails.get(key)
         if found is None:
-            found = self._tails[key] = self._render_tail(tier, requested_tier, lane, mode, tenant, None)
+            rendered = self._render_tail(tier, requested_tier, lane, mode, tenant, None)
+            found = self._tails[key] = (self._topic_of(tenant), rendered)
         return found
 
     def result(
         self,
-        tail: bytes,
+        tail: ResultTail,
         job_id: str,
         metadata: dict[str, Any] | None,
         source: SourceOffset,
@@ -205,7 +220,8 @@ class AnswerResults:
                 "source": {"topic": tp.topic, "partition": tp.partition, "offset": source.offset},
             }
         )
-        return _new_out_record((self._topic, job_id.encode(), own[:-1] + tail, _headers(source, traceparent)))
+        topic, members = tail
+        return _new_out_record((topic, job_id.encode(), own[:-1] + members, _headers(source, traceparent)))
 
     def _render_tail(
         self, tier: str, requested_tier: str, lane: str | None, mode: str, tenant: str, dedupe_of: str | None

@@ -121,6 +121,7 @@ class Pipeline:
             max_job_bytes=settings.max_job_bytes,
             offline_runs=offline is not None,
             start_trace=telemetry.start_job,
+            tenants=outcomes.tenants,
         )
         rng = rng or random.Random()
         fallback = FallbackRouter(tiers, lambda ctx: self._route(ctx, self._clock(), counted=True), clock)

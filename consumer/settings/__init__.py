@@ -27,6 +27,7 @@ from consumer.settings.tierfile import (
     lane_topic,
     load_tier_file,
     parse_tier_file,
+    tenant_settings,
     unread_jobs_topic_note,
 )
 from consumer.settings.tiers import (
@@ -66,5 +67,6 @@ __all__ = [
     "load_settings",
     "load_tier_file",
     "parse_tier_file",
+    "tenant_settings",
     "unread_jobs_topic_note",
 ]

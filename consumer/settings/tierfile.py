@@ -15,12 +15,13 @@ from pydantic import Field, ValidationError, model_validator
 from consumer.core.errors import ConfigError
 from consumer.core.fallback import chain_problem
 from consumer.core.lanes import Lane
-from consumer.core.tenants import TenantPolicies
+from consumer.core.tenants import TenantPolicies, TenantTopics
 from consumer.settings.base import StrictModel
+from consumer.settings.environment import Settings
 from consumer.settings.lanes import LaneConfig, lane_list, lanes_problem
 from consumer.settings.quotas import QuotaConfig
 from consumer.settings.sources import SourceConfig, sources_problem
-from consumer.settings.tenants import TenantConfig, tenant_policies, tenants_problem
+from consumer.settings.tenants import TenantConfig, tenant_policies, tenant_topics, tenants_problem
 from consumer.settings.tiers import TierConfig
 from consumer.yaml12 import YAMLError, load_yaml
 
@@ -141,6 +142,36 @@ class TierFile(StrictModel):
         """The service's tenants (`consumer.settings.tenants.tenant_policies`)."""
         return tenant_policies(self.tenants)
 
+    def tenant_topics(self, results_topic: str, dead_letter_topic: str) -> TenantTopics:
+        """The tenants' bound topics and outputs (`consumer.settings.tenants.tenant_topics`)."""
+        return tenant_topics(self.tenants, results_topic, dead_letter_topic)
+
+    def bound_topics_problem(self, jobs_topic: str) -> tuple[str, str] | None:
+        """(dotted key, reason) of a bound topic nothing reads (no lane, no source, and not
+        `jobs_topic` when there are no lanes), or of a source whose fixed tenant is not the one
+        its topic is bound to; None when nothing is wrong."""
+        read = [lane.topic for lane in self.lanes.values()] if self.lanes else [jobs_topic]
+        sources = self.sources or {}
+        read += [source.topic for source in sources.values()]
+        owners = {}
+        for name, tenant in (self.tenants or {}).items():
+            for i, topic in enumerate(tenant.topics or ()):
+                owners[topic] = name
+                if topic not in read:
+                    return (
+                        f"tenants.{name}.topics.{i}",
+                        f"topic {topic!r} is read by no lane or source (read: {', '.join(read)})",
+                    )
+        for name, source in sources.items():
+            owner = owners.get(source.topic)
+            if owner is not None and isinstance(source.tenant, str) and source.tenant != owner:
+                return (
+                    f"sources.{name}.tenant",
+                    f"its topic {source.topic!r} is bound to tenant {owner!r}, not {source.tenant!r}: "
+                    "every job would be a dead letter tenant_mismatch",
+                )
+        return None
+
     def unpriced_usd_budget(self) -> list[str]:
         """The tiers without `pricing` while some tenant has a USD budget: their spend counts as
         0 against it (check-config says so)."""
@@ -163,6 +194,24 @@ def lane_topic(tier_file: TierFile | None, lane: str | None, jobs_topic: str) ->
     if lane not in lanes:
         raise ConfigError("--lane", f"lane {lane!r} is unknown (lanes: {', '.join(lanes)})")
     return lanes[lane].topic
+
+
+def tenant_settings(settings: Settings, tier_file: TierFile | None, tenant: str | None) -> Settings:
+    """The settings of a client of `tenant` (`results --tenant`, `replay --tenant`, the
+    client's `tenant=`): its results and dead-letter topics, and its first bound job topic as
+    the jobs topic; `settings` as they are without a tenant or a tier file."""
+    if tenant is None or tier_file is None:
+        return settings
+    tenants = tier_file.tenant_topics(settings.results_topic, settings.dlq_topic)
+    config = (tier_file.tenants or {}).get(tenant)
+    jobs_topic = config.topics[0] if config is not None and config.topics else settings.jobs_topic
+    return settings.model_copy(
+        update={
+            "results_topic": tenants.results_of(tenant),
+            "dlq_topic": tenants.dead_letters_of(tenant),
+            "jobs_topic": jobs_topic,
+        }
+    )
 
 
 def unlaned_topic(lanes: dict[str, LaneConfig] | None, jobs_topic: str) -> str:

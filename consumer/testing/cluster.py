@@ -41,7 +41,9 @@ class LocalKafka:
     """One cluster run by `deploy/kafka-local/kafka` in its own state dir.
 
     ports: (first broker port, first controller port); None: the script's defaults (9092 for
-    one node, 19092 for three). security: "plaintext" or "sasl_ssl". heap: the JVM heap flags
+    one node, 19092 for three). security: "plaintext" or "sasl_ssl"; acl: with sasl_ssl, the
+    broker's authorizer refuses what no ACL allows (`kafka start --acl`); users: more SCRAM
+    users beside admin and promptbus (`user_env`). heap: the JVM heap flags
     of each node (None: the script's default). `started_here` tells whether `start` had to
     start it (and so whether its owner should stop it); `client_env` holds the client settings
     `start` printed before the bootstrap servers (empty for plaintext).
@@ -51,6 +53,8 @@ class LocalKafka:
     nodes: int = 1
     ports: tuple[int, int] | None = None
     security: str = "plaintext"
+    acl: bool = False
+    users: tuple[str, ...] = ()
     heap: str | None = None
     bootstrap: str = ""
     started_here: bool = False
@@ -88,7 +92,10 @@ class LocalKafka:
     def start(self) -> str:
         """Start the cluster (a no-op when it runs) and return its bootstrap servers."""
         already_running = self.is_running()
-        proc = self._run("start", "--nodes", str(self.nodes), "--security", self.security)
+        extra = ["--acl"] if self.acl else []
+        if self.users:
+            extra += ["--users", ",".join(self.users)]
+        proc = self._run("start", "--nodes", str(self.nodes), "--security", self.security, *extra)
         lines = proc.stdout.strip().splitlines()
         self.bootstrap = lines[-1]
         self.client_env = dict(line.split("=", 1) for line in lines[:-1] if "=" in line)
@@ -97,6 +104,16 @@ class LocalKafka:
             "local Kafka (%d node(s)) at %s, started here: %s", self.nodes, self.bootstrap, self.started_here
         )
         return self.bootstrap
+
+    def user_env(self, user: str) -> dict[str, str]:
+        """The client settings of `user` (admin, or one of `users`): `client_env` with its name
+        and its password (from the state dir's security files)."""
+        password = (self.home / "security" / f"{user}.password").read_text().strip()
+        return {
+            **self.client_env,
+            "PROMPTBUS_KAFKA__SASL_USERNAME": user,
+            "PROMPTBUS_KAFKA__SASL_PASSWORD": password,
+        }
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, SIGKILL after a bound)."""

@@ -368,9 +368,13 @@ class MemoryEdges:
     broker: MemoryBroker
 
     async def ensure_topics(
-        self, settings: Settings, lane_topics: Sequence[str] = (), enriched_topics: Sequence[str] = ()
+        self,
+        settings: Settings,
+        lane_topics: Sequence[str] = (),
+        enriched_topics: Sequence[str] = (),
+        output_topics: Sequence[str] = (),
     ) -> dict[str, str]:
-        specs = topic_specs(settings, lane_topics, enriched_topics)
+        specs = topic_specs(settings, lane_topics, enriched_topics, output_topics)
         report = {s.name: "exists" if s.name in self.broker.topics else "created" for s in specs}
         for spec in specs:
             self.broker.topic(spec.name, spec.partitions)

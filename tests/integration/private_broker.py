@@ -20,13 +20,18 @@ from consumer.testing.ports import free_ports
 
 
 @contextlib.contextmanager
-def private_broker(name: str, *, security: str = "plaintext") -> Iterator[LocalKafka]:
+def private_broker(
+    name: str, *, security: str = "plaintext", acl: bool = False, users: tuple[str, ...] = ()
+) -> Iterator[LocalKafka]:
     """`with private_broker("outage") as kafka:` a fresh 1-node broker, cleaned up at the end
-    (`kafka.client_env`: the client settings its start printed, for SASL_SSL)."""
+    (`kafka.client_env`: the client settings its start printed, for SASL_SSL; `acl`, `users`:
+    its authorizer and more users, as `LocalKafka`'s)."""
     home = REPO_ROOT / ".local" / f"kafka-{name}-{uuid.uuid4().hex[:8]}"
     home.mkdir(parents=True)
     broker_port, controller_port = free_ports(2)
-    kafka = LocalKafka(home, nodes=1, ports=(broker_port, controller_port), security=security)
+    kafka = LocalKafka(
+        home, nodes=1, ports=(broker_port, controller_port), security=security, acl=acl, users=users
+    )
     try:
         kafka.start()
         yield kafka

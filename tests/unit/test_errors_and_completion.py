@@ -26,7 +26,7 @@ def test_error_kinds_are_the_design_list() -> None:
     assert {k.value for k in ErrorKind} == {
         "invalid_job", "unknown_tier", "template_error", "provider_rejected", "auth_failed",
         "quota_exhausted", "retries_exhausted", "deadline_exceeded", "batch_expired", "batch_failed",
-        "output_invalid", "budget_exhausted", "undecodable",
+        "output_invalid", "budget_exhausted", "undecodable", "tenant_mismatch",
     }
 
 

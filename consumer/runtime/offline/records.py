@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -27,7 +27,7 @@ from consumer.core.offline import (
     item_outcome,
     token_shards,
 )
-from consumer.core.tenants import DEFAULT_TENANT, tenant_problem
+from consumer.core.tenants import DEFAULT_TENANT, TenantTopics, tenant_problem
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import enriched_record
@@ -166,17 +166,21 @@ def record_runs(member_bytes: Sequence[int], max_bytes: int) -> tuple[list[range
 
 
 def observe_offline_latency(
-    stats: ServiceStats, dlq_topic: str, record: dict[str, Any], outcomes: Sequence[OutRecord | None]
+    stats: ServiceStats,
+    dlq_topics: Collection[str],
+    record: dict[str, Any],
+    outcomes: Sequence[OutRecord | None],
 ) -> None:
     """Acknowledged outcomes of a batch's members (one each, in member order; None: a source
     job whose key had a newer record written): their latency from their job records'
-    timestamps (the submission time for a batch recorded without them)."""
+    timestamps (the submission time for a batch recorded without them). `dlq_topics`: every
+    tenant's dead-letter topic (`TenantTopics.own_dead_letter_topics`)."""
     now_s = time.time()
     for member, outcome in zip(record["members"], outcomes, strict=False):
         if outcome is None:
             continue
         started_s = float(member.get("timestamp") or record.get("submitted_at") or now_s)
-        kind = DEAD_LETTER if outcome.topic == dlq_topic else RESULT
+        kind = DEAD_LETTER if outcome.topic in dlq_topics else RESULT
         labels = (str(record["tier"]), str(member.get("lane") or DEFAULT_LANE), kind)
         stats.latency.observe(OFFLINE_JOB_LATENCY, labels, max(0.0, now_s - started_s))
 
@@ -206,16 +210,19 @@ def outcome_records(
     tier_options: dict[str, Any] | None = None,
     limits: RecordLimits | None = None,
     sources: Mapping[str, SourceRuntime] | None = None,
+    tenants: TenantTopics | None = None,
 ) -> list[OutRecord | None]:
     """One result or dead letter per member of a finished provider batch, as
     `consumer.core.offline.item_outcome` decides (`tier_options`: the tier's, under each job's);
     a source's member (`origin`) ends as its enriched record instead (`_source_outcome`;
     `sources`: the configured ones by name), or None when a newer record of its key was written.
+    Each goes to its tenant's topic (`tenants`; None: the service's topics).
 
     A result that would be over the results topic's record size (`limits`) is `output_invalid`
     instead (a batch cannot ask again).
     """
     limits = limits or RecordLimits()
+    tenants = tenants if tenants is not None else TenantTopics(settings.results_topic, settings.dlq_topic)
     by_id = {item.custom_id: item for item in items}
     latency_ms = max(0.0, (time.time() - float(record.get("submitted_at", time.time()))) * 1000.0)
     out: list[OutRecord | None] = []
@@ -227,15 +234,17 @@ def outcome_records(
         item = by_id.get(member["custom_id"])
         outcome = item_outcome(item, job, status, record["batch_id"], tier_options or {})
         stored = member.get("origin")
+        tenant = member_tenant(member)
         if isinstance(stored, dict):
-            place = _SourcePlace(settings.dlq_topic, record, tier_options or {}, limits, sources or {})
+            dlq_topic = tenants.dead_letters_of(tenant)
+            place = _SourcePlace(dlq_topic, record, tier_options or {}, limits, sources or {})
             out.append(_source_outcome(place, stored, member, job, source, outcome))
             continue
         if isinstance(outcome, Answered):
             answer = outcome.answer
             if isinstance(deployment, str):
                 answer = dataclasses.replace(answer, deployment=deployment)
-            result = AnswerResults(settings.results_topic, answer, 1).record(
+            result = AnswerResults(tenants.results_of, answer, 1).record(
                 job_id=job.id,
                 requested_tier=job.tier,
                 metadata=job.metadata,
@@ -247,7 +256,7 @@ def outcome_records(
                 tier=record.get("tier"),
                 mode="offline",
                 embedding=outcome.embedding,
-                tenant=member_tenant(member),
+                tenant=tenant,
             )
             problem = too_large_result(result, limits.results)
             if problem is None:
@@ -256,7 +265,7 @@ def outcome_records(
             outcome = Failed(ErrorKind.OUTPUT_INVALID, problem)
         out.append(
             dead_letter_record(
-                settings.dlq_topic,
+                tenants.dead_letters_of(tenant),
                 source=source,
                 kind=outcome.kind,
                 message=outcome.message,
@@ -265,7 +274,7 @@ def outcome_records(
                 status_code=outcome.status_code,
                 provider=record.get("provider"),
                 max_bytes=limits.dead_letters,
-                tenant=member_tenant(member),
+                tenant=tenant,
             )
         )
     return out
@@ -283,8 +292,8 @@ def member_tenant(member: dict[str, Any]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _SourcePlace:
-    """What a source member's outcome needs beside the member: the dead-letter topic, its batch
-    record, the tier's options, the record limits and the configured sources by name."""
+    """What a source member's outcome needs beside the member: its tenant's dead-letter topic,
+    its batch record, the tier's options, the record limits and the configured sources by name."""
 
     dlq_topic: str
     record: dict[str, Any]

@@ -24,6 +24,7 @@ from consumer.core.offline import (
     may_resubmit,
     resubmit_backoff_s,
 )
+from consumer.core.tenants import TenantTopics
 from consumer.kafka.records import OutRecord
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchProvider
@@ -81,12 +82,17 @@ class BatchTracker:
         max_enqueued_tokens_by_tier: dict[str, int] | None = None,
         ledger: TenantLedger | None = None,
         sources: Mapping[str, SourceRuntime] | None = None,
+        tenants: TenantTopics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """sources: the configured sources by name: a source job's member is written back as its
-        enriched record (`outcome_records`)."""
+        enriched record (`outcome_records`); tenants: where each tenant's outcomes go (None:
+        the service's topics)."""
         self._sources = dict(sources or {})
         self._settings = settings
+        self._tenants = (
+            tenants if tenants is not None else TenantTopics(settings.results_topic, settings.dlq_topic)
+        )
         self._clock = clock
         self._max_enqueued = max_enqueued_tokens_by_tier or {}
         #: batch key -> the batch the provider failed for its enqueued token limit, held
@@ -216,13 +222,14 @@ class BatchTracker:
                 items = await provider.results(record["batch_id"])
         tier_options = self._options_by_tier.get(record["tier"])
         records = outcome_records(
-            self._settings, record, job.status, items, tier_options, self._limits, self._sources
+            self._settings, record, job.status, items, tier_options, self._limits, self._sources,
+            self._tenants,
         )
         await self._publish(key, [r for r in records if r is not None])
         if self._stats is not None:
             tier = record["tier"]
             count_offline_usage(self._stats.tier(tier), items, self._pricing_by_tier.get(tier))
-            observe_offline_latency(self._stats, self._settings.dlq_topic, record, records)
+            observe_offline_latency(self._stats, self._tenants.own_dead_letter_topics, record, records)
         if self._ledger is not None:
             tenants = {m["custom_id"]: member_tenant(m) for m in record["members"]}
             count_tenant_usage(self._ledger, tenants, items, self._pricing_by_tier.get(record["tier"]))
