@@ -145,7 +145,9 @@ def format_tenants(merged: dict[str, Any], only: str | None = None) -> list[str]
     """`promptbus stats` lines of the merged snapshot's tenant accounts (named tenants,
     `default`, `other`), one per account (`only`: that one's)."""
     return [
-        f"tenant {name}: results={int(t.get('results', 0))} dead_letters={int(t.get('dead_letters', 0))} "
+        f"tenant {name}: results={int(t.get('results', 0))} dead_letters={int(t.get('dead_letters', 0))}"
+        + (f" (tenant_mismatch={int(t['mismatched'])})" if t.get("mismatched") else "")
+        + " "
         f"tokens in={int(t.get('input_tokens', 0))} out={int(t.get('output_tokens', 0))} "
         f"cost=${float(t.get('cost_usd', 0.0)):.4f} held={int(t.get('held', 0))}" + _budget_left(t)
         for name, t in sorted(merged.get("tenants", {}).items())

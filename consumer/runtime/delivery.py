@@ -166,7 +166,9 @@ class OutcomeWriter:
         if lane is not None:  # rejected as it is read: its outcome took no time after its read
             self._stats.lane(lane.name).ended(0.0, ok=False)
         if rejection.tenant is not None:  # a record whose tenant cannot be read counts in none
-            self.ledger.stats_of(rejection.tenant).ended(ok=False)
+            account = self.ledger.stats_of(rejection.tenant)
+            account.ended(ok=False)
+            account.mismatched += rejection.kind is ErrorKind.TENANT_MISMATCH
         self._sink.deliver(ticket, record)
 
     def deliver_record(self, ticket: Ticket, record: OutRecord | None, lane: Lane | None = None) -> None:

@@ -192,6 +192,9 @@ class TenantStats:
 
     results: int = 0
     dead_letters: int = 0
+    #: of its dead letters, the jobs whose tenant claim its bound topics refused (`tenant_mismatch`):
+    #: on a bound tenant's account, jobs its own topics carried claiming another tenant
+    mismatched: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0

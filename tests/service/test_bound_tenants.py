@@ -80,3 +80,9 @@ async def test_bound_tenants_own_their_topics_and_their_outcomes_go_to_their_own
     assert len(provider.requests) == 3
     assert tenants["team-b"]["results"] == 1 and tenants["team-b"]["dead_letters"] == 0
     assert tenants["team-a"]["results"] == 1 and tenants["team-a"]["dead_letters"] == 3
+    assert tenants["team-a"]["mismatched"] == 2 and tenants["team-b"]["mismatched"] == 0
+    assert tenants["default"]["mismatched"] == 1
+    from consumer.cli.stats import format_tenants
+
+    (line,) = format_tenants({"tenants": tenants}, only="team-a")
+    assert line.startswith("tenant team-a: results=1 dead_letters=3 (tenant_mismatch=2) tokens in=")
