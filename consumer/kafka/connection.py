@@ -7,6 +7,8 @@ import ssl
 from typing import Any
 
 from aiokafka.conn import collect_hosts, create_conn
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import (
     AuthenticationFailedError,
     IllegalSaslStateError,
@@ -56,6 +58,17 @@ def group_kwargs(settings: Settings) -> dict[str, Any]:
     session (`session_timeout_s`) and a heartbeat every third of it."""
     session_ms = int(settings.session_timeout_s * 1000)
     return {"session_timeout_ms": session_ms, "heartbeat_interval_ms": max(1, session_ms // 3)}
+
+
+def membership_kwargs(settings: Settings) -> dict[str, Any]:
+    """`group_kwargs` of the job group's members: a sticky assignment, so a rebalance moves as
+    few partitions as it must (round robin second: a group whose older members offer only it
+    still agrees on one), and static membership when `instance_id` is set."""
+    kwargs = group_kwargs(settings)
+    kwargs["partition_assignment_strategy"] = (StickyPartitionAssignor, RoundRobinPartitionAssignor)
+    if settings.instance_id is not None:
+        kwargs["group_instance_id"] = settings.instance_id
+    return kwargs
 
 
 def sasl_refused(security: KafkaSecurity) -> ConfigError:

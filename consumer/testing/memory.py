@@ -91,7 +91,8 @@ class MemoryBroker:
 
 
 class MemoryIntake:
-    """A `JobIntake` on the memory broker: one member that owns every partition."""
+    """A `JobIntake` on the memory broker: one member that owns every partition (or those
+    `partitions` names), until `rebalance` gives it others."""
 
     def __init__(
         self,
@@ -99,6 +100,7 @@ class MemoryIntake:
         settings: Settings,
         owned: Assignment | None = None,
         topics: Sequence[str] | None = None,
+        partitions: set[TopicPartition] | None = None,
     ) -> None:
         self._broker = broker
         self._topics = list(topics) if topics else [settings.jobs_topic]
@@ -107,19 +109,41 @@ class MemoryIntake:
         self.owned = owned if owned is not None else Assignment()
         self._paused: set[TopicPartition] = set()
         self._handler: RebalanceHandler | None = None
-        #: a single member never meets records an earlier owner finished
+        #: its commits carry no finished offsets, so it never meets records an earlier owner finished
         self.skipped_done = 0
+        self._initial = partitions
 
     async def start(self, handler: RebalanceHandler) -> None:
         self._handler = handler
-        committed = self._broker.committed.setdefault(self.group_id, {})
-        partitions = {
-            TopicPartition(topic, p) for topic in self._topics for p in range(len(self._broker.topic(topic)))
-        }
-        for tp in partitions:
-            state = self.owned.assign(tp)
-            state.fetched_to, state.done_read = committed.get(tp, 0), True
+        partitions = self._initial
+        if partitions is None:
+            partitions = {
+                TopicPartition(topic, p) for topic in self._topics for p in range(len(self._broker.topic(topic)))
+            }
+        self._take_over(partitions)
         await handler.on_assigned(partitions)
+
+    def _take_over(self, partitions: set[TopicPartition]) -> None:
+        """Own these partitions (new ones are read from their committed offsets)."""
+        committed = self._broker.committed.setdefault(self.group_id, {})
+        for tp in partitions:
+            if tp not in self.owned:
+                state = self.owned.assign(tp)
+                state.fetched_to, state.done_read = committed.get(tp, 0), True
+
+    async def rebalance(self, partitions: set[TopicPartition]) -> None:
+        """One eager rebalance as aiokafka's listener sees it: every owned partition revoked,
+        then `partitions` assigned (those owned before go on where they were fetched to; the
+        others owned before are lost)."""
+        assert self._handler is not None, "not started"
+        await self._handler.on_revoked(set(self.owned))
+        lost = {tp for tp in self.owned if tp not in partitions}
+        self.owned.revoke(lost)
+        self._paused -= lost
+        if lost:
+            await self._handler.on_lost(lost)
+        self._take_over(partitions)
+        await self._handler.on_assigned(set(partitions))
 
     async def stop(self) -> None:
         """Leave the group as aiokafka's consumer does on close: the partitions go without a

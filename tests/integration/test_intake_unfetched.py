@@ -36,6 +36,9 @@ class _Handler:
         if partitions:  # aiokafka also revokes the empty set before its first join
             self.calls.append(("revoked", partitions))
 
+    async def on_lost(self, partitions: set[TopicPartition]) -> None:
+        self.calls.append(("lost", partitions))
+
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
         self.calls.append(("assigned", partitions))
 
