@@ -106,7 +106,9 @@ class Settings(BaseSettings):
     revoke_timeout_s: float = Field(
         10.0,
         ge=0,
-        description="on a rebalance, how long the commit of finished work may wait (in-flight work is not waited for)",
+        description=(
+            "on a rebalance, how long the commit of finished work may wait (in-flight work is not waited for)"
+        ),
     )
     # Static membership (KIP-345): a member that comes back under the same name within the
     # session is given its partitions again without a rebalance (a StatefulSet pod's name).

@@ -3,11 +3,11 @@ watermark of acked outcomes (see `consumer.kafka.sink`).
 
 From a rebalance's revoke to its assignment, outcomes are queued, not sent: the ones of a
 partition that moves are dropped then (its new owner does those jobs), so the rebalance
-writes no outcome twice. A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked partitions' outcomes already on their
-way to the broker, then commits them: those records are written whatever the revoke does, so
-forgetting them would let the partition's next owner (often this same process, after a
-rebalance during a broker failover) read them again from the committed offset and write their
-outcomes twice."""
+writes no outcome twice. A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked
+partitions' outcomes already on their way to the broker, then commits them: those records are
+written whatever the revoke does, so forgetting them would let the partition's next owner
+(often this same process, after a rebalance during a broker failover) read them again from
+the committed offset and write their outcomes twice."""
 
 from __future__ import annotations
 
