@@ -231,6 +231,8 @@ class Pipeline:
         """A rebalance began (every partition is revoked; which move is known on assignment):
         commit what is durable and hold new outcomes. The work goes on meanwhile: waiting
         for it here would hold up the whole group's join for an answer's time."""
+        if partitions:  # aiokafka also revokes the empty set before the first join
+            self._stats.rebalances += 1
         log.info("rebalance: %d partitions revoked until the new assignment", len(partitions))
         await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
 
@@ -249,6 +251,7 @@ class Pipeline:
             self._offline.drop_partitions(partitions)
         if self._sources is not None:
             self._sources.drop_partitions(partitions)
+        self._stats.partitions_lost += len(partitions)
         await self._sink.on_lost(partitions)
         log.info("lost %s: %d waiting jobs abandoned (not committed)", sorted(partitions), len(abandoned))
 

@@ -20,7 +20,7 @@ import pytest
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.kafka.partitioning import partition_for
 from consumer.providers.fake import FakeProvider, text_completion
-from consumer.testing.harness import KafkaBus, job, tier_file_dict
+from consumer.testing.harness import InProcessService, KafkaBus, job, tier_file_dict
 from consumer.testing.simulator import answer_for, extract_input
 
 PARTITIONS = 4
@@ -116,3 +116,40 @@ async def test_exactly_once_across_a_scale_out(kafka_bootstrap: str) -> None:
     """The moved partitions' new producers fence the old owner's; its held outcomes go with
     its producers, uncommitted: a read_committed reader sees one result per job."""
     await _rebalance_mid_flight(KafkaBus(kafka_bootstrap, partitions=PARTITIONS, guarantee="exactly_once"))
+
+
+def _instance(bus: KafkaBus, name: str, provider: FakeProvider) -> InProcessService:
+    settings = bus.settings.model_copy(update={"instance_id": name})
+    return InProcessService(settings, _tiers(), providers={"small": provider})
+
+
+@pytest.mark.integration
+async def test_static_membership_a_restart_within_the_session_is_no_rebalance(kafka_bootstrap: str) -> None:
+    """Two instances with PROMPTBUS_INSTANCE_ID; one stops and starts again under the same
+    name within the session: the group does not rebalance (the other one goes on untouched)
+    and the restarted one is given its partitions back, reading on from their commits."""
+    bus = KafkaBus(kafka_bootstrap, partitions=PARTITIONS)
+    gate = asyncio.Event()
+    gate.set()
+    answers = HeldProvider(gate)
+    jobs = [job(i, batch=False) for i in range(3 * JOBS)]
+    ids = [j["id"] for j in jobs]
+    stays = _instance(bus, "pod-1", answers.provider())
+    async with stays:
+        async with _instance(bus, "pod-0", answers.provider()):
+            await bus.produce(jobs[:JOBS])
+            await bus.wait_for_outcomes(set(ids[:JOBS]), timeout_s=60)
+            before = stays.stats_snapshot()["rebalances"]
+        await bus.produce(jobs[JOBS : 2 * JOBS])  # half of them wait for the restarted one
+        restarted = _instance(bus, "pod-0", answers.provider())
+        async with restarted:
+            await bus.produce(jobs[2 * JOBS :])
+            outcomes = await bus.wait_for_outcomes(set(ids), timeout_s=60)
+            after = stays.stats_snapshot()["rebalances"]
+            again = restarted.stats_snapshot()
+    assert before >= 1  # the two joined one after the other
+    assert after == before, "the restart rebalanced the group"
+    assert again["rebalances"] == 0 and again["items_in"] > 0, "the restarted one got no partition back"
+    assert outcomes.ids() == set(ids) and not outcomes.dead
+    assert outcomes.duplicates() == {}
+    assert all(n == 1 for n in answers.asked.values())
