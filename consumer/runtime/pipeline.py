@@ -233,8 +233,10 @@ class Pipeline:
         for it here would hold up the whole group's join for an answer's time."""
         if partitions:  # aiokafka also revokes the empty set before the first join
             self._stats.rebalances += 1
+        started_s = self._clock()
         log.info("rebalance: %d partitions revoked until the new assignment", len(partitions))
         await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
+        log.info("rebalance: revoke done in %.3f s (what was durable is committed)", self._clock() - started_s)
 
     async def on_lost(self, partitions: set[TopicPartition]) -> None:
         """These partitions moved to another member: their waiting jobs are abandoned (not
