@@ -33,10 +33,12 @@ Per change (its window runs to the next change, or to the end of production):
 - `redone`: input records read more than once by the group during the window (the sum of every
   instance's `items_in` from the stats topic minus the jobs produced; stats go out every
   0.25 s, so a window's figure is within a few records); `redone_total` is exact;
-- `phases`: from the processes' logs: `detect_s` (the change to the first member's revoke),
+- `phases`: from the processes' logs: `detect_s` (the change to the first member's revoke:
+  a new process's start, or a leaving one's drain, plus a heartbeat), `spread_s` (the first
+  member's revoke to the last one's: each learns of the rebalance at its next heartbeat),
   `revoke_s` (the longest revoke), `join_sync_s` (the last revoke's end to the first
-  assignment), `pause_s` (the first revoke to the last assignment: how long some member held
-  its outcomes) and `members` (members that took part).
+  assignment), `pause_s` (the first revoke to the last assignment: how long the first member
+  held its outcomes) and `members` (members that took part).
 
 Targets with 6 s answers: longest silence <= 3 s, p99 after <= steady p99 + 3 s, 0 lost,
 duplicates <= 1% of the jobs, for every change.
@@ -47,9 +49,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -85,6 +89,7 @@ SILENCE_TARGET_S, P99_MARGIN_S, DUPLICATE_TARGET = 3.0, 3.0, 0.01
 WORKDIR = REPO_ROOT / ".local" / "rebalance_bench"
 
 log = logging.getLogger("rebalance_bench")
+_DONE_IN = re.compile(r"revoke done in ([0-9.]+) s")
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ consumer\.runtime\.pipeline: (.*)$")
 
 
@@ -189,6 +194,7 @@ async def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     )
     settings = settings_from_env(env)
     await ensure_topics(settings)
+    shutil.rmtree(WORKDIR, ignore_errors=True)  # the logs are read back: this run's only
     WORKDIR.mkdir(parents=True, exist_ok=True)
     faults = {"seed": 1, "latency_ms": args.answer_ms, "capacity": CAPACITY}
     async with SimProcess(faults, WORKDIR / "simulator.log") as sim:
@@ -238,7 +244,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 def _silence(times: list[float], start: float, end: float) -> float:
     """The longest gap between outcomes within [start, end) (the edges count as outcomes)."""
     inside = [start] + [t for t in times if start <= t < end] + [end]
-    return round(max(b - a for a, b in zip(inside, inside[1:], strict=False)), 3)
+    return round(max(b - a for a, b in itertools.pairwise(inside)), 3)
 
 
 def _span(
@@ -338,8 +344,10 @@ def _log_events(fleet: Fleet) -> list[tuple[float, str, str]]:
 def _phases(events: list[tuple[float, str, str]], start: float, end: float) -> dict[str, Any]:
     """The rebalance phases seen in the logs between `start` and `end` (first rebalance only)."""
     inside = [e for e in events if start <= e[0] < end]
-    revokes = [t for t, _, msg in inside if msg.startswith(("rebalance: ", "revoked [")) and "done in" not in msg]
+    starts = ("rebalance: ", "revoked [")  # this tree's revoke, and the one before it
+    revokes = [t for t, _, msg in inside if msg.startswith(starts) and "done in" not in msg]
     done = [t for t, _, msg in inside if "revoke done in" in msg]
+    took = [float(m.group(1)) for _, _, msg in inside if (m := _DONE_IN.search(msg))]
     assigned = [t for t, _, msg in inside if msg.startswith("assigned [")]
     if not assigned:
         return {"members": 0}
@@ -352,7 +360,8 @@ def _phases(events: list[tuple[float, str, str]], start: float, end: float) -> d
     if revokes:
         out["detect_s"] = round(min(revokes) - start, 3)
         out["pause_s"] = round(last_assigned - min(revokes), 3)
-        out["revoke_s"] = round(max(done) - min(revokes), 3) if done else None
+        out["spread_s"] = round(max(revokes) - min(revokes), 3)
+        out["revoke_s"] = max(took) if took else None
         out["join_sync_s"] = round(first_assigned - max(done or revokes), 3)
     return out
 

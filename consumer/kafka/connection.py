@@ -53,11 +53,18 @@ def client_kwargs(settings: Settings) -> dict[str, Any]:
     return kwargs
 
 
+#: heartbeats go at least this often: a member learns of a rebalance from its next heartbeat,
+#: and the members that learnt first hold their outcomes until the last one has joined
+HEARTBEAT_MAX_MS = 1000
+
+
 def group_kwargs(settings: Settings) -> dict[str, Any]:
     """The consumer-group membership keywords of an `AIOKafkaConsumer` in a group: the
-    session (`session_timeout_s`) and a heartbeat every third of it."""
+    session (`session_timeout_s`) and a heartbeat every third of it, at most HEARTBEAT_MAX_MS
+    apart."""
     session_ms = int(settings.session_timeout_s * 1000)
-    return {"session_timeout_ms": session_ms, "heartbeat_interval_ms": max(1, session_ms // 3)}
+    heartbeat_ms = max(1, min(session_ms // 3, HEARTBEAT_MAX_MS))
+    return {"session_timeout_ms": session_ms, "heartbeat_interval_ms": heartbeat_ms}
 
 
 def membership_kwargs(settings: Settings) -> dict[str, Any]:

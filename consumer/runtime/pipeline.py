@@ -231,8 +231,9 @@ class Pipeline:
         """A rebalance began (every partition is revoked; which move is known on assignment):
         commit what is durable and hold new outcomes. The work goes on meanwhile: waiting
         for it here would hold up the whole group's join for an answer's time."""
-        if partitions:  # aiokafka also revokes the empty set before the first join
-            self._stats.rebalances += 1
+        if not partitions:  # aiokafka also revokes the empty set before the first join
+            return
+        self._stats.rebalances += 1
         started_s = self._clock()
         log.info("rebalance: %d partitions revoked until the new assignment", len(partitions))
         await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
