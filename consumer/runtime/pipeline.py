@@ -237,7 +237,8 @@ class Pipeline:
         started_s = self._clock()
         log.info("rebalance: %d partitions revoked until the new assignment", len(partitions))
         await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
-        log.info("rebalance: revoke done in %.3f s (what was durable is committed)", self._clock() - started_s)
+        took_s = self._clock() - started_s
+        log.info("rebalance: revoke done in %.3f s (what was durable is committed)", took_s)
 
     async def on_lost(self, partitions: set[TopicPartition]) -> None:
         """These partitions moved to another member: their waiting jobs are abandoned (not

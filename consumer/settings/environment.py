@@ -124,7 +124,8 @@ class Settings(BaseSettings):
         ),
     )
     # The broker accepts only sessions within its group.min/max.session.timeout.ms (6 s to
-    # 30 min by default). Heartbeats go every third of it (at most 1 s apart), so one lost heartbeat is survived.
+    # 30 min by default). Heartbeats go every third of it (at most 1 s apart), so one lost
+    # heartbeat is survived.
     session_timeout_s: float = Field(
         10.0,
         gt=0,
