@@ -55,12 +55,10 @@ class ExactlyOnceSink(SinkBase):
         return f"{self._group_id}.{tp.topic}.{tp.partition}"
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
-        for tp in partitions:
-            self.owned.assign(tp)
         # the kept partitions' transactions go on at once; a new one commits once its producer
         # is there (whose start fences the earlier owner: that owner's last transaction ended
         # before its revoke returned, so before this assignment)
-        self._release()
+        await super().on_assigned(partitions)
         for tp in partitions:
             if tp not in self._producers:
                 producer = self._make_producer(transactional_id=self.transactional_id(tp))
