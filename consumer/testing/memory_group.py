@@ -3,13 +3,23 @@ leave, and each change is one eager rebalance with a sticky assignment, as aioka
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from consumer.kafka.records import TopicPartition
 
-if TYPE_CHECKING:
-    from consumer.testing.memory import MemoryIntake
+
+class GroupMember(Protocol):
+    """What the group asks of a member (`consumer.testing.memory.MemoryIntake`)."""
+
+    @property
+    def owned(self) -> Iterable[TopicPartition]: ...
+
+    def subscribed(self) -> set[TopicPartition]: ...
+
+    async def revoke_all(self) -> None: ...
+
+    async def take(self, partitions: set[TopicPartition]) -> None: ...
 
 
 def sticky_assignment(
@@ -39,15 +49,15 @@ class MemoryGroup:
     (`sticky_assignment`) handed to each."""
 
     def __init__(self) -> None:
-        self.members: list[MemoryIntake] = []
+        self.members: list[GroupMember] = []
         #: rebalances run so far
         self.generation = 0
 
-    async def join(self, member: MemoryIntake) -> None:
+    async def join(self, member: GroupMember) -> None:
         self.members.append(member)
         await self._rebalance(member.subscribed())
 
-    async def leave(self, member: MemoryIntake) -> None:
+    async def leave(self, member: GroupMember) -> None:
         self.members.remove(member)
         if self.members:
             await self._rebalance(member.subscribed())
