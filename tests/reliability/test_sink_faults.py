@@ -496,9 +496,12 @@ async def test_a_rebalance_holds_outcomes_then_writes_the_kept_partitions_only()
 
     for tp in (kept, lost):
         sink.deliver(tickets[tp][0], record(tp, 0))
-    await asyncio.sleep(0.05)
+    for _ in range(500):  # bounded: until both are handed to the producer
+        if sum(len(records) for _topic, _partition, records in producer.sent) == 2:
+            break
+        await asyncio.sleep(0.01)
     producer.release()
-    await asyncio.wait_for(sink.on_revoked({kept, lost}, timeout_s=0.1), timeout=5)
+    await asyncio.wait_for(sink.on_revoked({kept, lost}, timeout_s=0.1), timeout=30)
     assert _last_committed(commits) == {kept: 1, lost: 1}  # the durable ones, before the join
 
     written = len(producer.sent)
@@ -509,7 +512,7 @@ async def test_a_rebalance_holds_outcomes_then_writes_the_kept_partitions_only()
 
     await sink.on_lost({lost})
     await sink.on_assigned({kept})
-    for _ in range(100):
+    for _ in range(500):
         await asyncio.sleep(0.01)
         producer.release()
         if _last_committed(commits).get(kept) == 2:
