@@ -52,9 +52,10 @@ def generate() -> dict[str, str]:
 
 
 #: settings the chart sets itself, so values never hold them: the tier file's path (its
-#: ConfigMap), the metrics port (`metrics.port`, the probes' port), the CA file (`kafkaCA`,
+#: ConfigMap), the metrics port (`metrics.port`, the probes' port), the instance id (a
+#: StatefulSet pod's name: one value for every pod would fence them all), the CA file (`kafkaCA`,
 #: mounted) and the passwords (`secretEnv`: a Secret, never a value)
-_CHART_OWNED = {"config", "metrics_port"}
+_CHART_OWNED = {"config", "metrics_port", "instance_id"}
 _CHART_OWNED_NESTED = {"KafkaSecurity": {"sasl_password", "ssl_cafile"}, "SchemaRegistry": {"password"}}
 #: settings the chart's templates read, so the merged values must keep them
 _CHART_READS = [

@@ -15,7 +15,9 @@ taken away (or its transactional producer was fenced). Per partition:
 The intake and the sink share one (`owned` on both; `app.run_service` makes it). What is the
 sink's own per partition (its watermark `OffsetTracker`, exactly_once's producers) is
 forgotten in the same revoke; jobs still waiting in collection windows or for an offline batch are the
-pipeline's to abandon (`Pipeline.on_revoked`).
+pipeline's to abandon (`Pipeline.on_lost`). A rebalance revokes every partition, but only the
+lost ones are revoked here (`KafkaIntake` on assignment): a kept partition keeps its epoch,
+its fetch position and its work.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ import ssl
 from typing import Any
 
 from aiokafka.conn import collect_hosts, create_conn
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import (
     AuthenticationFailedError,
     IllegalSaslStateError,
@@ -51,11 +53,29 @@ def client_kwargs(settings: Settings) -> dict[str, Any]:
     return kwargs
 
 
+#: heartbeats go at least this often: a member learns of a rebalance from its next heartbeat,
+#: and the members that learnt first hold their outcomes until the last one has joined
+HEARTBEAT_MAX_MS = 1000
+
+
 def group_kwargs(settings: Settings) -> dict[str, Any]:
     """The consumer-group membership keywords of an `AIOKafkaConsumer` in a group: the
-    session (`session_timeout_s`) and a heartbeat every third of it."""
+    session (`session_timeout_s`) and a heartbeat every third of it, at most HEARTBEAT_MAX_MS
+    apart."""
     session_ms = int(settings.session_timeout_s * 1000)
-    return {"session_timeout_ms": session_ms, "heartbeat_interval_ms": max(1, session_ms // 3)}
+    heartbeat_ms = max(1, min(session_ms // 3, HEARTBEAT_MAX_MS))
+    return {"session_timeout_ms": session_ms, "heartbeat_interval_ms": heartbeat_ms}
+
+
+def membership_kwargs(settings: Settings) -> dict[str, Any]:
+    """`group_kwargs` of the job group's members: a sticky assignment, so a rebalance moves as
+    few partitions as it must (round robin second: a group whose older members offer only it
+    still agrees on one), and static membership when `instance_id` is set."""
+    kwargs = group_kwargs(settings)
+    kwargs["partition_assignment_strategy"] = (StickyPartitionAssignor, RoundRobinPartitionAssignor)
+    if settings.instance_id is not None:
+        kwargs["group_instance_id"] = settings.instance_id
+    return kwargs
 
 
 def sasl_refused(security: KafkaSecurity) -> ConfigError:

@@ -33,7 +33,7 @@ from consumer.core.offsets import (
 )
 from consumer.core.tuples import maker
 from consumer.kafka.assignment import Assignment
-from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs, group_kwargs
+from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs, membership_kwargs
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.settings import Settings
 
@@ -58,11 +58,26 @@ _new_record, _new_source = maker(InRecord), maker(SourceOffset)
 
 
 class RebalanceHandler(Protocol):
-    """What the pipeline does when the group moves partitions (awaited inside the rebalance)."""
+    """What the pipeline does when the group moves partitions (awaited inside the rebalance).
 
-    async def on_revoked(self, partitions: set[TopicPartition]) -> None: ...
+    aiokafka speaks the eager protocol: a rebalance revokes every partition of every member,
+    and which of them move is known only on assignment. So `on_revoked` only makes what is
+    done durable and holds new outcomes (it must return at once: the whole group waits for
+    it), `on_lost` ends the work of the partitions another member owns now, and `on_assigned`
+    begins the new ones and lets the kept ones go on (their work never stopped).
+    """
 
-    async def on_assigned(self, partitions: set[TopicPartition]) -> None: ...
+    async def on_revoked(self, partitions: set[TopicPartition]) -> None:
+        """A rebalance began: any of these partitions may move."""
+        ...
+
+    async def on_lost(self, partitions: set[TopicPartition]) -> None:
+        """These partitions moved to another member: end their work, commit nothing more."""
+        ...
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        """The new assignment (kept partitions included); called after `on_lost`."""
+        ...
 
 
 class JobIntake(Protocol):
@@ -102,22 +117,21 @@ class _Listener(ConsumerRebalanceListener):
     def __init__(
         self,
         handler: RebalanceHandler,
-        forget: Callable[[set[TopicPartition]], None],
+        keep: Callable[[set[TopicPartition]], set[TopicPartition]],
         load: Callable[[set[TopicPartition]], Awaitable[None]],
     ) -> None:
         self._handler = handler
-        self._forget = forget
+        self._keep = keep
         self._load = load
 
     async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
-        try:
-            await self._handler.on_revoked(set(revoked))
-        finally:
-            # a partition assigned again is read from its committed offset, not from where
-            # this instance had fetched to: its old fetch position must not count as fetched
-            self._forget(set(revoked))
+        await self._handler.on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        # first, before any await: kept partitions go on from where they were fetched to
+        lost = self._keep(set(assigned))
+        if lost:
+            await self._handler.on_lost(lost)
         # what earlier owners finished above the committed offsets is known before any record
         await self._load(set(assigned))
         await self._handler.on_assigned(set(assigned))
@@ -147,7 +161,7 @@ class KafkaIntake:
             fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
             # the pipeline polls continuously even when paused, so a short poll interval is safe
             max_poll_interval_ms=300_000,
-            **group_kwargs(settings),
+            **membership_kwargs(settings),
             **client_kwargs(settings),
         )
         #: per owned partition: its fetch position and what an earlier owner finished (shared
@@ -160,13 +174,15 @@ class KafkaIntake:
         self.skipped_done = 0
 
     async def start(self, handler: RebalanceHandler) -> None:
-        self._listener = _Listener(handler, self._forget_positions, self._load_done)
+        self._listener = _Listener(handler, self._keep_positions, self._load_done)
         self._consumer.subscribe(self._topics, listener=self._listener)
         await self._consumer.start()
 
     def rejoin(self) -> None:
-        """Ask the group for a new assignment: a rebalance revokes every partition (the
-        handler's `on_revoked`) and assigns them afresh, read from their committed offsets.
+        """Ask the group for a new assignment: a rebalance (the handler's `on_revoked`, then
+        `on_assigned`). A partition this instance forgot meanwhile (`owned.revoke`: its
+        transactional producer was fenced) is assigned afresh, read from its committed offset;
+        one still owned goes on from its fetch position.
 
         Subscribing again is aiokafka's public way to make its coordinator rejoin the group.
         """
@@ -178,8 +194,23 @@ class KafkaIntake:
     async def stop(self) -> None:
         await self._consumer.stop()
 
-    def _forget_positions(self, partitions: set[TopicPartition]) -> None:
-        self.owned.revoke(partitions)
+    def _keep_positions(self, assigned: set[TopicPartition]) -> set[TopicPartition]:
+        """The owned partitions not in `assigned` (lost: forgotten here); the kept ones are
+        sought back to their fetch positions.
+
+        aiokafka's new assignment starts every partition at its committed offset; a kept
+        partition's records between that and its fetch position are in this instance's
+        windows and requests already, and must not be read twice. No record is returned
+        between the revoke and the assignment (aiokafka holds them back), so the positions
+        recorded by the last poll are current.
+        """
+        lost = {tp for tp in self.owned if tp not in assigned}
+        self.owned.revoke(lost)
+        for tp in assigned:
+            state = self.owned.get(tp)
+            if state is not None and state.fetched_to is not None:
+                self._consumer.seek(tp, state.fetched_to)
+        return lost
 
     async def _load_done(self, partitions: set[TopicPartition]) -> None:
         """Read the committed offsets' metadata: what earlier owners finished above them.

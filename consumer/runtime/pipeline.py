@@ -229,7 +229,22 @@ class Pipeline:
 
     # ------------------------------------------------------------------ rebalance
     async def on_revoked(self, partitions: set[TopicPartition]) -> None:
-        """Stop taking work for these partitions; finish in-flight work within a bound; commit."""
+        """A rebalance began (every partition is revoked; which move is known on assignment):
+        commit what is durable and hold new outcomes. The work goes on meanwhile: waiting
+        for it here would hold up the whole group's join for an answer's time."""
+        if not partitions:  # aiokafka also revokes the empty set before the first join
+            return
+        self._stats.rebalances += 1
+        started_s = self._clock()
+        log.info("rebalance: %d partitions revoked until the new assignment", len(partitions))
+        await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
+        took_s = self._clock() - started_s
+        log.info("rebalance: revoke done in %.3f s (what was durable is committed)", took_s)
+
+    async def on_lost(self, partitions: set[TopicPartition]) -> None:
+        """These partitions moved to another member: their waiting jobs are abandoned (not
+        committed: the new owner reads them again) and their running requests' outcomes
+        dropped when they end; nothing of theirs is written from now on."""
         abandoned = self._windows.drain_partitions(partitions)
         for members, _ in self._gate.drop(lambda plan: all(c.source.tp in partitions for c in plan[0])):
             abandoned += members
@@ -241,8 +256,9 @@ class Pipeline:
             self._offline.drop_partitions(partitions)
         if self._sources is not None:
             self._sources.drop_partitions(partitions)
-        log.info("revoked %s: %d windowed jobs abandoned (not committed)", sorted(partitions), len(abandoned))
-        await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
+        self._stats.partitions_lost += len(partitions)
+        await self._sink.on_lost(partitions)
+        log.info("lost %s: %d waiting jobs abandoned (not committed)", sorted(partitions), len(abandoned))
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
         log.info("assigned %s", sorted(partitions))

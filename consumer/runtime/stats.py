@@ -282,6 +282,10 @@ class ServiceStats:
     commits: int = 0
     #: records skipped because an earlier owner of their partition had finished them
     skipped_done: int = 0
+    #: rebalances this instance went through (each revokes every partition: eager protocol)
+    rebalances: int = 0
+    #: partitions those rebalances moved to another member (their waiting work abandoned)
+    partitions_lost: int = 0
     inflight: int = 0
     paused_partitions: int = 0
     tiers: dict[str, TierStats] = field(default_factory=dict)
@@ -335,6 +339,8 @@ class ServiceStats:
             "dropped_late": self.dropped_late,
             "commits": self.commits,
             "skipped_done": self.skipped_done,
+            "rebalances": self.rebalances,
+            "partitions_lost": self.partitions_lost,
             "inflight": self.inflight,
             "paused_partitions": self.paused_partitions,
             "tiers": {name: ts.as_dict() for name, ts in sorted(self.tiers.items())},

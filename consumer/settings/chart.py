@@ -118,6 +118,9 @@ class ChartValues(_Values):
     image: ImageValues
     image_pull_secrets: list[KubeObject]
     replica_count: int = Field(ge=0, description="instances, when no ScaledObject scales them")
+    workload: Literal["Deployment", "StatefulSet"] = Field(
+        description="the pods' controller; StatefulSet: each pod's name is its static group membership"
+    )
     tiers: KubeObject = Field(description="the tier file (filled in from TierFile)")
     lane_order: list[str] = Field(description="the lanes' names, highest priority first")
     settings: KubeObject = Field(description="the environment settings (filled in from Settings)")

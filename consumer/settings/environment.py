@@ -104,10 +104,28 @@ class Settings(BaseSettings):
         30.0, ge=0, description="on SIGTERM/SIGINT, how long in-flight requests may finish"
     )
     revoke_timeout_s: float = Field(
-        10.0, ge=0, description="on a partition revoke, how long in-flight work may finish"
+        10.0,
+        ge=0,
+        description=(
+            "on a rebalance, how long the commit of finished work may wait (in-flight work is not waited for)"
+        ),
+    )
+    # Static membership (KIP-345): a member that comes back under the same name within the
+    # session is given its partitions again without a rebalance (a StatefulSet pod's name).
+    instance_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=249,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description=(
+            "static group membership: this instance's stable name in the consumer group (one per"
+            " instance, e.g. a StatefulSet pod's name); a restart under the same name within"
+            " PROMPTBUS_SESSION_TIMEOUT_S is no rebalance. Unset: dynamic membership"
+        ),
     )
     # The broker accepts only sessions within its group.min/max.session.timeout.ms (6 s to
-    # 30 min by default). Heartbeats go every third of it, so one lost heartbeat is survived.
+    # 30 min by default). Heartbeats go every third of it (at most 1 s apart), so one lost
+    # heartbeat is survived.
     session_timeout_s: float = Field(
         10.0,
         gt=0,

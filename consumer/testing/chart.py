@@ -53,6 +53,7 @@ TYPED = {
     ("v1", "ServiceAccount"): "V1ServiceAccount",
     ("v1", "Pod"): "V1Pod",
     ("apps/v1", "Deployment"): "V1Deployment",
+    ("apps/v1", "StatefulSet"): "V1StatefulSet",
     ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
     ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
 }

@@ -33,6 +33,7 @@ from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.kafka.topicreader import TopicRead
 from consumer.settings import Settings
+from consumer.testing.memory_group import MemoryGroup
 from consumer.waits import wait_at_most
 
 
@@ -55,7 +56,13 @@ class MemoryBroker:
     committed: dict[str, dict[TopicPartition, int]] = field(default_factory=dict)
     #: while set, commits raise (a coordinator that cannot be reached)
     hold_commits: bool = False
+    #: each group's members (`MemoryGroup`)
+    groups: dict[str, MemoryGroup] = field(default_factory=dict)
     _appended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def group(self, group_id: str) -> MemoryGroup:
+        """The members of `group_id` (none yet when it is new)."""
+        return self.groups.setdefault(group_id, MemoryGroup())
 
     def topic(self, name: str, partitions: int | None = None) -> list[list[StoredRecord]]:
         """The partitions of `name`, created when missing (with `partitions`, default the
@@ -91,7 +98,8 @@ class MemoryBroker:
 
 
 class MemoryIntake:
-    """A `JobIntake` on the memory broker: one member that owns every partition."""
+    """A `JobIntake` on the memory broker: a member of its group (`MemoryGroup`); alone, it
+    owns every partition of its topics."""
 
     def __init__(
         self,
@@ -107,25 +115,46 @@ class MemoryIntake:
         self.owned = owned if owned is not None else Assignment()
         self._paused: set[TopicPartition] = set()
         self._handler: RebalanceHandler | None = None
-        #: a single member never meets records an earlier owner finished
+        #: its commits carry no finished offsets, so it never meets records an earlier owner finished
         self.skipped_done = 0
+
+    def subscribed(self) -> set[TopicPartition]:
+        """Every partition of its topics."""
+        return {TopicPartition(t, p) for t in self._topics for p in range(len(self._broker.topic(t)))}
 
     async def start(self, handler: RebalanceHandler) -> None:
         self._handler = handler
+        await self._broker.group(self.group_id).join(self)
+
+    async def revoke_all(self) -> None:
+        """A rebalance began (the listener's revoke: every owned partition)."""
+        assert self._handler is not None
+        await self._handler.on_revoked(set(self.owned))
+
+    async def take(self, partitions: set[TopicPartition]) -> None:
+        """The rebalance's assignment: the owned partitions not in it are lost, those in it go
+        on where they were fetched to, new ones are read from their committed offsets."""
+        assert self._handler is not None
+        lost = {tp for tp in self.owned if tp not in partitions}
+        self.owned.revoke(lost)
+        self._paused -= lost
+        if lost:
+            await self._handler.on_lost(lost)
         committed = self._broker.committed.setdefault(self.group_id, {})
-        partitions = {
-            TopicPartition(topic, p) for topic in self._topics for p in range(len(self._broker.topic(topic)))
-        }
         for tp in partitions:
-            state = self.owned.assign(tp)
-            state.fetched_to, state.done_read = committed.get(tp, 0), True
-        await handler.on_assigned(partitions)
+            if tp not in self.owned:
+                state = self.owned.assign(tp)
+                state.fetched_to, state.done_read = committed.get(tp, 0), True
+        await self._handler.on_assigned(set(partitions))
 
     async def stop(self) -> None:
         """Leave the group as aiokafka's consumer does on close: the partitions go without a
-        revoke callback (the service's drain has made its final commit already)."""
+        revoke callback (the service's drain has made its final commit already); the others
+        rebalance."""
         self.owned.revoke(set(self.owned))
-        self._handler = None
+        if self._handler is not None:
+            self._handler = None
+            await self._broker.group(self.group_id).leave(self)
 
     def rejoin(self) -> None:
         """A single member keeps its assignment."""

@@ -3,8 +3,9 @@ window as soon as nothing fetched-but-unrouted could still join it, so the intak
 when it has read everything — also when the jobs came from a transactional producer, whose
 commit marker takes an offset after the last record and is never returned as a record.
 
-Also `KafkaIntake.rejoin`: the partitions are revoked, assigned again and read from their
-committed offsets (the exactly_once sink asks for it after a fence)."""
+Also `KafkaIntake.rejoin` (the exactly_once sink asks for it after a fence): a partition the
+sink forgot is assigned again and read from its committed offset; one still owned is kept and
+goes on from where it was fetched to, nothing read twice."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ class _Handler:
     async def on_revoked(self, partitions: set[TopicPartition]) -> None:
         if partitions:  # aiokafka also revokes the empty set before its first join
             self.calls.append(("revoked", partitions))
+
+    async def on_lost(self, partitions: set[TopicPartition]) -> None:
+        self.calls.append(("lost", partitions))
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
         self.calls.append(("assigned", partitions))
@@ -90,11 +94,14 @@ async def test_nothing_unfetched_once_every_record_is_read(
         await intake.stop()
 
 
-async def test_rejoin_revokes_and_assigns_afresh_from_the_committed_offset(
-    kafka_bootstrap: str, create_topic: Callable[..., Awaitable[str]], topic_name: str
+@pytest.mark.parametrize("forgotten", [True, False], ids=["forgotten", "kept"])
+async def test_rejoin_reads_a_forgotten_partition_from_its_commit_and_a_kept_one_on(
+    kafka_bootstrap: str, create_topic: Callable[..., Awaitable[str]], topic_name: str, forgotten: bool
 ) -> None:
-    """What the exactly_once sink relies on after a fence: the partition is revoked, assigned
-    again, and read again from its committed offset (here 2), not from where the intake was."""
+    """What the exactly_once sink relies on after a fence: the fenced partition (forgotten by
+    the sink) is assigned again and read from its committed offset (here 2), not from where
+    the intake was. A partition still owned through the same rebalance is kept: read on from
+    its fetch position (nothing again), as in any rebalance that leaves it here."""
     await create_topic(topic_name, partitions=1)
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
     await producer.start()
@@ -114,13 +121,18 @@ async def test_rejoin_revokes_and_assigns_afresh_from_the_committed_offset(
         await intake.commit({tp: 2})
         assert handler.calls == [("assigned", {tp})]
 
+        if forgotten:
+            intake.owned.revoke({tp})  # what the sink does to a fenced partition
         intake.rejoin()
         again: list[InRecord] = []
         for _ in range(MAX_POLLS):
             again += await intake.poll(POLL_S, 500)
-            if len(again) >= RECORDS - 2:
+            if len(handler.calls) == 3 and (not forgotten or len(again) >= RECORDS - 2):
                 break
+        for _ in range(5):  # after the assignment, a kept partition reads nothing again
+            again += await intake.poll(POLL_S, 500)
         assert handler.calls == [("assigned", {tp}), ("revoked", {tp}), ("assigned", {tp})]
-        assert [r.value for r in again] == [f"job {i}".encode() for i in range(2, RECORDS)]
+        expected = [f"job {i}".encode() for i in range(2, RECORDS)] if forgotten else []
+        assert [r.value for r in again] == expected
     finally:
         await intake.stop()

@@ -249,6 +249,9 @@ class _Handler:
     async def on_revoked(self, partitions: set[TopicPartition]) -> None:
         pass
 
+    async def on_lost(self, partitions: set[TopicPartition]) -> None:
+        pass
+
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
         pass
 

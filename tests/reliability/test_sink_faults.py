@@ -4,8 +4,9 @@ producer, unacknowledged or unsendable at-least-once batches.
 The sinks (`consumer.kafka.sink`) are driven directly with in-memory fakes of the producer and
 the commit function, so each fault happens exactly where the test puts it:
 
-- a revoke whose last commit fails (the group moved on) must still forget the partition, or
-  a reassignment that reads it again from the committed offset would be rejected;
+- a partition lost after a revoke whose last commit failed (the group moved on) must still
+  be forgotten, or a reassignment that reads it again from the committed offset would be
+  rejected;
 - an exactly_once producer fenced (a newer owner of its partition, or a transaction the
   broker timed out) drops that partition's outcomes, asks the group for a new assignment,
   and must not hold back the other partitions;
@@ -140,7 +141,7 @@ def outcome(offset: int) -> OutRecord:
     return OutRecord("results", f"job-{offset}".encode(), f"result-{offset}".encode())
 
 
-async def test_revoke_forgets_the_partition_even_when_its_last_commit_fails() -> None:
+async def test_a_lost_partition_is_forgotten_even_when_the_revokes_last_commit_fails() -> None:
     commits: list[dict[TopicPartition, int]] = []
 
     async def commit(offsets: dict[TopicPartition, int]) -> None:
@@ -157,6 +158,7 @@ async def test_revoke_forgets_the_partition_even_when_its_last_commit_fails() ->
         sink.deliver(ticket, None)  # an empty outcome completes at once (no producer involved)
 
     await sink.on_revoked({tp}, timeout_s=0.1)  # must not raise: the group has moved on
+    await sink.on_lost({tp})  # the new assignment gave it to another member
     assert sink.inflight() == 0
 
     sink.deliver(tickets[2], None)  # a late completion from before the revoke
@@ -171,7 +173,7 @@ async def test_revoke_forgets_the_partition_even_when_its_last_commit_fails() ->
     assert commits[-1] == {tp: 3}
 
 
-async def test_exactly_once_revoke_closes_producers_even_when_the_commit_fails() -> None:
+async def test_exactly_once_loss_closes_producers_even_when_the_revokes_commit_fails() -> None:
     factory = FakeFactory()
     sink = eos_sink(factory)
     tp = TopicPartition(TOPIC, 0)
@@ -181,6 +183,7 @@ async def test_exactly_once_revoke_closes_producers_even_when_the_commit_fails()
     sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, 0), 0)), outcome(0))
 
     await sink.on_revoked({tp}, timeout_s=0.1)
+    await sink.on_lost({tp})
     assert producer.stopped
     assert producer.committed == [], "an aborted transaction published outcomes"
     assert sink.inflight() == 0
@@ -461,10 +464,61 @@ async def test_an_outcome_of_a_revoked_partition_is_not_sent_again(monkeypatch: 
     sink.deliver(sink.track(SourceOffset(tp, 0)), outcome(0))
     await asyncio.sleep(0.05)
     await asyncio.wait_for(sink.on_revoked({tp}, timeout_s=0.05), timeout=5)
+    await sink.on_lost({tp})
     producer.release(KafkaConnectionError("gave up"))  # the producer gives up after the revoke
     await asyncio.sleep(0.1)
     # not acknowledged and revoked: uncommitted, so the partition's owner does it again; a
     # second send from here would be one more copy
     assert len(producer.sent) == 1
     assert all(c.get(tp, 0) == 0 for c in commits)
+    await sink.stop()
+
+
+def _last_committed(commits: list[dict[Any, Any]]) -> dict[TopicPartition, int]:
+    last: dict[TopicPartition, int] = {}
+    for commit in commits:
+        last.update({tp: int(getattr(point, "offset", point)) for tp, point in commit.items()})
+    return last
+
+
+async def test_a_rebalance_holds_outcomes_then_writes_the_kept_partitions_only() -> None:
+    """Eager protocol: every partition is revoked, which of them move is known only on the
+    assignment. What is acked commits at the revoke; outcomes completed after it wait; then
+    a kept partition's go out and commit, a lost partition's are never written (its new owner
+    does those jobs) and nothing of it is committed any more."""
+    kept, lost = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+    sink, producer, commits = await held_acks_sink(kept)
+    await sink.on_assigned({lost})
+    tickets = {tp: [sink.track(SourceOffset(tp, o)) for o in range(2)] for tp in (kept, lost)}
+
+    def record(tp: TopicPartition, o: int) -> OutRecord:
+        return OutRecord("results", f"{tp.partition}".encode(), f"{tp.partition}-{o}".encode())
+
+    for tp in (kept, lost):
+        sink.deliver(tickets[tp][0], record(tp, 0))
+    for _ in range(500):  # bounded: until both are handed to the producer
+        if sum(len(records) for _topic, _partition, records in producer.sent) == 2:
+            break
+        await asyncio.sleep(0.01)
+    producer.release()
+    await asyncio.wait_for(sink.on_revoked({kept, lost}, timeout_s=0.1), timeout=30)
+    assert _last_committed(commits) == {kept: 1, lost: 1}  # the durable ones, before the join
+
+    written = len(producer.sent)
+    for tp in (kept, lost):
+        sink.deliver(tickets[tp][1], record(tp, 1))  # their requests ended during the rebalance
+    await asyncio.sleep(0.05)
+    assert len(producer.sent) == written, "an outcome went out before the assignment was known"
+
+    await sink.on_lost({lost})
+    await sink.on_assigned({kept})
+    for _ in range(500):
+        await asyncio.sleep(0.01)
+        producer.release()
+        if _last_committed(commits).get(kept) == 2:
+            break
+    values = [value for _topic, _partition, records in producer.sent[written:] for _key, value in records]
+    assert values == [b"0-1"]
+    assert _last_committed(commits) == {kept: 2, lost: 1}
+    assert sink.dropped_late == 0  # dropped with the loss, not as a late completion
     await sink.stop()

@@ -259,3 +259,24 @@ def test_deploy_k8s_is_rendered_from_the_chart() -> None:
             f"deploy/k8s/{name} differs from the chart's rendering; run: python -m consumer.testing.chart"
         )
     assert {p.name for p in K8S_DIR.glob("*.yaml")} == set(k8s_manifests())
+
+
+def test_a_statefulset_gives_each_pod_its_name_as_static_membership(tmp_path: Path) -> None:
+    """`workload: StatefulSet`: the pods' stable names are their PROMPTBUS_INSTANCE_ID (read from
+    the downward API, one per pod), KEDA scales the StatefulSet, and `settings.instance_id` is
+    refused (one value for every pod would have each fence the others)."""
+    docs = render(sets=("workload=StatefulSet",))
+    for doc in docs:
+        check_manifest(doc)
+    assert not any(d["kind"] == "Deployment" for d in docs)
+    workload = one(docs, "StatefulSet")
+    assert workload["spec"]["podManagementPolicy"] == "Parallel"
+    (pod,) = workload["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in pod["env"]}
+    assert env["PROMPTBUS_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert one(docs, "ScaledObject")["spec"]["scaleTargetRef"] == {"kind": "StatefulSet", "name": "promptbus"}
+    default = render()
+    assert "PROMPTBUS_INSTANCE_ID" not in {e["name"] for e in container(default)["env"]}
+    assert "additional properties 'instance_id' not allowed" in bad_values(
+        tmp_path, "settings: {instance_id: promptbus-0}\n"
+    )

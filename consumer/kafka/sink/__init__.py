@@ -17,8 +17,10 @@
 A `Ticket` is issued per input record on intake; it carries the partition's assignment
 epoch, so completions that arrive after the partition was revoked are dropped.
 
-A revoke always forgets the partition, even when its last commit fails (the group moved on:
-the new owner reads from the last committed offset). A transactional producer fenced by a
+A rebalance's revoke commits what is durable and holds new outcomes and commits until the
+assignment; then a kept partition goes on, and a lost one is forgotten, even when the
+revoke's commit failed (the group moved on: the new owner reads from the last committed
+offset), its held and late outcomes dropped. A transactional producer fenced by a
 newer owner of its partition (this instance is a zombie) drops that partition's uncommitted
 outcomes and leaves the other partitions committing.
 """

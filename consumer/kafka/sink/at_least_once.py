@@ -1,11 +1,13 @@
 """at_least_once delivery: one idempotent producer; a commit loop commits the contiguous
 watermark of acked outcomes (see `consumer.kafka.sink`).
 
-A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked partitions' outcomes already on their
-way to the broker, then commits them: those records are written whatever the revoke does, so
-forgetting them would let the partition's next owner (often this same process, after a
-rebalance during a broker failover) read them again from the committed offset and write their
-outcomes twice."""
+From a rebalance's revoke to its assignment, outcomes are queued, not sent: the ones of a
+partition that moves are dropped then (its new owner does those jobs), so the rebalance
+writes no outcome twice. A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked
+partitions' outcomes already on their way to the broker, then commits them: those records are
+written whatever the revoke does, so forgetting them would let the partition's next owner
+(often this same process, after a rebalance during a broker failover) read them again from
+the committed offset and write their outcomes twice."""
 
 from __future__ import annotations
 
@@ -113,7 +115,7 @@ class AtLeastOnceSink(SinkBase):
         while True:
             await self._queued.wait()
             self._queued.clear()
-            while self._queue:
+            while self._queue and not self._held:
                 # everything queued goes out now, as one batch per output partition
                 outcomes = list(self._queue)
                 self._queue.clear()
@@ -192,11 +194,16 @@ class AtLeastOnceSink(SinkBase):
             self._commits += 1
             self._tracker.mark_committed({tp: points[tp] for tp in ready})
 
-    async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
-        try:
-            await self._finish_revoke(partitions, timeout_s)
-        finally:
-            self._forget(partitions)
+    async def on_lost(self, partitions: set[TopicPartition]) -> None:
+        # held since the revoke, never handed to the producer: the new owner does these jobs
+        kept = [outcome for outcome in self._queue if outcome[0].source.tp not in partitions]
+        self._queue.clear()
+        self._queue.extend(kept)
+        await super().on_lost(partitions)
+
+    def _release(self) -> None:
+        super()._release()
+        self._queued.set()
 
     def _settle_s(self) -> float:
         return SETTLE_TIMEOUT_S

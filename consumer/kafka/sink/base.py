@@ -68,7 +68,14 @@ class OutcomeSink(Protocol):
     async def on_assigned(self, partitions: set[TopicPartition]) -> None: ...
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
-        """Commit what is done for these partitions (waiting up to timeout_s), then forget them."""
+        """A rebalance began: commit what is durable of these partitions (waiting up to
+        timeout_s only for outcomes already on their way, never for work in progress), then
+        hold outcomes and commits until `on_assigned` says which partitions stayed."""
+        ...
+
+    async def on_lost(self, partitions: set[TopicPartition]) -> None:
+        """These partitions belong to another member now: forget them; their held outcomes
+        and their later completions are dropped, never written or committed."""
         ...
 
     async def flush(self, timeout_s: float) -> None:
@@ -108,6 +115,11 @@ class SinkBase:
         self._progress = asyncio.Event()
         self._dropped_late = 0
         self._commits = 0
+        #: between a rebalance's revoke and its assignment nothing is written or committed:
+        #: which partitions stay is not known yet (`on_revoked`)
+        self._held = False
+        #: one commit round at a time: the revoke's last one and the loop's
+        self._round = asyncio.Lock()
 
     # -- intake side
     def track(self, source: SourceOffset) -> Ticket:
@@ -150,6 +162,21 @@ class SinkBase:
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
         for tp in partitions:
             self.owned.assign(tp)
+        self._release()
+
+    def _release(self) -> None:
+        """The rebalance is over: what was held is written and committed now."""
+        if self._held:
+            self._held = False
+            self._commit_soon()
+
+    async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        async with self._round:
+            await self._finish_revoke(partitions, timeout_s)
+            self._held = True
+
+    async def on_lost(self, partitions: set[TopicPartition]) -> None:
+        self._forget(partitions)
 
     async def start(self) -> None:
         self._commit_task = asyncio.create_task(self._commit_loop(), name="promptbus-commit")
@@ -173,7 +200,9 @@ class SinkBase:
             # cleared before committing: what completes during the commit asks for the next one
             self._wakeup.clear()
             try:
-                await self._commit_ready(None)
+                async with self._round:
+                    if not self._held:
+                        await self._commit_ready(None)
             except Exception:  # a failed commit is retried next round; the offsets stay uncommitted
                 log.exception("commit failed; will retry")
 
@@ -196,7 +225,11 @@ class SinkBase:
             await asyncio.sleep(0.05)
 
     async def flush(self, timeout_s: float) -> None:
-        """Wait (bounded) for every outcome taken in, then commit what is ready (shutdown)."""
+        """Wait (bounded) for every outcome taken in, then commit what is ready (shutdown);
+        in the middle of a rebalance nothing is committed (the owners are not known yet)."""
+        if self._held:
+            log.warning("shutdown during a rebalance: what is not committed yet is done again")
+            return
         await self._wait_done(None, timeout_s)
         await self._commit_ready(None)
 
@@ -206,19 +239,15 @@ class SinkBase:
         self.owned.revoke(partitions)
 
     async def _finish_revoke(self, partitions: set[TopicPartition], timeout_s: float) -> None:
-        """Wait (up to `timeout_s`) for the partitions' work, then (up to `_settle_s`) for what
-        `_settle` waits for, and commit, retrying the commit until then; a failure only loses
-        progress.
+        """Wait (up to `_settle_s`, at least `timeout_s`) for what `_settle` waits for, and
+        commit, retrying the commit until then; a failure only loses progress. Work still in
+        progress is not waited for: a partition that stays goes on with it, one that moves is
+        done again by its new owner.
 
-        Never raises: the caller forgets the partitions whatever happens here, else a stale
-        watermark would outlive the revoke and reject the offsets read after a reassignment.
+        Never raises: the rebalance goes on whatever happens here.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_s, self._settle_s())
-        try:
-            await self._wait_done(partitions, timeout_s)
-        except Exception:  # a commit on the way failed: the commit below is tried again
-            log.debug("revoke of %s: a commit while waiting failed", sorted(partitions), exc_info=True)
         await self._settle(partitions, deadline)
         while True:
             try:

@@ -55,6 +55,9 @@ class ExactlyOnceSink(SinkBase):
         return f"{self._group_id}.{tp.topic}.{tp.partition}"
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        # the kept partitions' transactions go on at once; a new one commits once its producer
+        # is there (whose start fences the earlier owner: that owner's last transaction ended
+        # before its revoke returned, so before this assignment)
         await super().on_assigned(partitions)
         for tp in partitions:
             if tp not in self._producers:
@@ -191,12 +194,10 @@ class ExactlyOnceSink(SinkBase):
             self._commits += 1
             self._tracker.mark_committed({tp: next_offset})
 
-    async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
-        try:
-            await self._finish_revoke(partitions, timeout_s)
-        finally:
-            for tp in partitions:
-                await self._drop(tp)
+    async def on_lost(self, partitions: set[TopicPartition]) -> None:
+        # their outcomes wait in memory, uncommitted: dropped with the producer, never written
+        for tp in partitions:
+            await self._drop(tp)
 
     async def stop(self) -> None:
         await self._stop_loop()
