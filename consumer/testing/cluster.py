@@ -41,7 +41,9 @@ class LocalKafka:
     """One cluster run by `deploy/kafka-local/kafka` in its own state dir.
 
     ports: (first broker port, first controller port); None: the script's defaults (9092 for
-    one node, 19092 for three). security: "plaintext" or "sasl_ssl". heap: the JVM heap flags
+    one node, 19092 for three). proxy_port: the first port of the block of the proxied layout
+    (`KAFKA_LOCAL_PROXY_PORT`, see `consumer.testing.netcluster`; `proxy_paths` proxied listeners
+    per node); None: none. security: "plaintext" or "sasl_ssl". heap: the JVM heap flags
     of each node (None: the script's default). `started_here` tells whether `start` had to
     start it (and so whether its owner should stop it); `client_env` holds the client settings
     `start` printed before the bootstrap servers (empty for plaintext).
@@ -52,6 +54,8 @@ class LocalKafka:
     ports: tuple[int, int] | None = None
     security: str = "plaintext"
     heap: str | None = None
+    proxy_port: int | None = None
+    proxy_paths: int = 1
     bootstrap: str = ""
     started_here: bool = False
     client_env: dict[str, str] = field(default_factory=dict)
@@ -64,6 +68,9 @@ class LocalKafka:
             self._env["KAFKA_LOCAL_CONTROLLER_PORT"] = str(self.ports[1])
         if self.heap is not None:
             self._env["KAFKA_LOCAL_HEAP"] = self.heap
+        if self.proxy_port is not None:
+            self._env["KAFKA_LOCAL_PROXY_PORT"] = str(self.proxy_port)
+            self._env["KAFKA_LOCAL_PROXY_PATHS"] = str(self.proxy_paths)
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
@@ -97,6 +104,11 @@ class LocalKafka:
             "local Kafka (%d node(s)) at %s, started here: %s", self.nodes, self.bootstrap, self.started_here
         )
         return self.bootstrap
+
+    def proxies(self) -> list[tuple[str, int, int]]:
+        """(name, listen port, upstream port) of every proxy the proxied layout needs."""
+        lines = self._run("proxies", "--nodes", str(self.nodes)).stdout.split("\n")
+        return [(name, int(listen), int(upstream)) for name, listen, upstream in (ln.split() for ln in lines if ln.strip())]
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, SIGKILL after a bound)."""
