@@ -1,0 +1,263 @@
+"""Network faults on a steady stream: the fault tests' and `bench/netfaults.py`'s one runner.
+
+`run_fault(rig, fault, ...)` runs the service in-process with its provider link and its broker
+links through Toxiproxy (`NetRig`), produces a steady stream of jobs on the direct listeners,
+waits until results flow, applies one `Fault` for its duration, and then waits (bounded) until
+every job has an outcome. The test's own clients (the stream, the outcome follower, the commit
+snapshots) use the direct listeners, so what they see is never the fault's doing.
+
+While the fault and the recovery run it snapshots the group's commits and the outcome topics'
+ends every `SNAPSHOT_EVERY_S` (`faultrun.kill_snapshot`): an input offset a commit covers must
+have an outcome written before that commit was read (`committed_ahead`), which is what
+"no offset is committed ahead of its outcome" means, checked while the fault is on.
+
+The report (`FaultReport`) gives per fault the jobs in flight when it began, lost, duplicated
+and dead-lettered jobs, wrong answers, whether work flowed again within the bound after the
+fault ended (and how long it took), and the service's stats before, at the end of, and after
+the fault, for the test to check what it expects to see happen (a retry, a circuit opened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumer.kafka.admin import ensure_topics
+from consumer.settings import Settings
+from consumer.testing.faultrun import KillSnapshot, kill_snapshot
+from consumer.testing.harness import InProcessService, JobStream, job, service_env, settings_from_env
+from consumer.testing.netcluster import ProxiedKafka, cut, toxics
+from consumer.testing.outcomes import Outcome, OutcomeFollower
+from consumer.testing.simulator import answer_for
+from consumer.testing.toxiproxy import Link
+
+__all__ = [
+    "FAULTS",
+    "Fault",
+    "FaultReport",
+    "NetRig",
+    "committed_ahead",
+    "run_fault",
+]
+
+#: how often the group's commits are read while a fault and its recovery run
+SNAPSHOT_EVERY_S = 1.0
+#: results that must arrive after a fault ends for work to count as flowing again
+FLOWING_AGAIN = 20
+#: results before the fault begins: the service has joined and answers
+WARMUP_RESULTS = 50
+
+
+@dataclass(frozen=True)
+class NetRig:
+    """Where the faults act: the provider's link and the cluster's links. `node` is the node
+    a node fault cuts off."""
+
+    provider: Link
+    cluster: ProxiedKafka
+    node: int = 1
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One network fault: applied for `duration_s` by entering `apply(rig)`."""
+
+    name: str
+    duration_s: float
+    apply: Callable[[NetRig], AbstractContextManager[None]]
+    #: what it does, for reports
+    what: str = ""
+
+
+def _fault(name: str, duration_s: float, what: str, apply: Callable[[NetRig], AbstractContextManager[None]]) -> Fault:
+    return Fault(name, duration_s, apply, what)
+
+
+#: the faults of issue #54, by name (docs/operations.md, "Network faults", says what each does)
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        _fault("provider_latency", 20.0, "500 ms on every provider answer",
+               lambda r: r.provider.toxic("latency", "latency", latency=500)),
+        _fault("provider_half_open", 10.0, "provider answers swallowed, connections left open",
+               lambda r: r.provider.toxic("half_open", "timeout", timeout=0)),
+        _fault("provider_reset", 10.0, "half the provider connections reset (RST) as answers come",
+               lambda r: r.provider.toxic("reset", "reset_peer", timeout=0, toxicity=0.5)),
+        _fault("provider_trickle", 15.0, "provider answers at 10 KB/s",
+               lambda r: r.provider.toxic("trickle", "bandwidth", rate=10)),
+        _fault("provider_down", 30.0, "provider connections refused",
+               lambda r: r.provider.cut()),
+        _fault("broker_latency", 20.0, "300 ms on every broker answer",
+               lambda r: toxics(r.cluster.broker_links(), "latency", "latency", latency=300)),
+        _fault("broker_half_open", 8.0, "broker answers swallowed, connections left open",
+               lambda r: toxics(r.cluster.broker_links(), "half_open", "timeout", timeout=0)),
+        _fault("brokers_down", 20.0, "every broker's connections refused",
+               lambda r: cut(r.cluster.broker_links())),
+        _fault("node_cut", 20.0, "one node cut off from clients and controllers",
+               lambda r: cut(r.cluster.node_links(r.node))),
+    )
+}
+
+
+@dataclass
+class FaultReport:
+    """What one fault run saw (module docstring)."""
+
+    fault: str
+    jobs: int
+    #: jobs sent without an outcome when the fault began
+    in_flight: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    dead: int = 0
+    wrong: int = 0
+    #: outcome records written while the fault was on
+    during: int = 0
+    #: whether FLOWING_AGAIN results came within the bound after the fault ended, and when
+    flowing_again: bool = False
+    recover_s: float | None = None
+    finished: bool = False
+    #: commit snapshots read, and the input offsets a commit covered before their outcome
+    snapshots: int = 0
+    ahead: list[tuple[int, int]] = field(default_factory=list)
+    #: the service's stats when the fault began, when it ended, and at the end
+    before: dict[str, Any] = field(default_factory=dict)
+    at_end_of_fault: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures, without the stats snapshots (for printing)."""
+        keep = ("fault", "jobs", "in_flight", "lost", "duplicates", "dead", "wrong", "during",
+                "flowing_again", "recover_s", "finished", "snapshots")
+        return {k: getattr(self, k) for k in keep} | {"ahead": len(self.ahead)}
+
+
+def committed_ahead(outcomes: list[Outcome], snapshots: list[KillSnapshot]) -> list[tuple[int, int]]:
+    """(partition, offset) of inputs a snapshot's commit covered while no outcome of theirs
+    had been written before that snapshot was read."""
+    first_ms: dict[tuple[int, int], int] = {}
+    for o in outcomes:
+        key = (o.source_partition, o.source_offset)
+        first_ms[key] = min(first_ms.get(key, o.timestamp_ms), o.timestamp_ms)
+    ahead: set[tuple[int, int]] = set()
+    for snap in snapshots:
+        for partition, (offset, done, _) in snap.committed.items():
+            covered = [(partition, o) for o in range(offset)] + [(partition, o) for o in done]
+            for key in covered:
+                written = first_ms.get(key)
+                if written is None or written > snap.at_ms:
+                    ahead.add(key)
+    return sorted(ahead)
+
+
+def rig_settings(rig: NetRig, **env: Any) -> tuple[Settings, Settings]:
+    """(the service's settings, through path 1's proxies; the test's, direct): same topics."""
+    service = service_env(rig.cluster.proxied(), **env)
+    return settings_from_env(service), settings_from_env(service | {"KAFKA_BOOTSTRAP_SERVERS": rig.cluster.direct})
+
+
+async def _snapshot_until(settings: Settings, stop: asyncio.Event, into: list[KillSnapshot]) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(Exception):  # a snapshot that fails is skipped, not a verdict
+            into.append(await kill_snapshot(settings))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), SNAPSHOT_EVERY_S)
+
+
+async def run_fault(
+    rig: NetRig,
+    fault: Fault,
+    tiers: dict[str, Any],
+    *,
+    jobs: int,
+    rate_per_s: float = 100.0,
+    batch_every: int = 2,
+    finish_wait_s: float = 120.0,
+    service: Callable[[Settings], InProcessService] | None = None,
+    **env: Any,
+) -> FaultReport:
+    """One fault on a steady stream of `jobs` jobs at `rate_per_s` (module docstring); `env`
+    holds extra PROMPTBUS_* settings of the service."""
+    settings, direct = rig_settings(rig, **env)
+    await ensure_topics(direct)
+    stream_jobs = [job(i, batch=i % batch_every != 0) for i in range(jobs)]
+    expected = {j["id"]: answer_for(j["variables"]["text"]) for j in stream_jobs}
+    chunk = max(1, int(rate_per_s / 10))
+    stream = JobStream(direct, stream_jobs, chunk=chunk, interval_s=0.1)
+    report = FaultReport(fault.name, jobs)
+    snapshots: list[KillSnapshot] = []
+    make = service or (lambda s: InProcessService(s, tiers))
+    async with OutcomeFollower(direct) as follower, make(settings) as svc:
+        feeding = asyncio.create_task(stream.run())
+        try:
+            await follower.wait(lambda: len(follower.results()) >= WARMUP_RESULTS, timeout_s=60)
+            await _apply_fault(rig, fault, svc, follower, stream, settings, direct, report, snapshots)
+            report.finished = await follower.wait_for_ids(expected, timeout_s=finish_wait_s)
+        finally:
+            stream.stop.set()
+            await feeding
+        report.after = svc.stats_snapshot()
+    await _settled(direct, follower)
+    _tally(report, follower.outcomes, expected, snapshots)
+    return report
+
+
+async def _apply_fault(
+    rig: NetRig,
+    fault: Fault,
+    svc: InProcessService,
+    follower: OutcomeFollower,
+    stream: JobStream,
+    settings: Settings,
+    direct: Settings,
+    report: FaultReport,
+    snapshots: list[KillSnapshot],
+) -> None:
+    """Step 1: the fault for its duration, commits snapshotted; step 2: wait (bounded by the
+    session + 5 s) for results to flow again, still snapshotting."""
+    stop_snapshots = asyncio.Event()
+    snapshotting = asyncio.create_task(_snapshot_until(direct, stop_snapshots, snapshots))
+    try:
+        report.in_flight = len({j["id"] for j in stream.sent} - follower.ids())
+        report.before = svc.stats_snapshot()
+        records_at_start = follower.records
+        with fault.apply(rig):
+            await asyncio.sleep(fault.duration_s)
+            report.at_end_of_fault = svc.stats_snapshot()
+        ended = time.monotonic()
+        records_at_end = follower.records
+        report.during = records_at_end - records_at_start
+        unanswered = len({j["id"] for j in stream.jobs} - follower.ids())
+        wanted = records_at_end + min(FLOWING_AGAIN, unanswered)
+        report.flowing_again = await follower.wait(
+            lambda: follower.records >= wanted, timeout_s=settings.session_timeout_s + 5
+        )
+        if report.flowing_again:
+            report.recover_s = round(time.monotonic() - ended, 2)
+    finally:
+        stop_snapshots.set()
+        await snapshotting
+
+
+async def _settled(direct: Settings, follower: OutcomeFollower) -> None:
+    """Every outcome the stopped service wrote is read (bounded)."""
+    async with OutcomeFollower(direct) as last:
+        await last.settle()
+        follower.outcomes[:] = last.outcomes
+
+
+def _tally(
+    report: FaultReport, outcomes: list[Outcome], expected: dict[str, str], snapshots: list[KillSnapshot]
+) -> None:
+    seen = {o.job_id for o in outcomes}
+    report.lost = len(set(expected) - seen)
+    report.duplicates = len(outcomes) - len(seen)
+    report.dead = sum(1 for o in outcomes if o.dead)
+    report.wrong = sum(1 for o in outcomes if not o.dead and o.output != expected.get(o.job_id))
+    report.snapshots = len(snapshots)
+    report.ahead = committed_ahead(outcomes, snapshots)
