@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +42,7 @@ __all__ = [
     "FaultReport",
     "NetRig",
     "committed_ahead",
+    "rig_settings",
     "run_fault",
 ]
 
@@ -51,6 +52,8 @@ SNAPSHOT_EVERY_S = 1.0
 FLOWING_AGAIN = 20
 #: results before the fault begins: the service has joined and answers
 WARMUP_RESULTS = 50
+#: what a client sent just before a fault may still land this long into it
+FAULT_SETTLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,18 +113,23 @@ class FaultReport:
 
     fault: str
     jobs: int
-    #: jobs sent without an outcome when the fault began
+    #: jobs the service held (read, not finished) or sent without an outcome when the fault began
     in_flight: int = 0
     lost: int = 0
     duplicates: int = 0
     dead: int = 0
     wrong: int = 0
-    #: outcome records written while the fault was on
+    #: outcome records read (by the direct follower) while the fault was on
     during: int = 0
+    #: outcome records the broker took from FAULT_SETTLE_S into the fault to its end
+    #: (transaction markers included: both ends are log end offsets)
+    written_during: int = 0
     #: whether FLOWING_AGAIN results came within the bound after the fault ended, and when
     flowing_again: bool = False
     recover_s: float | None = None
     finished: bool = False
+    #: whether the service still ran when the fault ended (it must not exit over a fault)
+    running_after_fault: bool = False
     #: commit snapshots read, and the input offsets a commit covered before their outcome
     snapshots: int = 0
     ahead: list[tuple[int, int]] = field(default_factory=list)
@@ -129,11 +137,13 @@ class FaultReport:
     before: dict[str, Any] = field(default_factory=dict)
     at_end_of_fault: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
+    #: what the run's probe saw at the fault's end
+    probe: Any = None
 
     def summary(self) -> dict[str, Any]:
         """The figures, without the stats snapshots (for printing)."""
-        keep = ("fault", "jobs", "in_flight", "lost", "duplicates", "dead", "wrong", "during",
-                "flowing_again", "recover_s", "finished", "snapshots")
+        keep = ("fault", "jobs", "in_flight", "lost", "duplicates", "dead", "wrong", "during", "written_during",
+                "flowing_again", "recover_s", "finished", "running_after_fault", "snapshots")
         return {k: getattr(self, k) for k in keep} | {"ahead": len(self.ahead)}
 
 
@@ -179,11 +189,15 @@ async def run_fault(
     batch_every: int = 2,
     finish_wait_s: float = 120.0,
     service: Callable[[Settings], InProcessService] | None = None,
+    settings: tuple[Settings, Settings] | None = None,
+    probe: Callable[[], Awaitable[Any]] | None = None,
     **env: Any,
 ) -> FaultReport:
     """One fault on a steady stream of `jobs` jobs at `rate_per_s` (module docstring); `env`
-    holds extra PROMPTBUS_* settings of the service."""
-    settings, direct = rig_settings(rig, **env)
+    holds extra PROMPTBUS_* settings of the service, or `settings` the service's and the
+    direct ones (`rig_settings`). `probe` is awaited at the fault's end, while it is still on;
+    its answer is the report's `probe`."""
+    service_settings, direct = settings or rig_settings(rig, **env)
     await ensure_topics(direct)
     stream_jobs = [job(i, batch=i % batch_every != 0) for i in range(jobs)]
     expected = {j["id"]: answer_for(j["variables"]["text"]) for j in stream_jobs}
@@ -192,11 +206,11 @@ async def run_fault(
     report = FaultReport(fault.name, jobs)
     snapshots: list[KillSnapshot] = []
     make = service or (lambda s: InProcessService(s, tiers))
-    async with OutcomeFollower(direct) as follower, make(settings) as svc:
+    async with OutcomeFollower(direct) as follower, make(service_settings) as svc:
         feeding = asyncio.create_task(stream.run())
         try:
             await follower.wait(lambda: len(follower.results()) >= WARMUP_RESULTS, timeout_s=60)
-            await _apply_fault(rig, fault, svc, follower, stream, settings, direct, report, snapshots)
+            await _apply_fault(rig, fault, svc, follower, stream, direct, report, snapshots, probe)
             report.finished = await follower.wait_for_ids(expected, timeout_s=finish_wait_s)
         finally:
             stream.stop.set()
@@ -213,29 +227,37 @@ async def _apply_fault(
     svc: InProcessService,
     follower: OutcomeFollower,
     stream: JobStream,
-    settings: Settings,
     direct: Settings,
     report: FaultReport,
     snapshots: list[KillSnapshot],
+    probe: Callable[[], Awaitable[Any]] | None,
 ) -> None:
     """Step 1: the fault for its duration, commits snapshotted; step 2: wait (bounded by the
     session + 5 s) for results to flow again, still snapshotting."""
     stop_snapshots = asyncio.Event()
     snapshotting = asyncio.create_task(_snapshot_until(direct, stop_snapshots, snapshots))
     try:
-        report.in_flight = len({j["id"] for j in stream.sent} - follower.ids())
         report.before = svc.stats_snapshot()
+        report.in_flight = max(int(report.before["inflight"]), len({j["id"] for j in stream.sent} - follower.ids()))
         records_at_start = follower.records
         with fault.apply(rig):
-            await asyncio.sleep(fault.duration_s)
+            # what reached the broker from a moment into the fault to its end (read direct)
+            await asyncio.sleep(min(FAULT_SETTLE_S, fault.duration_s / 2))
+            first = await kill_snapshot(direct)
+            await asyncio.sleep(max(0.0, fault.duration_s - min(FAULT_SETTLE_S, fault.duration_s / 2)))
+            last = await kill_snapshot(direct)
+            report.written_during = sum(last.ends.values()) - sum(first.ends.values())
             report.at_end_of_fault = svc.stats_snapshot()
+            report.running_after_fault = svc.task is not None and not svc.task.done()
+            if probe is not None:
+                report.probe = await probe()
         ended = time.monotonic()
         records_at_end = follower.records
         report.during = records_at_end - records_at_start
         unanswered = len({j["id"] for j in stream.jobs} - follower.ids())
         wanted = records_at_end + min(FLOWING_AGAIN, unanswered)
         report.flowing_again = await follower.wait(
-            lambda: follower.records >= wanted, timeout_s=settings.session_timeout_s + 5
+            lambda: follower.records >= wanted, timeout_s=direct.session_timeout_s + 5
         )
         if report.flowing_again:
             report.recover_s = round(time.monotonic() - ended, 2)
