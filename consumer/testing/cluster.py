@@ -108,7 +108,12 @@ class LocalKafka:
     def proxies(self) -> list[tuple[str, int, int]]:
         """(name, listen port, upstream port) of every proxy the proxied layout needs."""
         lines = self._run("proxies", "--nodes", str(self.nodes)).stdout.split("\n")
-        return [(name, int(listen), int(upstream)) for name, listen, upstream in (ln.split() for ln in lines if ln.strip())]
+        rows = [line.split() for line in lines if line.strip()]
+        return [(name, int(listen), int(upstream)) for name, listen, upstream in rows]
+
+    def active_controller(self) -> int:
+        """Node id of the active controller (the KRaft quorum leader)."""
+        return int(self._run("controller").stdout.strip())
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, SIGKILL after a bound)."""

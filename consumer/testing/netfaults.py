@@ -8,7 +8,8 @@ snapshots) use the direct listeners, so what they see is never the fault's doing
 
 While the fault and the recovery run it snapshots the group's commits and the outcome topics'
 ends every `SNAPSHOT_EVERY_S` (`faultrun.kill_snapshot`): an input offset a commit covers must
-have an outcome written before that commit was read (`committed_ahead`), which is what
+have an outcome created (its record timestamp) before that commit's read ended
+(`committed_ahead`), which is what
 "no offset is committed ahead of its outcome" means, checked while the fault is on.
 
 The report (`FaultReport`) gives per fault the jobs in flight when it began, lost, duplicated
@@ -21,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,9 +43,11 @@ __all__ = [
     "Fault",
     "FaultReport",
     "NetRig",
+    "ScheduleReport",
     "committed_ahead",
     "rig_settings",
     "run_fault",
+    "run_schedule",
 ]
 
 #: how often the group's commits are read while a fault and its recovery run
@@ -77,7 +81,9 @@ class Fault:
     what: str = ""
 
 
-def _fault(name: str, duration_s: float, what: str, apply: Callable[[NetRig], AbstractContextManager[None]]) -> Fault:
+def _fault(
+    name: str, duration_s: float, what: str, apply: Callable[[NetRig], AbstractContextManager[None]]
+) -> Fault:
     return Fault(name, duration_s, apply, what)
 
 
@@ -128,6 +134,8 @@ class FaultReport:
     flowing_again: bool = False
     recover_s: float | None = None
     finished: bool = False
+    #: when the fault began (ms since the epoch)
+    started_ms: int = 0
     #: whether the service still ran when the fault ended (it must not exit over a fault)
     running_after_fault: bool = False
     #: commit snapshots read, and the input offsets a commit covered before their outcome
@@ -142,7 +150,8 @@ class FaultReport:
 
     def summary(self) -> dict[str, Any]:
         """The figures, without the stats snapshots (for printing)."""
-        keep = ("fault", "jobs", "in_flight", "lost", "duplicates", "dead", "wrong", "during", "written_during",
+        keep = ("fault", "jobs", "in_flight", "lost", "duplicates", "dead", "wrong", "during",
+                "written_during",
                 "flowing_again", "recover_s", "finished", "running_after_fault", "snapshots")
         return {k: getattr(self, k) for k in keep} | {"ahead": len(self.ahead)}
 
@@ -168,15 +177,32 @@ def committed_ahead(outcomes: list[Outcome], snapshots: list[KillSnapshot]) -> l
 def rig_settings(rig: NetRig, **env: Any) -> tuple[Settings, Settings]:
     """(the service's settings, through path 1's proxies; the test's, direct): same topics."""
     service = service_env(rig.cluster.proxied(), **env)
-    return settings_from_env(service), settings_from_env(service | {"KAFKA_BOOTSTRAP_SERVERS": rig.cluster.direct})
+    direct = service | {"KAFKA_BOOTSTRAP_SERVERS": rig.cluster.direct}
+    return settings_from_env(service), settings_from_env(direct)
+
+
+async def commit_snapshot(settings: Settings) -> KillSnapshot:
+    """The group's commits and the outcome topics' ends, stamped with when the read ENDED: a
+    commit it saw was made by then, so an outcome created after that stamp came after it."""
+    snap = await kill_snapshot(settings)
+    return dataclasses.replace(snap, at_ms=int(time.time() * 1000))
 
 
 async def _snapshot_until(settings: Settings, stop: asyncio.Event, into: list[KillSnapshot]) -> None:
     while not stop.is_set():
         with contextlib.suppress(Exception):  # a snapshot that fails is skipped, not a verdict
-            into.append(await kill_snapshot(settings))
+            into.append(await commit_snapshot(settings))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), SNAPSHOT_EVERY_S)
+
+
+@dataclass
+class ScheduleReport:
+    """A run of several faults: one `FaultReport` per fault (its figures over its window: from
+    its start to the next fault's) and the totals over the run."""
+
+    faults: list[FaultReport]
+    totals: FaultReport
 
 
 async def run_fault(
@@ -188,7 +214,6 @@ async def run_fault(
     rate_per_s: float = 100.0,
     batch_every: int = 2,
     finish_wait_s: float = 120.0,
-    service: Callable[[Settings], InProcessService] | None = None,
     settings: tuple[Settings, Settings] | None = None,
     probe: Callable[[], Awaitable[Any]] | None = None,
     **env: Any,
@@ -197,28 +222,57 @@ async def run_fault(
     holds extra PROMPTBUS_* settings of the service, or `settings` the service's and the
     direct ones (`rig_settings`). `probe` is awaited at the fault's end, while it is still on;
     its answer is the report's `probe`."""
+    run = await run_schedule(
+        rig, [(0.0, fault)], tiers, jobs=jobs, rate_per_s=rate_per_s, batch_every=batch_every,
+        finish_wait_s=finish_wait_s, settings=settings, probe=probe, **env,
+    )
+    return run.faults[0]
+
+
+async def run_schedule(
+    rig: NetRig,
+    schedule: Sequence[tuple[float, Fault]],
+    tiers: dict[str, Any],
+    *,
+    jobs: int,
+    rate_per_s: float = 100.0,
+    batch_every: int = 2,
+    finish_wait_s: float = 120.0,
+    stop_stream_after_s: float | None = None,
+    settings: tuple[Settings, Settings] | None = None,
+    probe: Callable[[], Awaitable[Any]] | None = None,
+    **env: Any,
+) -> ScheduleReport:
+    """Each fault of `schedule` after its gap (seconds after the previous one's recovery), on
+    one steady stream of up to `jobs` jobs; the stream stops `stop_stream_after_s` after the
+    last fault's recovery (None: when its jobs run out). Then every job sent must get its
+    outcome (bounded by `finish_wait_s`)."""
     service_settings, direct = settings or rig_settings(rig, **env)
     await ensure_topics(direct)
     stream_jobs = [job(i, batch=i % batch_every != 0) for i in range(jobs)]
-    expected = {j["id"]: answer_for(j["variables"]["text"]) for j in stream_jobs}
-    chunk = max(1, int(rate_per_s / 10))
-    stream = JobStream(direct, stream_jobs, chunk=chunk, interval_s=0.1)
-    report = FaultReport(fault.name, jobs)
-    snapshots: list[KillSnapshot] = []
-    make = service or (lambda s: InProcessService(s, tiers))
-    async with OutcomeFollower(direct) as follower, make(service_settings) as svc:
+    stream = JobStream(direct, stream_jobs, chunk=max(1, int(rate_per_s / 10)), interval_s=0.1)
+    windows: list[tuple[FaultReport, list[KillSnapshot]]] = []
+    async with OutcomeFollower(direct) as follower, InProcessService(service_settings, tiers) as svc:
         feeding = asyncio.create_task(stream.run())
+        finished = False
         try:
             await follower.wait(lambda: len(follower.results()) >= WARMUP_RESULTS, timeout_s=60)
-            await _apply_fault(rig, fault, svc, follower, stream, direct, report, snapshots, probe)
-            report.finished = await follower.wait_for_ids(expected, timeout_s=finish_wait_s)
+            for gap_s, fault in schedule:
+                await asyncio.sleep(gap_s)
+                window = FaultReport(fault.name, 0)
+                windows.append((window, []))
+                await _apply_fault(rig, fault, svc, follower, stream, direct, window, windows[-1][1], probe)
+            if stop_stream_after_s is not None:
+                await asyncio.sleep(stop_stream_after_s)
+                stream.stop.set()
+            await feeding
+            finished = await follower.wait_for_ids({j["id"] for j in stream.sent}, timeout_s=finish_wait_s)
         finally:
             stream.stop.set()
             await feeding
-        report.after = svc.stats_snapshot()
+        after = svc.stats_snapshot()
     await _settled(direct, follower)
-    _tally(report, follower.outcomes, expected, snapshots)
-    return report
+    return _schedule_report(windows, follower.outcomes, stream, finished, after)
 
 
 async def _apply_fault(
@@ -238,13 +292,16 @@ async def _apply_fault(
     snapshotting = asyncio.create_task(_snapshot_until(direct, stop_snapshots, snapshots))
     try:
         report.before = svc.stats_snapshot()
-        report.in_flight = max(int(report.before["inflight"]), len({j["id"] for j in stream.sent} - follower.ids()))
+        unanswered_sent = len({j["id"] for j in stream.sent} - follower.ids())
+        report.in_flight = max(int(report.before["inflight"]), unanswered_sent)
+        report.started_ms = int(time.time() * 1000)
         records_at_start = follower.records
+        settle_s = min(FAULT_SETTLE_S, fault.duration_s / 2)
         with fault.apply(rig):
             # what reached the broker from a moment into the fault to its end (read direct)
-            await asyncio.sleep(min(FAULT_SETTLE_S, fault.duration_s / 2))
+            await asyncio.sleep(settle_s)
             first = await kill_snapshot(direct)
-            await asyncio.sleep(max(0.0, fault.duration_s - min(FAULT_SETTLE_S, fault.duration_s / 2)))
+            await asyncio.sleep(max(0.0, fault.duration_s - settle_s))
             last = await kill_snapshot(direct)
             report.written_during = sum(last.ends.values()) - sum(first.ends.values())
             report.at_end_of_fault = svc.stats_snapshot()
@@ -271,6 +328,32 @@ async def _settled(direct: Settings, follower: OutcomeFollower) -> None:
     async with OutcomeFollower(direct) as last:
         await last.settle()
         follower.outcomes[:] = last.outcomes
+
+
+def _schedule_report(
+    windows: list[tuple[FaultReport, list[KillSnapshot]]],
+    outcomes: list[Outcome],
+    stream: JobStream,
+    finished: bool,
+    after: dict[str, Any],
+) -> ScheduleReport:
+    """Totals over the run; per fault, the jobs sent and the extra copies written in its window
+    (from its start to the next fault's; the first window from the run's start, the last to
+    its end)."""
+    expected = {j["id"]: answer_for(j["variables"]["text"]) for j in stream.sent}
+    sent_ms = dict(zip([j["id"] for j in stream.sent], stream.sent_ms, strict=True))
+    every = [snap for _, snaps in windows for snap in snaps]
+    totals = FaultReport("all", len(expected), finished=finished, after=after)
+    _tally(totals, outcomes, expected, every)
+    starts = [0] + [w.started_ms for w, _ in windows[1:]] + [2**62]
+    for i, (window, snapshots) in enumerate(windows):
+        lo, hi = starts[i], starts[i + 1]
+        ids = {jid for jid, at in sent_ms.items() if lo <= at < hi}
+        mine = [o for o in outcomes if o.job_id in ids]
+        window.jobs = len(ids)
+        window.finished, window.after = finished, after
+        _tally(window, mine, {jid: expected[jid] for jid in ids}, snapshots)
+    return ScheduleReport([w for w, _ in windows], totals)
 
 
 def _tally(

@@ -90,18 +90,16 @@ class Toxiproxy:
             with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as response:
                 text = response.read()
         except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"toxiproxy {method} {path}: {exc.code} {exc.read().decode(errors='replace')}") from exc
+            reason = exc.read().decode(errors="replace")
+            raise RuntimeError(f"toxiproxy {method} {path}: {exc.code} {reason}") from exc
         return json.loads(text) if text.strip() else None
 
     def proxy(self, name: str, *, upstream_port: int, listen_port: int | None = None) -> Link:
         """A new proxy `name` from 127.0.0.1:`listen_port` (a free one when None) to
         127.0.0.1:`upstream_port`, enabled."""
         port = listen_port if listen_port is not None else free_port()
-        self.call(
-            "POST",
-            "/proxies",
-            {"name": name, "listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{upstream_port}", "enabled": True},
-        )
+        listen, upstream = f"127.0.0.1:{port}", f"127.0.0.1:{upstream_port}"
+        self.call("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream, "enabled": True})
         return Link(self, name, port, upstream_port)
 
     def links(self) -> list[str]:
@@ -194,7 +192,8 @@ def _wait_api(proc: subprocess.Popen[bytes], port: int, log_file: Path) -> None:
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"toxiproxy exited at start ({proc.returncode}): {log_file.read_text()[-2000:]}")
+            tail = log_file.read_text()[-2000:]
+            raise RuntimeError(f"toxiproxy exited at start ({proc.returncode}): {tail}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return
         time.sleep(0.05)

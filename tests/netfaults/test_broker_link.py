@@ -62,7 +62,9 @@ async def test_brokers_unreachable_for_20_s_the_instance_waits_and_resumes(
     assert_nothing_lost(report, exactly_once=guarantee == "exactly_once")
     assert report.running_after_fault, "the instance does not exit while the brokers are away"
     assert report.written_during == 0, "no outcome can be written with every broker unreachable"
-    refused = [r for r in caplog.records if r.name.startswith("aiokafka") and "Connect call failed" in r.getMessage()]
+    refused = [
+        r for r in caplog.records if r.name.startswith("aiokafka") and "Connect call failed" in r.getMessage()
+    ]
     assert refused, "the service's clients were refused at the proxy"
     assert report.after["items_in"] > report.at_end_of_fault["items_in"], "intake resumed"
 

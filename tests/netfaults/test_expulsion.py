@@ -57,7 +57,8 @@ async def test_an_instance_cut_past_its_session_is_expelled_and_writes_nothing_f
     with run_simulator(SimulatorConfig(seed=54, latency_ms=20)) as base_url:
         tiers = tier_file_dict(base_url + "/v1", max_items=10, timeout_s=2)
         a = ServiceProcess(env, tiers, tmp_path, name="a")
-        b = ServiceProcess(env | {"KAFKA_BOOTSTRAP_SERVERS": proxied_broker.proxied(2)}, tiers, tmp_path, name="b")
+        env_b = env | {"KAFKA_BOOTSTRAP_SERVERS": proxied_broker.proxied(2)}
+        b = ServiceProcess(env_b, tiers, tmp_path, name="b")
         stream = JobStream(direct, jobs, chunk=10, interval_s=0.1)
         async with OutcomeFollower(direct, isolation_level="read_committed") as follower:
             a.start()

@@ -101,7 +101,9 @@ async def test_half_open_provider_connections_time_out_and_are_retried(
     assert any("timed out" in r.getMessage() and "circuit open" in r.getMessage() for r in caplog.records)
 
 
-async def test_provider_resets_mid_response_are_retried(toxi: Toxiproxy, proxied_broker: ProxiedKafka) -> None:
+async def test_provider_resets_mid_response_are_retried(
+    toxi: Toxiproxy, proxied_broker: ProxiedKafka
+) -> None:
     async with provider_rig(toxi, proxied_broker) as rig:
         report = await run_fault(rig, FAULTS["provider_reset"], fault_tiers(rig), jobs=1500)
     assert_nothing_lost(report)
