@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -104,10 +105,12 @@ class _Listener(ConsumerRebalanceListener):
         handler: RebalanceHandler,
         forget: Callable[[set[TopicPartition]], None],
         load: Callable[[set[TopicPartition]], Awaitable[None]],
+        joined: Callable[[], None],
     ) -> None:
         self._handler = handler
         self._forget = forget
         self._load = load
+        self._joined = joined
 
     async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
         try:
@@ -118,6 +121,8 @@ class _Listener(ConsumerRebalanceListener):
             self._forget(set(revoked))
 
     async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        # an assignment is the group's answer to this member's join: the lease starts afresh
+        self._joined()
         # what earlier owners finished above the committed offsets is known before any record
         await self._load(set(assigned))
         await self._handler.on_assigned(set(assigned))
@@ -136,6 +141,7 @@ class KafkaIntake:
         topics: Sequence[str] | None = None,
     ) -> None:
         self.group_id = settings.group_id
+        self._session_s = settings.session_timeout_s
         self._topics = list(topics) if topics else [settings.jobs_topic]
         self._consumer = AIOKafkaConsumer(
             group_id=settings.group_id,
@@ -160,9 +166,36 @@ class KafkaIntake:
         self.skipped_done = 0
 
     async def start(self, handler: RebalanceHandler) -> None:
-        self._listener = _Listener(handler, self._forget_positions, self._load_done)
+        self._listener = _Listener(handler, self._forget_positions, self._load_done, self._joined)
         self._consumer.subscribe(self._topics, listener=self._listener)
         await self._consumer.start()
+        self._observe_heartbeats()
+
+    def _joined(self) -> None:
+        self.owned.lease.confirm(time.monotonic())
+
+    def _observe_heartbeats(self) -> None:
+        """Confirm the membership lease with every heartbeat the group answers (stamped with
+        when it was sent). aiokafka has no public hook for heartbeats; its coordinator's
+        `_do_heartbeat` (True: answered, the member still in the group) is looked up on each
+        beat, so wrapping it on the instance sees them all."""
+        lease = self.owned.lease
+        lease.arm(self._session_s, time.monotonic())
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        beat = getattr(coordinator, "_do_heartbeat", None)
+        if beat is None:
+            log.warning("cannot observe the group's heartbeats: outcomes are written without a lease")
+            lease.session_s = None
+            return
+
+        async def observed_beat() -> bool:
+            sent_s = time.monotonic()
+            answered = bool(await beat())
+            if answered:
+                lease.confirm(sent_s)
+            return answered
+
+        coordinator._do_heartbeat = observed_beat  # type: ignore[union-attr]
 
     def rejoin(self) -> None:
         """Ask the group for a new assignment: a rebalance revokes every partition (the
@@ -301,12 +334,14 @@ class KafkaIntake:
         while True:
             limit = self._metadata_max_chars
             try:
+                sent_s = time.monotonic()
                 await self._consumer.commit(
                     {
                         tp: OffsetAndMetadata(off, encode_done(off, done, limit))
                         for tp, (off, done) in points.items()
                     }
                 )
+                self.owned.lease.confirm(sent_s)  # the group took a commit of this generation
                 return
             except OffsetMetadataTooLargeError:
                 if limit == 0:

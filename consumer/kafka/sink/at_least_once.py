@@ -1,6 +1,13 @@
 """at_least_once delivery: one idempotent producer; a commit loop commits the contiguous
 watermark of acked outcomes (see `consumer.kafka.sink`).
 
+No outcome is handed to the producer while the membership lease has lapsed (`Assignment.lease`:
+no heartbeat answered for a session, so the group may have given the partitions to another
+member): they wait in the queue. If the group did move on, the revoke drops them (the new
+owner does their jobs); if it did not, the next answered heartbeat releases them. Without
+this, an instance cut off from the brokers past its session writes, once back, the outcomes it
+made meanwhile for partitions it lost (a zombie write: one more copy per job).
+
 A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked partitions' outcomes already on their
 way to the broker, then commits them: those records are written whatever the revoke does, so
 forgetting them would let the partition's next owner (often this same process, after a
@@ -13,6 +20,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -32,6 +40,9 @@ log = logging.getLogger(__name__)
 #: retried on the new leader) but well inside the group's rebalance timeout (max.poll.interval)
 SETTLE_TIMEOUT_S = 30.0
 
+
+#: how often a sink holding outcomes through a lapsed membership lease looks at it again
+LEASE_POLL_S = 0.05
 
 #: a job's outcome on its way to the broker: its ticket and its record
 Outgoing = tuple[Ticket, OutRecord]
@@ -114,6 +125,9 @@ class AtLeastOnceSink(SinkBase):
             await self._queued.wait()
             self._queued.clear()
             while self._queue:
+                if not self.owned.lease.held(time.monotonic()):
+                    await self._lease_back()
+                    continue
                 # everything queued goes out now, as one batch per output partition
                 outcomes = list(self._queue)
                 self._queue.clear()
@@ -146,6 +160,15 @@ class AtLeastOnceSink(SinkBase):
             raise
         finally:
             self._sending = ()
+
+    async def _lease_back(self) -> None:
+        """Wait (polling) until the lease is held again or a revoke has emptied the queue."""
+        lease = self.owned.lease
+        while self._queue and not lease.held(time.monotonic()):
+            # no event says "answered": look again after a moment (or sooner, as outcomes queue)
+            self._queued.clear()
+            await wait_at_most(self._queued.wait(), LEASE_POLL_S)
+        self._queued.set()  # the outer loop looks at the queue again
 
     def _batch_done(self, fut: asyncio.Future[Any], batch: Sequence[Outgoing]) -> None:
         """A record batch was acknowledged (or failed): its outcomes complete their tickets,
@@ -193,6 +216,17 @@ class AtLeastOnceSink(SinkBase):
             self._tracker.mark_committed({tp: points[tp] for tp in ready})
 
     async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        if not self.owned.lease.held(time.monotonic()):
+            # the group may have given them away already: what was not handed to the producer
+            # is not written (their offsets stay uncommitted; the next owner does the jobs)
+            kept = [o for o in self._queue if o[0].source.tp not in partitions]
+            if len(kept) < len(self._queue):
+                log.warning(
+                    "revoke of %s after the membership lapsed: %d outcomes not written",
+                    sorted(partitions),
+                    len(self._queue) - len(kept),
+                )
+                self._queue = collections.deque(kept)
         try:
             await self._finish_revoke(partitions, timeout_s)
         finally:
