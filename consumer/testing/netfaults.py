@@ -349,7 +349,7 @@ def _schedule_report(
     sent_ms = dict(zip([j["id"] for j in stream.sent], stream.sent_ms, strict=True))
     every = [snap for _, snaps in windows for snap in snaps]
     totals = FaultReport("all", len(expected), finished=finished, after=after)
-    _tally(totals, outcomes, expected, every)
+    _tally(totals, outcomes, expected, every, outcomes)
     starts = [0] + [w.started_ms for w, _ in windows[1:]] + [2**62]
     for i, (window, snapshots) in enumerate(windows):
         lo, hi = starts[i], starts[i + 1]
@@ -357,17 +357,23 @@ def _schedule_report(
         mine = [o for o in outcomes if o.job_id in ids]
         window.jobs = len(ids)
         window.finished, window.after = finished, after
-        _tally(window, mine, {jid: expected[jid] for jid in ids}, snapshots)
+        _tally(window, mine, {jid: expected[jid] for jid in ids}, snapshots, outcomes)
     return ScheduleReport([w for w, _ in windows], totals)
 
 
 def _tally(
-    report: FaultReport, outcomes: list[Outcome], expected: dict[str, str], snapshots: list[KillSnapshot]
+    report: FaultReport,
+    outcomes: list[Outcome],
+    expected: dict[str, str],
+    snapshots: list[KillSnapshot],
+    every_outcome: list[Outcome],
 ) -> None:
+    """Counts over `outcomes` (the jobs of `expected`); commits ahead over `snapshots`, judged
+    against every outcome of the run (a commit covers older windows' jobs too)."""
     seen = {o.job_id for o in outcomes}
     report.lost = len(set(expected) - seen)
     report.duplicates = len(outcomes) - len(seen)
     report.dead = sum(1 for o in outcomes if o.dead)
     report.wrong = sum(1 for o in outcomes if not o.dead and o.output != expected.get(o.job_id))
     report.snapshots = len(snapshots)
-    report.ahead = committed_ahead(outcomes, snapshots)
+    report.ahead = committed_ahead(every_outcome, snapshots)

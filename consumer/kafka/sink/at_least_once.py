@@ -128,9 +128,12 @@ class AtLeastOnceSink(SinkBase):
                 if not self.owned.lease.held(time.monotonic()):
                     await self._lease_back()
                     continue
-                # everything queued goes out now, as one batch per output partition
-                outcomes = list(self._queue)
+                # everything queued goes out now, as one batch per output partition, but what
+                # a revoke left behind (the next owner does those jobs)
+                outcomes = self._current_only(self._queue)
                 self._queue.clear()
+                if not outcomes:
+                    continue
                 try:
                     await self._send_batches(outcomes)
                 except asyncio.CancelledError:
@@ -161,6 +164,11 @@ class AtLeastOnceSink(SinkBase):
         finally:
             self._sending = ()
 
+    def _current_only(self, outcomes: Iterable[Outgoing]) -> list[Outgoing]:
+        """The outcomes whose partition is still owned under the epoch they were taken in."""
+        epoch_of = self.owned.epoch
+        return [outcome for outcome in outcomes if epoch_of(outcome[0].source.tp) == outcome[0].epoch]
+
     async def _lease_back(self) -> None:
         """Wait (polling) until the lease is held again or a revoke has emptied the queue."""
         lease = self.owned.lease
@@ -185,8 +193,7 @@ class AtLeastOnceSink(SinkBase):
         """Queue outcomes that were not acknowledged again, but those of a partition revoked
         meanwhile: their offsets were not committed, so the partition's owner does their jobs
         again, and sending them too would repeat them."""
-        epoch_of = self.owned.epoch
-        again = [outcome for outcome in outcomes if epoch_of(outcome[0].source.tp) == outcome[0].epoch]
+        again = self._current_only(outcomes)
         if again:
             log.warning("%d outcomes were not acknowledged; sending them again", len(again))
             self._queue.extend(again)
@@ -194,11 +201,13 @@ class AtLeastOnceSink(SinkBase):
         self._settled.set()
 
     def _unsettled(self, partitions: set[TopicPartition]) -> int:
-        """Outcomes of `partitions` delivered and not acknowledged yet: queued, being handed
-        to the producer, or in its record batches."""
+        """Outcomes of `partitions` delivered and not acknowledged yet: queued (unless the
+        lease has lapsed: those wait for a lease that comes back only after this revoke, and
+        are not written), being handed to the producer, or in its record batches."""
         tickets = {ticket for batch in self._in_flight.values() for ticket, _ in batch}
         tickets.update(ticket for ticket, _ in self._sending)
-        tickets.update(ticket for ticket, _ in self._queue)
+        if self.owned.lease.held(time.monotonic()):
+            tickets.update(ticket for ticket, _ in self._queue)
         return sum(1 for ticket in tickets if ticket.source.tp in partitions)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
