@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from consumer.testing.benchreport import add_save_option, emit_report
-from consumer.testing.harness import tier_file_dict
 from consumer.testing.netcluster import ProxiedKafka, proxied_kafka
-from consumer.testing.netfaults import FAULTS, Fault, NetRig, ScheduleReport, run_schedule
+from consumer.testing.netfaults import FAULTS, Fault, NetRig, ScheduleReport, fault_tiers, run_schedule
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
 from consumer.testing.toxiproxy import Toxiproxy, run_toxiproxy
 
@@ -71,18 +70,6 @@ def parse_schedule(text: str) -> list[tuple[str, float]]:
             raise SystemExit(f"--schedule: unknown fault {name!r} (known: {', '.join(sorted(FAULTS))})")
         out.append((name, float(gap or 0)))
     return out
-
-
-def tiers_for(rig: NetRig) -> dict[str, Any]:
-    """The fault tests' tier: batches of 10, a 2 s timeout, 6 attempts, quick circuit probes."""
-    return tier_file_dict(
-        f"http://{rig.provider.address}/v1",
-        max_items=10,
-        timeout_s=2,
-        limiter={"algorithm": "aimd", "initial": 8, "min": 1, "max": 32},
-        retry={"max_attempts": 6, "backoff_initial_s": 0.05, "backoff_max_s": 1,
-               "circuit_probe_s": 0.5, "circuit_probe_max_s": 2},
-    )
 
 
 def report_of(
@@ -135,7 +122,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             rig = NetRig(link, cluster, node=2 if args.nodes == 3 else 1)
             faults: list[tuple[float, Fault]] = [(gap, FAULTS[name]) for name, gap in schedule]
             run = await run_schedule(
-                rig, faults, tiers_for(rig), jobs=jobs, rate_per_s=args.rate, stop_stream_after_s=TAIL_S,
+                rig, faults, fault_tiers(rig), jobs=jobs, rate_per_s=args.rate, stop_stream_after_s=TAIL_S,
                 finish_wait_s=300, partitions=4, PROMPTBUS_TOPIC_REPLICATION=args.nodes,
             )
     return report_of(run, schedule, args)

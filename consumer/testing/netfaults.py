@@ -32,7 +32,14 @@ from typing import Any
 from consumer.kafka.admin import ensure_topics
 from consumer.settings import Settings
 from consumer.testing.faultrun import KillSnapshot, kill_snapshot
-from consumer.testing.harness import InProcessService, JobStream, job, service_env, settings_from_env
+from consumer.testing.harness import (
+    InProcessService,
+    JobStream,
+    job,
+    service_env,
+    settings_from_env,
+    tier_file_dict,
+)
 from consumer.testing.netcluster import ProxiedKafka, cut, toxics
 from consumer.testing.outcomes import Outcome, OutcomeFollower
 from consumer.testing.simulator import answer_for
@@ -45,6 +52,7 @@ __all__ = [
     "NetRig",
     "ScheduleReport",
     "committed_ahead",
+    "fault_tiers",
     "rig_settings",
     "run_fault",
     "run_schedule",
@@ -177,6 +185,20 @@ def committed_ahead(outcomes: list[Outcome], snapshots: list[KillSnapshot]) -> l
                 if written is None or written > snap.at_ms:
                     ahead.add(key)
     return sorted(ahead)
+
+
+def fault_tiers(rig: NetRig, **tier: Any) -> dict[str, Any]:
+    """The tier on the rig's provider link: batches of up to 10, a 2 s request timeout,
+    6 attempts, quick circuit probes (other keywords: the tier's own keys)."""
+    return tier_file_dict(
+        f"http://{rig.provider.address}/v1",
+        max_items=10,
+        timeout_s=tier.pop("timeout_s", 2),
+        limiter={"algorithm": "aimd", "initial": 8, "min": 1, "max": 32},
+        retry={"max_attempts": 6, "backoff_initial_s": 0.05, "backoff_max_s": 1,
+               "circuit_probe_s": 0.5, "circuit_probe_max_s": 2},
+        **tier,
+    )
 
 
 def rig_settings(rig: NetRig, **env: Any) -> tuple[Settings, Settings]:

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from consumer.testing.netcluster import ProxiedKafka
-from consumer.testing.netfaults import FAULTS, FaultReport, NetRig, run_fault
+from consumer.testing.netfaults import FAULTS, FaultReport, NetRig, fault_tiers, run_fault
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
 from consumer.testing.toxiproxy import Toxiproxy
-from tests.netfaults.test_provider_link import assert_nothing_lost, fault_tiers
+from tests.netfaults.test_provider_link import assert_nothing_lost
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -18,10 +18,10 @@ import pytest
 from consumer.kafka.admin import ensure_topics
 from consumer.testing.cluster import partition_state
 from consumer.testing.netcluster import ProxiedKafka, proxied_kafka
-from consumer.testing.netfaults import FAULTS, NetRig, rig_settings, run_fault
+from consumer.testing.netfaults import FAULTS, NetRig, fault_tiers, rig_settings, run_fault
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
 from consumer.testing.toxiproxy import Toxiproxy
-from tests.netfaults.test_provider_link import assert_nothing_lost, fault_tiers
+from tests.netfaults.test_provider_link import assert_nothing_lost
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -14,13 +14,11 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
-from consumer.testing.harness import tier_file_dict
 from consumer.testing.netcluster import ProxiedKafka
-from consumer.testing.netfaults import FAULTS, FaultReport, NetRig, run_fault, run_schedule
+from consumer.testing.netfaults import FAULTS, FaultReport, NetRig, fault_tiers, run_fault, run_schedule
 from consumer.testing.simulator import SimulatorConfig, SimulatorServer
 from consumer.testing.toxiproxy import Toxiproxy
 
@@ -40,19 +38,6 @@ async def provider_rig(toxi: Toxiproxy, cluster: ProxiedKafka) -> AsyncIterator[
             yield NetRig(link, cluster)
         finally:
             toxi.call("DELETE", f"/proxies/{link.name}")
-
-
-def fault_tiers(rig: NetRig, **tier: Any) -> dict[str, Any]:
-    """Batches of up to 10, a 2 s request timeout, 6 attempts, quick circuit probes."""
-    return tier_file_dict(
-        f"http://{rig.provider.address}/v1",
-        max_items=10,
-        timeout_s=tier.pop("timeout_s", 2),
-        limiter={"algorithm": "aimd", "initial": 8, "min": 1, "max": 32},
-        retry={"max_attempts": 6, "backoff_initial_s": 0.05, "backoff_max_s": 1,
-               "circuit_probe_s": 0.5, "circuit_probe_max_s": 2},
-        **tier,
-    )
 
 
 def assert_nothing_lost(report: FaultReport, *, exactly_once: bool = False) -> None:
