@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from typing import Any, NamedTuple, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import OffsetMetadataTooLargeError
+from aiokafka.errors import IllegalStateError, OffsetMetadataTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
 from consumer.core.lag import PartitionOffsets
@@ -302,7 +302,12 @@ class KafkaIntake:
             # (last record + 1 would leave one "unfetched" offset behind forever)
             state = self.owned.get(tp)
             if state is not None:
-                state.fetched_to = await self._consumer.position(tp)
+                try:
+                    state.fetched_to = await self._consumer.position(tp)
+                except IllegalStateError:
+                    # revoked by a rebalance while `position` waited (an instance back from
+                    # a network partition rejoins): no longer ours, nothing to record
+                    continue
         return out
 
     def assignment(self) -> set[TopicPartition]:

@@ -103,10 +103,10 @@ FAULTS: dict[str, Fault] = {
                lambda r: r.provider.toxic("latency", "latency", latency=500)),
         _fault("provider_half_open", 10.0, "provider answers swallowed, connections left open",
                lambda r: r.provider.toxic("half_open", "timeout", timeout=0)),
-        # uvicorn writes an answer's head and body apart; the slicer passes the head, then
-        # holds the rest for a minute: status 200 read, the body never comes
-        _fault("provider_stalled_body", 10.0, "provider answers stop after their headers, connections open",
-               lambda r: r.provider.toxic("stalled_body", "slicer", average_size=4096, size_variation=0,
+        # the slicer passes the first 120 bytes of an answer (its head, ~110 bytes, and the
+        # start of its body), then holds the rest for a minute: status 200 read, the body stalls
+        _fault("provider_stalled_body", 10.0, "provider answers stop early in their body, connections open",
+               lambda r: r.provider.toxic("stalled_body", "slicer", average_size=120, size_variation=0,
                                           delay=60_000_000)),
         _fault("provider_reset", 10.0, "half the provider connections reset (RST) as answers come",
                lambda r: r.provider.toxic("reset", "reset_peer", timeout=0, toxicity=0.5)),

@@ -81,8 +81,8 @@ async def test_half_open_provider_connections_time_out_and_are_retried(
     toxi: Toxiproxy, proxied_broker: ProxiedKafka, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two half-open links, one after the other on one stream: the answers swallowed whole
-    (Toxiproxy's `timeout` toxic), then answers that stop after their headers (status 200
-    read, the body never comes). Each request ends at its timeout (nothing waits for ever),
+    (Toxiproxy's `timeout` toxic), then answers that stop early in their body (status 200
+    read, the rest held back). Each request ends at its timeout (nothing waits for ever),
     the run of timeouts opens the circuit, the requests are held and sent again, and the first
     answer after the fault closes it."""
     caplog.set_level(logging.WARNING, logger="consumer.runtime.provider_calls")
@@ -95,7 +95,7 @@ async def test_half_open_provider_connections_time_out_and_are_retried(
         )
     for report in run.faults:
         assert_flowing_again(report)
-        assert report.during == 0, f"{report.fault}: no answer crossed the half-open link"
+        assert report.written_during == 0, f"{report.fault}: no answer crossed the half-open link"
         # the timeouts are outage failures: they open the circuit, and the timed-out requests
         # are held and sent again (as held requests, which spend none of their attempts)
         assert tier_delta(report, "provider_errors") > 0, report.fault
