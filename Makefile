@@ -2,7 +2,7 @@
 #
 #   make venv          create .venv (if missing) and install promptbus with dev extras;
 #                      re-installs when pyproject.toml changes; then the local model server,
-#                      promtool/prometheus, helm and tinyproxy when missing
+#                      promtool/prometheus, helm, tinyproxy and toxiproxy when missing
 #   make lint          ruff check + mypy
 #   make test          venv, start the local Kafka broker unless KAFKA_BOOTSTRAP_SERVERS is
 #                      set and the local Schema Registry unless SCHEMA_REGISTRY_URL is, run
@@ -45,11 +45,16 @@ TINYPROXY_SETUP := deploy/tinyproxy/install.sh
 # its Go module with the Go toolchain when missing (returns at once when present).
 HELM_SETUP := deploy/helm/install.sh
 
+# The network fault tests (tests/netfaults/) need Toxiproxy's server: built once per machine
+# from its Go module with the Go toolchain when missing (returns at once when present).
+TOXIPROXY_SETUP := deploy/toxiproxy/install.sh
+
 venv: $(VENV_STAMP)
 	@if [ -x $(LOCAL_MODEL_SETUP) ]; then $(LOCAL_MODEL_SETUP) $(PY); fi
 	@$(PROMETHEUS_SETUP) || echo "make venv: no promtool/prometheus; their tests will fail" >&2
 	@$(HELM_SETUP) || echo "make venv: no helm; the chart's tests will fail" >&2
 	@$(TINYPROXY_SETUP) || echo "make venv: no tinyproxy; the proxy tests will fail" >&2
+	@$(TOXIPROXY_SETUP) >/dev/null || echo "make venv: no toxiproxy; the network fault tests will fail" >&2
 
 $(VENV_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \

@@ -12,6 +12,10 @@ taken away (or its transactional producer was fenced). Per partition:
                 carry them on until the watermark passes them;
     done_read   whether that metadata was read (it is, once, on assignment).
 
+One `MembershipLease` for the whole assignment says whether the group may already have given
+the partitions away (this member's heartbeats unanswered for a session): the Kafka intake
+confirms it, the at_least_once sink writes no outcome while it has lapsed.
+
 The intake and the sink share one (`owned` on both; `app.run_service` makes it). What is the
 sink's own per partition (its watermark `OffsetTracker`, exactly_once's producers) is
 forgotten in the same revoke; jobs still waiting in collection windows or for an offline batch are the
@@ -39,12 +43,41 @@ class PartitionState:
     done_read: bool = False
 
 
+class MembershipLease:
+    """Whether this member certainly still owns its partitions.
+
+    The group coordinator expels a member whose heartbeats stop reaching it for a session,
+    counted from the last one it received; that one was sent after the last heartbeat this
+    member saw answered was sent. So until (that send time + the session) no other member can
+    have been given the partitions; past it, one may have, and an outcome written now could
+    be a second copy of the new owner's (a zombie write). Unarmed (no consumer group: the
+    in-memory edges) it is always held. Times are `time.monotonic()` seconds, passed in.
+    """
+
+    def __init__(self) -> None:
+        self.session_s: float | None = None
+        self._confirmed_s = 0.0
+
+    def arm(self, session_s: float, now_s: float) -> None:
+        self.session_s = session_s
+        self._confirmed_s = now_s
+
+    def confirm(self, sent_at_s: float) -> None:
+        """The group answered a request (heartbeat, join, commit) sent at `sent_at_s`."""
+        self._confirmed_s = max(self._confirmed_s, sent_at_s)
+
+    def held(self, now_s: float) -> bool:
+        return self.session_s is None or now_s < self._confirmed_s + self.session_s
+
+
 class Assignment:
     """The owned partitions' states; epochs grow for the life of the process."""
 
     def __init__(self) -> None:
         self._states: dict[TopicPartition, PartitionState] = {}
         self._next_epoch = 1
+        #: the member's hold on all of them (see `MembershipLease`)
+        self.lease = MembershipLease()
 
     def assign(self, tp: TopicPartition) -> PartitionState:
         """The partition's state, begun with a new epoch when it is not owned yet."""

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import OffsetMetadataTooLargeError
+from aiokafka.errors import IllegalStateError, OffsetMetadataTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
 from consumer.core.lag import PartitionOffsets
@@ -119,17 +120,22 @@ class _Listener(ConsumerRebalanceListener):
         handler: RebalanceHandler,
         keep: Callable[[set[TopicPartition]], set[TopicPartition]],
         load: Callable[[set[TopicPartition]], Awaitable[None]],
+        joined: Callable[[], None],
     ) -> None:
         self._handler = handler
         self._keep = keep
         self._load = load
+        self._joined = joined
 
     async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
         await self._handler.on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
-        # first, before any await: kept partitions go on from where they were fetched to
+        # first, before any await: kept partitions go on from where they were fetched to (and
+        # whether any is kept is judged on the lease as it was before this assignment)
         lost = self._keep(set(assigned))
+        # an assignment is the group's answer to this member's join: the lease starts afresh
+        self._joined()
         if lost:
             await self._handler.on_lost(lost)
         # what earlier owners finished above the committed offsets is known before any record
@@ -150,6 +156,7 @@ class KafkaIntake:
         topics: Sequence[str] | None = None,
     ) -> None:
         self.group_id = settings.group_id
+        self._session_s = settings.session_timeout_s
         self._topics = list(topics) if topics else [settings.jobs_topic]
         self._consumer = AIOKafkaConsumer(
             group_id=settings.group_id,
@@ -174,9 +181,36 @@ class KafkaIntake:
         self.skipped_done = 0
 
     async def start(self, handler: RebalanceHandler) -> None:
-        self._listener = _Listener(handler, self._keep_positions, self._load_done)
+        self._listener = _Listener(handler, self._keep_positions, self._load_done, self._joined)
         self._consumer.subscribe(self._topics, listener=self._listener)
         await self._consumer.start()
+        self._observe_heartbeats()
+
+    def _joined(self) -> None:
+        self.owned.lease.confirm(time.monotonic())
+
+    def _observe_heartbeats(self) -> None:
+        """Confirm the membership lease with every heartbeat the group answers (stamped with
+        when it was sent). aiokafka has no public hook for heartbeats; its coordinator's
+        `_do_heartbeat` (True: answered, the member still in the group) is looked up on each
+        beat, so wrapping it on the instance sees them all."""
+        lease = self.owned.lease
+        lease.arm(self._session_s, time.monotonic())
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        beat = getattr(coordinator, "_do_heartbeat", None)
+        if beat is None:
+            log.warning("cannot observe the group's heartbeats: outcomes are written without a lease")
+            lease.session_s = None
+            return
+
+        async def observed_beat() -> bool:
+            sent_s = time.monotonic()
+            answered = bool(await beat())
+            if answered:
+                lease.confirm(sent_s)
+            return answered
+
+        coordinator._do_heartbeat = observed_beat  # type: ignore[union-attr]
 
     def rejoin(self) -> None:
         """Ask the group for a new assignment: a rebalance (the handler's `on_revoked`, then
@@ -204,7 +238,13 @@ class KafkaIntake:
         between the revoke and the assignment (aiokafka holds them back), so the positions
         recorded by the last poll are current.
         """
-        lost = {tp for tp in self.owned if tp not in assigned}
+        if self.owned.lease.held(time.monotonic()):
+            lost = {tp for tp in self.owned if tp not in assigned}
+        else:
+            # the membership lapsed (expelled, then joined again): the group may have given
+            # any partition to another member meanwhile, who read and committed past this
+            # instance's positions; none is kept, each assigned one starts afresh
+            lost = set(self.owned)
         self.owned.revoke(lost)
         for tp in assigned:
             state = self.owned.get(tp)
@@ -300,7 +340,12 @@ class KafkaIntake:
             # (last record + 1 would leave one "unfetched" offset behind forever)
             state = self.owned.get(tp)
             if state is not None:
-                state.fetched_to = await self._consumer.position(tp)
+                try:
+                    state.fetched_to = await self._consumer.position(tp)
+                except IllegalStateError:
+                    # revoked by a rebalance while `position` waited (an instance back from
+                    # a network partition rejoins): no longer ours, nothing to record
+                    continue
         return out
 
     def assignment(self) -> set[TopicPartition]:
@@ -332,12 +377,14 @@ class KafkaIntake:
         while True:
             limit = self._metadata_max_chars
             try:
+                sent_s = time.monotonic()
                 await self._consumer.commit(
                     {
                         tp: OffsetAndMetadata(off, encode_done(off, done, limit))
                         for tp, (off, done) in points.items()
                     }
                 )
+                self.owned.lease.confirm(sent_s)  # the group took a commit of this generation
                 return
             except OffsetMetadataTooLargeError:
                 if limit == 0:

@@ -41,7 +41,9 @@ class LocalKafka:
     """One cluster run by `deploy/kafka-local/kafka` in its own state dir.
 
     ports: (first broker port, first controller port); None: the script's defaults (9092 for
-    one node, 19092 for three). security: "plaintext" or "sasl_ssl"; acl: with sasl_ssl, the
+    one node, 19092 for three). proxy_port: the first port of the block of the proxied layout
+    (`KAFKA_LOCAL_PROXY_PORT`, see `consumer.testing.netcluster`; `proxy_paths` proxied listeners
+    per node); None: none. security: "plaintext" or "sasl_ssl"; acl: with sasl_ssl, the
     broker's authorizer refuses what no ACL allows (`kafka start --acl`); users: more SCRAM
     users beside admin and promptbus (`user_env`). heap: the JVM heap flags
     of each node (None: the script's default). `started_here` tells whether `start` had to
@@ -56,6 +58,8 @@ class LocalKafka:
     acl: bool = False
     users: tuple[str, ...] = ()
     heap: str | None = None
+    proxy_port: int | None = None
+    proxy_paths: int = 1
     bootstrap: str = ""
     started_here: bool = False
     client_env: dict[str, str] = field(default_factory=dict)
@@ -68,6 +72,9 @@ class LocalKafka:
             self._env["KAFKA_LOCAL_CONTROLLER_PORT"] = str(self.ports[1])
         if self.heap is not None:
             self._env["KAFKA_LOCAL_HEAP"] = self.heap
+        if self.proxy_port is not None:
+            self._env["KAFKA_LOCAL_PROXY_PORT"] = str(self.proxy_port)
+            self._env["KAFKA_LOCAL_PROXY_PATHS"] = str(self.proxy_paths)
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
@@ -114,6 +121,16 @@ class LocalKafka:
             "PROMPTBUS_KAFKA__SASL_USERNAME": user,
             "PROMPTBUS_KAFKA__SASL_PASSWORD": password,
         }
+
+    def proxies(self) -> list[tuple[str, int, int]]:
+        """(name, listen port, upstream port) of every proxy the proxied layout needs."""
+        lines = self._run("proxies", "--nodes", str(self.nodes)).stdout.split("\n")
+        rows = [line.split() for line in lines if line.strip()]
+        return [(name, int(listen), int(upstream)) for name, listen, upstream in rows]
+
+    def active_controller(self) -> int:
+        """Node id of the active controller (the KRaft quorum leader)."""
+        return int(self._run("controller").stdout.strip())
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, SIGKILL after a bound)."""

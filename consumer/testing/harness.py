@@ -162,13 +162,16 @@ def mixed_jobs(count: int, *, batch_every: int = 2) -> list[dict[str, Any]]:
 @dataclass
 class JobStream:
     """Produce `jobs` as a steady stream: `chunk` jobs every `interval_s`, until the jobs run
-    out or `stop` is set. `sent` holds the jobs acknowledged so far, `chunks` their count."""
+    out or `stop` is set. `sent` holds the jobs acknowledged so far (`sent_ms` when), `chunks`
+    the chunks sent."""
 
     settings: Settings
     jobs: list[dict[str, Any]]
     chunk: int
     interval_s: float
     sent: list[dict[str, Any]] = field(default_factory=list)
+    #: when each of `sent` was acknowledged (ms since the epoch), in the same order
+    sent_ms: list[int] = field(default_factory=list)
     chunks: int = 0
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -186,6 +189,7 @@ class JobStream:
                 ]
                 await asyncio.gather(*futures)
                 self.sent += batch
+                self.sent_ms += [int(time.time() * 1000)] * len(batch)
                 self.chunks += 1
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), self.interval_s)

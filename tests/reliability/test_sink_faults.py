@@ -13,6 +13,8 @@ the commit function, so each fault happens exactly where the test puts it:
 - a revoke that closes a partition's producer while the commit loop waits to use it must
   not hand the closed producer to the commit loop (aiokafka never ends a transaction on a
   stopped producer: the commit loop, and every partition's commits, would hang for good);
+- at_least_once outcomes wait while the membership lease has lapsed, and a revoke then drops
+  them unwritten;
 - at_least_once outcomes go out as one batch per output partition: a batch the broker did
   not acknowledge, or a round that could not even learn the partitions, sends its outcomes
   again, and offsets commit only once every outcome is acked.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import types
 from collections.abc import AsyncIterator
 from typing import Any
@@ -521,4 +524,41 @@ async def test_a_rebalance_holds_outcomes_then_writes_the_kept_partitions_only()
     assert values == [b"0-1"]
     assert _last_committed(commits) == {kept: 2, lost: 1}
     assert sink.dropped_late == 0  # dropped with the loss, not as a late completion
+    await sink.stop()
+
+
+async def test_outcomes_wait_while_the_membership_lease_has_lapsed() -> None:
+    """An instance whose heartbeats went unanswered for a session (cut off from the brokers)
+    may have lost its partitions: its outcomes stay queued. A revoke then drops them unwritten
+    (the new owner does the jobs: no zombie copy); an answered heartbeat instead lets them go."""
+    tp = TopicPartition(TOPIC, 0)
+    producer = FakeBatchProducer(room=10, partitions=1)
+    commits: list[dict[TopicPartition, Any]] = []
+
+    async def commit(offsets: dict[TopicPartition, Any]) -> None:
+        commits.append(offsets)
+
+    sink = AtLeastOnceSink(producer=producer, commit=commit)
+    await sink.start()
+    await sink.on_assigned({tp})
+    lease = sink.owned.lease
+    now = time.monotonic()
+    lease.arm(1.0, now - 5.0)  # last answered heartbeat sent 5 s ago, session 1 s: lapsed
+    for o in range(3):
+        sink.deliver(sink.track(SourceOffset(tp, o)), outcome(o))
+    await asyncio.sleep(0.2)
+    assert producer.sent == [], "nothing is written while the group may have moved on"
+    await asyncio.wait_for(sink.on_revoked({tp}, timeout_s=0.05), timeout=5)
+    assert producer.sent == [] and all(c.get(tp, 0) == 0 for c in commits)
+
+    # the intake's assignment after a lapsed membership keeps no partition
+    await sink.on_lost({tp})
+    await sink.on_assigned({tp})
+    for o in range(3, 5):
+        sink.deliver(sink.track(SourceOffset(tp, o)), outcome(o))
+    await asyncio.sleep(0.2)
+    assert producer.sent == []
+    lease.confirm(time.monotonic())  # a heartbeat answered: still a member
+    await asyncio.wait_for(sink.flush(timeout_s=5), timeout=10)
+    assert sorted(producer.acked) == [b"result-3", b"result-4"]
     await sink.stop()

@@ -3,11 +3,21 @@ watermark of acked outcomes (see `consumer.kafka.sink`).
 
 From a rebalance's revoke to its assignment, outcomes are queued, not sent: the ones of a
 partition that moves are dropped then (its new owner does those jobs), so the rebalance
-writes no outcome twice. A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked
-partitions' outcomes already on their way to the broker, then commits them: those records are
-written whatever the revoke does, so forgetting them would let the partition's next owner
-(often this same process, after a rebalance during a broker failover) read them again from
-the committed offset and write their outcomes twice."""
+writes no outcome twice.
+
+No outcome is handed to the producer while the membership lease has lapsed (`Assignment.lease`:
+no heartbeat answered for a session, so the group may have given the partitions to another
+member): they wait in the queue. If the group did move on, the revoke drops them and the
+assignment after it keeps no partition (the new owner does their jobs); if it did not, the
+next answered heartbeat releases them. Without this, an instance cut off from the brokers past
+its session writes, once back, the outcomes it made meanwhile for partitions it lost (a zombie
+write: one more copy per job).
+
+A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked partitions' outcomes already on their
+way to the broker, then commits them: those records are written whatever the revoke does, so
+forgetting them would let the partition's next owner (often this same process, after a
+rebalance during a broker failover) read them again from the committed offset and write their
+outcomes twice."""
 
 from __future__ import annotations
 
@@ -15,6 +25,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,6 +45,9 @@ log = logging.getLogger(__name__)
 #: retried on the new leader) but well inside the group's rebalance timeout (max.poll.interval)
 SETTLE_TIMEOUT_S = 30.0
 
+
+#: how often a sink holding outcomes through a lapsed membership lease looks at it again
+LEASE_POLL_S = 0.05
 
 #: a job's outcome on its way to the broker: its ticket and its record
 Outgoing = tuple[Ticket, OutRecord]
@@ -116,9 +130,15 @@ class AtLeastOnceSink(SinkBase):
             await self._queued.wait()
             self._queued.clear()
             while self._queue and not self._held:
-                # everything queued goes out now, as one batch per output partition
-                outcomes = list(self._queue)
+                if not self.owned.lease.held(time.monotonic()):
+                    await self._lease_back()
+                    continue
+                # everything queued goes out now, as one batch per output partition, but what
+                # a lost partition left behind (the next owner does those jobs)
+                outcomes = self._current_only(self._queue)
                 self._queue.clear()
+                if not outcomes:
+                    continue
                 try:
                     await self._send_batches(outcomes)
                 except asyncio.CancelledError:
@@ -149,6 +169,20 @@ class AtLeastOnceSink(SinkBase):
         finally:
             self._sending = ()
 
+    def _current_only(self, outcomes: Iterable[Outgoing]) -> list[Outgoing]:
+        """The outcomes whose partition is still owned under the epoch they were taken in."""
+        epoch_of = self.owned.epoch
+        return [outcome for outcome in outcomes if epoch_of(outcome[0].source.tp) == outcome[0].epoch]
+
+    async def _lease_back(self) -> None:
+        """Wait (polling) until the lease is held again or a revoke has emptied the queue."""
+        lease = self.owned.lease
+        while self._queue and not lease.held(time.monotonic()):
+            # no event says "answered": look again after a moment (or sooner, as outcomes queue)
+            self._queued.clear()
+            await wait_at_most(self._queued.wait(), LEASE_POLL_S)
+        self._queued.set()  # the outer loop looks at the queue again
+
     def _batch_done(self, fut: asyncio.Future[Any], batch: Sequence[Outgoing]) -> None:
         """A record batch was acknowledged (or failed): its outcomes complete their tickets,
         in one pass (a batch carries hundreds), or go out again."""
@@ -164,8 +198,7 @@ class AtLeastOnceSink(SinkBase):
         """Queue outcomes that were not acknowledged again, but those of a partition revoked
         meanwhile: their offsets were not committed, so the partition's owner does their jobs
         again, and sending them too would repeat them."""
-        epoch_of = self.owned.epoch
-        again = [outcome for outcome in outcomes if epoch_of(outcome[0].source.tp) == outcome[0].epoch]
+        again = self._current_only(outcomes)
         if again:
             log.warning("%d outcomes were not acknowledged; sending them again", len(again))
             self._queue.extend(again)
@@ -173,11 +206,13 @@ class AtLeastOnceSink(SinkBase):
         self._settled.set()
 
     def _unsettled(self, partitions: set[TopicPartition]) -> int:
-        """Outcomes of `partitions` delivered and not acknowledged yet: queued, being handed
-        to the producer, or in its record batches."""
+        """Outcomes of `partitions` delivered and not acknowledged yet: queued (unless the
+        lease has lapsed: those wait for a lease that comes back only after this revoke, and
+        are not written), being handed to the producer, or in its record batches."""
         tickets = {ticket for batch in self._in_flight.values() for ticket, _ in batch}
         tickets.update(ticket for ticket, _ in self._sending)
-        tickets.update(ticket for ticket, _ in self._queue)
+        if self.owned.lease.held(time.monotonic()):
+            tickets.update(ticket for ticket, _ in self._queue)
         return sum(1 for ticket in tickets if ticket.source.tp in partitions)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
@@ -193,6 +228,20 @@ class AtLeastOnceSink(SinkBase):
             await asyncio.wait_for(self._commit(ready), COMMIT_TIMEOUT_S)
             self._commits += 1
             self._tracker.mark_committed({tp: points[tp] for tp in ready})
+
+    async def on_revoked(self, partitions: set[TopicPartition], timeout_s: float) -> None:
+        if not self.owned.lease.held(time.monotonic()):
+            # the group may have given them away already: what was not handed to the producer
+            # is not written (their offsets stay uncommitted; the next owner does the jobs)
+            kept = [o for o in self._queue if o[0].source.tp not in partitions]
+            if len(kept) < len(self._queue):
+                log.warning(
+                    "revoke of %s after the membership lapsed: %d outcomes not written",
+                    sorted(partitions),
+                    len(self._queue) - len(kept),
+                )
+                self._queue = collections.deque(kept)
+        await super().on_revoked(partitions, timeout_s)
 
     async def on_lost(self, partitions: set[TopicPartition]) -> None:
         # held since the revoke, never handed to the producer: the new owner does these jobs

@@ -1,0 +1,20 @@
+"""The membership lease: held until a session after the send time of the last request the
+group answered; unarmed (no consumer group) it is always held."""
+
+from __future__ import annotations
+
+from consumer.kafka.assignment import Assignment, MembershipLease
+
+
+def test_unarmed_lease_is_always_held() -> None:
+    assert Assignment().lease.held(1e9)
+
+
+def test_held_for_a_session_after_the_last_answered_send() -> None:
+    lease = MembershipLease()
+    lease.arm(10.0, now_s=100.0)
+    assert lease.held(109.9) and not lease.held(110.0)
+    lease.confirm(105.0)  # a heartbeat sent at 105 was answered
+    assert lease.held(114.9) and not lease.held(115.0)
+    lease.confirm(101.0)  # an older answer arriving late does not move it back
+    assert lease.held(114.9)
