@@ -10,7 +10,9 @@ taken away (or its transactional producer was fenced). Per partition:
     done        offsets at or above the committed one that an earlier owner finished, read
                 from the committed offset's metadata: the intake skips them and its commits
                 carry them on until the watermark passes them;
-    done_read   whether that metadata was read (it is, once, on assignment).
+    done_read   whether that metadata was read (it is, once, on assignment);
+    skip_below  a partition kept through a rebalance: the records below it, read again from
+                the committed offset, are skipped (they are in this instance's work already).
 
 One `MembershipLease` for the whole assignment says whether the group may already have given
 the partitions away (this member's heartbeats unanswered for a session): the Kafka intake
@@ -41,6 +43,9 @@ class PartitionState:
     fetched_to: int | None = None
     done: DoneOffsets = NO_OFFSETS
     done_read: bool = False
+    #: kept through a rebalance: the consumer reads again from the committed offset, and the
+    #: records below this one are in this instance's work already (None: none to skip)
+    skip_below: int | None = None
 
 
 class MembershipLease:

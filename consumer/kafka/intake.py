@@ -157,6 +157,10 @@ class KafkaIntake:
     ) -> None:
         self.group_id = settings.group_id
         self._session_s = settings.session_timeout_s
+        #: this member's id at its last assignment (`_membership_continued`)
+        self._last_member_id: str | None = None
+        #: the partitions of the last assignment (a forgotten one among them is not read on)
+        self._assigned: set[TopicPartition] = set()
         self._topics = list(topics) if topics else [settings.jobs_topic]
         self._consumer = AIOKafkaConsumer(
             group_id=settings.group_id,
@@ -229,28 +233,49 @@ class KafkaIntake:
         await self._consumer.stop()
 
     def _keep_positions(self, assigned: set[TopicPartition]) -> set[TopicPartition]:
-        """The owned partitions not in `assigned` (lost: forgotten here); the kept ones are
-        sought back to their fetch positions.
+        """The owned partitions not in `assigned` (lost: forgotten here); the kept ones skip
+        what they had fetched.
 
         aiokafka's new assignment starts every partition at its committed offset; a kept
         partition's records between that and its fetch position are in this instance's
-        windows and requests already, and must not be read twice. No record is returned
-        between the revoke and the assignment (aiokafka holds them back), so the positions
-        recorded by the last poll are current.
+        windows and requests already, and must not be taken in twice (`poll` skips them). No
+        record is returned between the revoke and the assignment (aiokafka holds them back),
+        so the positions recorded by the last poll are current.
         """
-        if self.owned.lease.held(time.monotonic()):
+        if self._membership_continued():
             lost = {tp for tp in self.owned if tp not in assigned}
         else:
-            # the membership lapsed (expelled, then joined again): the group may have given
-            # any partition to another member meanwhile, who read and committed past this
-            # instance's positions; none is kept, each assigned one starts afresh
+            # this member left the group in between (expelled and joined again, or a
+            # generation went by without it): another member may have owned any partition
+            # meanwhile and read and committed past this instance's positions; none is kept,
+            # each assigned one starts afresh from its committed offset
             lost = set(self.owned)
         self.owned.revoke(lost)
+        self._assigned = set(assigned)
         for tp in assigned:
             state = self.owned.get(tp)
             if state is not None and state.fetched_to is not None:
-                self._consumer.seek(tp, state.fetched_to)
+                # not a seek: aiokafka's fetcher may be resetting the new assignment's positions
+                # to the committed offsets right now, and a seek under it breaks its state
+                state.skip_below = state.fetched_to
         return lost
+
+    def _membership_continued(self) -> bool:
+        """Whether this member has stayed in the group since its last assignment: then no
+        other member can have owned its partitions in between. A member the group expelled
+        (its session lapsed) or that missed a generation joins again under a new member id
+        (aiokafka resets it on UNKNOWN_MEMBER_ID and ILLEGAL_GENERATION).
+
+        aiokafka has no public view of its member id: its coordinator's attribute is read
+        (without it, the membership lease decides: no heartbeat answered for a session, the
+        member may have been expelled).
+        """
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        member_id = getattr(coordinator, "member_id", None)
+        if not isinstance(member_id, str):
+            return self.owned.lease.held(time.monotonic())
+        last, self._last_member_id = self._last_member_id, member_id
+        return last == member_id
 
     async def _load_done(self, partitions: set[TopicPartition]) -> None:
         """Read the committed offsets' metadata: what earlier owners finished above them.
@@ -314,9 +339,16 @@ class KafkaIntake:
         out: list[InRecord] = []
         for tp, records in batches.items():
             state = self.owned.get(tp)
+            if state is None and tp in self._assigned:
+                # forgotten since its assignment (its transactional producer was fenced): not
+                # ours until the group says so again; its next owner reads these records again
+                # from the committed offset, and they must not be taken in here under a new epoch
+                continue
             if state is None or not state.done_read:  # assigned without the listener seeing it
                 await self._load_done({tp})
                 state = self.owned.assign(tp)
+            if state.skip_below is not None:
+                records = [r for r in records if r.offset >= state.skip_below]
             done = state.done
             if done:
                 kept = [r for r in records if r.offset not in done]
@@ -341,7 +373,13 @@ class KafkaIntake:
             state = self.owned.get(tp)
             if state is not None:
                 try:
-                    state.fetched_to = await self._consumer.position(tp)
+                    position = await self._consumer.position(tp)
+                    if state.skip_below is not None:
+                        # read again below what was fetched before: fetched_to stays there
+                        if position < state.skip_below:
+                            continue
+                        state.skip_below = None
+                    state.fetched_to = position
                 except IllegalStateError:
                     # revoked by a rebalance while `position` waited (an instance back from
                     # a network partition rejoins): no longer ours, nothing to record
