@@ -81,6 +81,9 @@ class Assignment:
     def __init__(self) -> None:
         self._states: dict[TopicPartition, PartitionState] = {}
         self._next_epoch = 1
+        #: how many partitions were revoked so far: an outcome taken in while its partition
+        #: was owned stays current until this moves (a check per outcome costs the hot path)
+        self.revocations = 0
         #: the member's hold on all of them (see `MembershipLease`)
         self.lease = MembershipLease()
 
@@ -95,7 +98,8 @@ class Assignment:
     def revoke(self, partitions: Iterable[TopicPartition]) -> None:
         """Forget these partitions: completions of their current epoch become late."""
         for tp in partitions:
-            self._states.pop(tp, None)
+            if self._states.pop(tp, None) is not None:
+                self.revocations += 1
 
     def get(self, tp: TopicPartition) -> PartitionState | None:
         return self._states.get(tp)

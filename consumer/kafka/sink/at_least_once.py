@@ -64,6 +64,8 @@ class AtLeastOnceSink(SinkBase):
         # One sender task hands outcomes to the producer in order; acks arrive as future
         # callbacks (a task per outcome, each awaiting its send, would cost more CPU than the job).
         self._queue: collections.deque[Outgoing] = collections.deque()
+        #: `owned.revocations` when the queue was last sent (`_send_loop`)
+        self._revocations_sent = 0
         self._queued = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         #: the outcomes being handed to the producer now, and those of each record batch the
@@ -135,7 +137,14 @@ class AtLeastOnceSink(SinkBase):
                     continue
                 # everything queued goes out now, as one batch per output partition, but what
                 # a lost partition left behind (the next owner does those jobs)
-                outcomes = self._current_only(self._queue)
+                revocations = self.owned.revocations
+                if revocations == self._revocations_sent:
+                    # queued since the last send (the queue empties at each) and current when
+                    # queued: no partition was revoked since, so all of them still are
+                    outcomes = list(self._queue)
+                else:
+                    outcomes = self._current_only(self._queue)
+                    self._revocations_sent = revocations
                 self._queue.clear()
                 if not outcomes:
                     continue
