@@ -321,14 +321,13 @@ async def prepare_topics(
     edges: ServiceEdges,
     lanes: Sequence[Lane],
     instance: str,
-    enriched_topics: Sequence[str] = (),
-    tenants: TenantTopics | None = None,
+    enriched_topics: Sequence[str],
+    tenants: TenantTopics,
 ) -> tuple[RecordLimits, RememberedEvidence]:
     """Create the topics that are missing (the lanes' and the sources' outputs too, not the
     sources' own: they are a company's; the tenants' results and dead-letter topics); read the
     output topics' record size limits and the batching evidence earlier runs left
     (`consumer.runtime.evidence`)."""
-    tenants = tenants if tenants is not None else TenantTopics(settings.results_topic, settings.dlq_topic)
     report = await edges.ensure_topics(
         settings, [lane.topic for lane in lanes], enriched_topics, tenants.output_topics
     )

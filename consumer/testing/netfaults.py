@@ -95,7 +95,8 @@ def _fault(
     return Fault(name, duration_s, apply, what)
 
 
-#: the faults of issue #54, by name (docs/operations.md, "Network faults", says what each does)
+#: every network fault the tests and the loop inject, by name (docs/operations.md, "Network
+#: faults", says what promptbus does under each)
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in (

@@ -10,6 +10,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -173,6 +174,32 @@ def simulator_processes(ports: Iterable[int], faults: str) -> Iterator[list[subp
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL when it has not exited within `timeout_s`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)
+
+
+def wait_listening(
+    proc: subprocess.Popen[bytes], port: int, timeout_s: float, name: str, exit_detail: Any
+) -> None:
+    """Until `proc` accepts connections on 127.0.0.1:`port` (killed, RuntimeError, past
+    `timeout_s`); RuntimeError with `exit_detail()` (what it said) when it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited at start ({proc.returncode}): {exit_detail()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{name} did not listen on {port} within {timeout_s:g} s")
 
 
 def rss_bytes(pid: int) -> int:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from consumer.testing.ports import free_port
+from consumer.testing.process import stop_process, wait_listening
 
 __all__ = ["TinyProxy", "run_tinyproxy"]
 
@@ -81,26 +80,11 @@ def run_tinyproxy(directory: Path, *, basic_auth: tuple[str, str] | None = None)
     proc = subprocess.Popen(
         [binary, "-d", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
+    def said() -> str:
+        return (proc.stderr.read().decode(errors="replace") if proc.stderr else "").strip()
+
     try:
-        _wait_listening(proc, port)
+        wait_listening(proc, port, START_S, "tinyproxy", said)
         yield TinyProxy("127.0.0.1", port, log_file)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def _wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"tinyproxy exited at start ({proc.returncode}): {err.strip()}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"tinyproxy did not listen on {port} within {START_S:g} s")
+        stop_process(proc)

@@ -27,9 +27,7 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -39,6 +37,7 @@ from typing import Any
 
 from consumer.testing.paths import REPO_ROOT
 from consumer.testing.ports import free_port
+from consumer.testing.process import stop_process, wait_listening
 
 __all__ = ["INSTALL_SCRIPT", "Link", "Toxiproxy", "run_toxiproxy", "toxiproxy_binary"]
 
@@ -177,25 +176,7 @@ def run_toxiproxy(directory: Path) -> Iterator[Toxiproxy]:
             [binary, "-host", "127.0.0.1", "-port", str(port)], stdout=log, stderr=subprocess.STDOUT
         )
     try:
-        _wait_api(proc, port, log_file)
+        wait_listening(proc, port, START_S, "toxiproxy", lambda: log_file.read_text()[-2000:])
         yield Toxiproxy(port, log_file)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def _wait_api(proc: subprocess.Popen[bytes], port: int, log_file: Path) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_file.read_text()[-2000:]
-            raise RuntimeError(f"toxiproxy exited at start ({proc.returncode}): {tail}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"toxiproxy did not listen on {port} within {START_S:g} s")
+        stop_process(proc)
