@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumer.app.sources import build_memo, build_sources, enriched_topics, source_topics
+from consumer.app.tiers import connection_name, fleet_quotas, open_tiers
 from consumer.core.errors import ConfigError
 from consumer.core.lanes import Lane
 from consumer.core.tenants import TenantPolicies, TenantTopics
@@ -36,7 +37,7 @@ from consumer.kafka.publisher import SidePublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink
 from consumer.kafka.topicreader import TopicReader
 from consumer.providers.base import BatchProvider, CompletionProvider
-from consumer.providers.factory import build_batch_provider, build_provider, check_tier, make_http_client
+from consumer.providers.factory import build_batch_provider, check_tier, make_http_client
 from consumer.runtime.accounts import TenantLedger
 from consumer.runtime.budgets import TenantBudgets
 from consumer.runtime.delivery import OutcomeWriter
@@ -225,14 +226,8 @@ async def build_service(
     limits, remembered = await prepare_topics(
         settings, edges, lanes, instance, enriched_topics(tier_file), tenant_topics
     )
-    clients: list[Any] = []
-    stack.push_async_callback(_close_all, clients)
     quotas = fleet_quotas(tier_file)
-    tiers, tier_clients = await build_tiers(tier_file, stats, providers, remembered, quotas)
-    clients.extend(tier_clients)
-    for tier in tiers.values():
-        for deployment in tier.deployments:
-            stack.push_async_callback(deployment.provider.aclose)
+    tiers, clients = await open_tiers(stack, tier_file, stats, providers, remembered, quotas)
     read_lanes = source_range is None  # a backfill reads its one source only
     kafka = KafkaClients.build(
         settings, edges, f"promptbus-{instance}", lanes, source_topics(tier_file), read_lanes=read_lanes
@@ -350,61 +345,6 @@ async def prepare_topics(
         batches=settings.batches_topic,
     )
     return limits, RememberedEvidence.read(latest_evidence, instance=instance)
-
-
-async def build_tiers(
-    tier_file: TierFile,
-    stats: ServiceStats,
-    providers: dict[str, CompletionProvider] | None = None,
-    remembered: RememberedEvidence | None = None,
-    quotas: dict[str, FleetQuota] | None = None,
-) -> tuple[dict[str, TierRuntime], list[Any]]:
-    """One TierRuntime per configured tier; also returns the HTTP clients to close.
-
-    `providers` replaces the HTTP adapters of the tiers it names, or of a tier's deployment
-    by `TIER.DEPLOYMENT` (tests and benchmarks);
-    `remembered`: the batching evidence earlier runs left (see `consumer.runtime.evidence`);
-    `quotas`: the fleet quotas (`fleet_quotas`), handed to the limiters of the tiers naming them.
-    A tier that cannot be built (ConfigError) closes the clients made so far before it raises.
-    """
-    tiers: dict[str, TierRuntime] = {}
-    clients: list[Any] = []
-    tenants = tier_file.tenant_policies()
-    try:
-        for name, config in tier_file.tiers.items():
-            parts = []
-            for dep_name, where, _weight, dep_config in config.deployment_configs(name):
-                quota = quotas[dep_config.quota] if quotas and dep_config.quota is not None else None
-                key = name if dep_name is None else f"{name}.{dep_name}"
-                if providers and key in providers:
-                    provider = providers[key]
-                else:
-                    client = make_http_client(dep_config, where, name=connection_name(name, dep_name))
-                    clients.append(client)
-                    provider = build_provider(where, dep_config, client)
-                parts.append((provider, quota))
-            configs = [c for *_, c in config.deployment_configs(name)]
-            unverified = any(c.tls is not None and not c.tls.verify for c in configs)
-            stats.tier(name).tls_unverified = int(unverified)
-            tiers[name] = TierRuntime.build(
-                name, config, parts[0][0], stats.tier(name), remembered, parts[0][1], deployments=parts,
-                tenants=tenants,
-            )
-    except BaseException:
-        for client in clients:
-            await client.close()
-        raise
-    return tiers, clients
-
-
-def connection_name(tier: str, deployment: str | None) -> str:
-    """What a deployment's proxy and TLS errors call it: `tier small deployment eu`."""
-    return f"tier {tier}" if deployment is None else f"tier {tier} deployment {deployment}"
-
-
-def fleet_quotas(tier_file: TierFile) -> dict[str, FleetQuota]:
-    """One `FleetQuota` per entry of the tier file's `quotas` (none without the section)."""
-    return {name: FleetQuota(name, q.figures()) for name, q in (tier_file.quotas or {}).items()}
 
 
 def quota_sharing(
@@ -625,8 +565,3 @@ def _deployments(tiers: dict[str, TierRuntime]) -> list[tuple[str, Deployment]]:
         for name, t in tiers.items()
         for d in t.deployments
     ]
-
-
-async def _close_all(clients: list[Any]) -> None:
-    for client in clients:
-        await client.close()

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from consumer import app
+from consumer.app import tiers as app
 from consumer.core.errors import ConfigError
 from consumer.runtime.stats import ServiceStats
 from consumer.settings import TierFile

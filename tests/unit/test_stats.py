@@ -197,7 +197,7 @@ def test_a_closed_circuit_says_its_held_requests_were_held_while_it_was_open() -
 
 
 async def test_a_tier_with_tls_verify_false_is_warned_about_in_stats_from_a_real_build() -> None:
-    from consumer.app import build_tiers
+    from consumer.app.tiers import build_tiers
     from consumer.settings import TierFile
 
     tier_file = TierFile.model_validate(
