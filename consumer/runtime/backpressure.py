@@ -129,7 +129,17 @@ class LaneGate:
                 fresh = [tp for tp in parts if tp not in paused]
                 if fresh:
                     self._intake.pause(fresh)
-            stats = self._stats.lane(lane.name)
+        self._record()
+
+    def record(self) -> None:
+        """Refresh the lanes' gauges without pausing or resuming (after the drain, whose
+        last commits the next poll would otherwise never count)."""
+        self._count()
+        self._record()
+
+    def _record(self) -> None:
+        for state in self._states:
+            stats = self._stats.lane(state.lane.name)
             stats.inflight = state.inflight
             stats.paused = int(state.paused)
 

@@ -226,6 +226,9 @@ class Pipeline:
         for ctx in self._tenant_gate.drain() if self._tenant_gate is not None else ():
             self._outcomes.abandon(ctx)  # held for budget: read again after a restart
         await self._sink.flush(timeout_s=min(timeout_s, 10.0))
+        # the last snapshot of the stats tells what the drain committed
+        self._lanes.record()
+        self._refresh_gauges()
 
     # ------------------------------------------------------------------ rebalance
     async def on_revoked(self, partitions: set[TopicPartition]) -> None:

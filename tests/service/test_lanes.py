@@ -133,3 +133,21 @@ async def test_a_record_rejected_in_a_lane_counts_in_that_lanes_dead_letters(
     interactive, bulk = snapshot["lanes"]["interactive"], snapshot["lanes"]["bulk"]
     assert (interactive["results"], interactive["dead_letters"]) == (0, 1)
     assert (bulk["results"], bulk["dead_letters"]) == (len(answered), 0)
+
+
+async def test_the_stats_after_a_stop_count_what_the_drain_committed(make_bus: Callable[..., Any]) -> None:
+    """Stopped while its requests run, the service finishes them in the drain; its last stats
+    (what `promptbus stats` reads after the stop) count them answered, none in flight."""
+    bus = make_bus(partitions=2)
+    jobs = [job(i, batch=False) for i in range(6)]
+    with run_simulator(SimulatorConfig(latency_ms=400, seed=14)) as base_url:
+        svc = bus.service(tier_file_dict(base_url + "/v1"))
+        async with svc:
+            await bus.produce(jobs)
+            assert await until(lambda: svc.stats_snapshot()["inflight"] == len(jobs), 30), svc.stats_snapshot()
+        snapshot = svc.stats_snapshot()
+    outcomes = await bus.outcomes()
+    assert set(outcomes.results) == {j["id"] for j in jobs}
+    assert (snapshot["items_in"], snapshot["results"]) == (len(jobs), len(jobs))
+    assert snapshot["inflight"] == 0, snapshot
+    assert snapshot["lanes"]["default"]["inflight"] == 0, snapshot["lanes"]
