@@ -51,10 +51,22 @@ async def _wait_for_isr(cluster: LocalKafka, topic: str, size: int) -> list[int]
     return isr
 
 
+async def _wait_for_leader(cluster: LocalKafka, topic: str) -> int:
+    """Poll the partition's leader (bounded) until the metadata names one; -1 if it never does
+    (the broker answering may learn of an election after the writers already use it)."""
+    leader = -1
+    for _ in range(STATE_POLLS):
+        leader = await cluster.leader_of(topic, 0)
+        if leader != -1:
+            break
+        await asyncio.sleep(STATE_POLL_S)
+    return leader
+
+
 async def test_acked_records_survive_leader_sigkill(kafka_cluster: LocalKafka, topic_name: str) -> None:
     await kafka_cluster.create_topic(topic_name, partitions=1, rf=3)
     assert await _wait_for_isr(kafka_cluster, topic_name, 3) == [1, 2, 3]
-    leader = await kafka_cluster.leader_of(topic_name, 0)
+    leader = await _wait_for_leader(kafka_cluster, topic_name)
     assert leader in (1, 2, 3)
 
     producer = AIOKafkaProducer(
@@ -126,7 +138,7 @@ async def test_acked_records_survive_leader_sigkill(kafka_cluster: LocalKafka, t
         assert partitions_read == [[0]] * READS_AFTER_KILL
         # writes went on being acknowledged after the leader died: a new leader took over
         assert acked_after_kill >= ACKED_AFTER_KILL, f"{acked_after_kill} acked after kill ({failed} failed)"
-        new_leader = await kafka_cluster.leader_of(topic_name, 0)
+        new_leader = await _wait_for_leader(kafka_cluster, topic_name)
         assert new_leader not in (leader, -1)
 
         read = await _read_everything(kafka_cluster.bootstrap, topic_name)
