@@ -144,7 +144,8 @@ async def test_the_stats_after_a_stop_count_what_the_drain_committed(make_bus: C
         svc = bus.service(tier_file_dict(base_url + "/v1"))
         async with svc:
             await bus.produce(jobs)
-            assert await until(lambda: svc.stats_snapshot()["inflight"] == len(jobs), 30), svc.stats_snapshot()
+            running = await until(lambda: svc.stats_snapshot()["inflight"] == len(jobs), 30)
+            assert running, svc.stats_snapshot()
         snapshot = svc.stats_snapshot()
     outcomes = await bus.outcomes()
     assert set(outcomes.results) == {j["id"] for j in jobs}
