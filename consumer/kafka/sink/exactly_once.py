@@ -32,6 +32,12 @@ def _producer_dead(producer: AIOKafkaProducer | None) -> bool:
     return task is not None and task.done()
 
 
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark a delivery future's error as seen (its transaction's error says it already)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 class ExactlyOnceSink(SinkBase):
     """Per-input-partition transactional producers; outcomes and offsets in one transaction."""
 
@@ -185,10 +191,13 @@ class ExactlyOnceSink(SinkBase):
                     await producer.send_offsets_to_transaction({tp: next_offset}, self._group_id)
             finally:
                 # the commit (or its error) covers every send; fetch their outcomes so a failed
-                # transaction does not also log one "exception never retrieved" per batch
+                # transaction does not also log one "exception never retrieved" per batch (a
+                # fenced producer fails its batches after the transaction's error is raised)
                 for fut in sent:
-                    if fut.done() and not fut.cancelled():
-                        fut.exception()
+                    if fut.done():
+                        _retrieve(fut)
+                    else:
+                        fut.add_done_callback(_retrieve)
             for o in offsets:
                 del waiting[o]
             self._commits += 1
