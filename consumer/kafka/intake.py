@@ -34,6 +34,7 @@ from consumer.core.offsets import (
     encode_done,
 )
 from consumer.core.tuples import maker
+from consumer.kafka import group_join
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.connection import (
     MAX_MESSAGE_BYTES,
@@ -161,6 +162,7 @@ class KafkaIntake:
         assignment: Assignment | None = None,
         topics: Sequence[str] | None = None,
     ) -> None:
+        group_join.apply()  # one JoinGroup request per join, whatever aiokafka's release
         self.group_id = settings.group_id
         self._session_s = settings.session_timeout_s
         self._heartbeat_s = heartbeat_interval_s(settings)
