@@ -58,7 +58,7 @@ def apply() -> None:
         return
     _applied = True
     if joins_once_per_assignor():
-        group_coordinator.CoordinatorGroupRebalance.perform_group_join = _perform_group_join  # type: ignore[method-assign]
+        group_coordinator.CoordinatorGroupRebalance.perform_group_join = _perform_group_join
 
 
 async def _perform_group_join(self: Any) -> tuple[str, bytes] | None:
