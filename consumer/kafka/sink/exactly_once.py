@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -125,10 +126,20 @@ class ExactlyOnceSink(SinkBase):
         Its start() takes over the transactional id (the dead one's open transaction is
         aborted); the partition's outcomes stay in memory and go out in the next transaction.
         While the brokers are unreachable the start fails and the next round tries again.
+
+        Only while the membership is certain (`Assignment.lease`): taking the transactional id
+        over fences whoever holds it now, and a member the group expelled meanwhile (cut off
+        past its session, its producer died of it) would fence the partition's new owner and
+        commit its own outcomes and offsets over the new owner's (aiokafka's transactional
+        offset commit carries no generation for the broker to refuse). Such a member learns
+        of the expulsion at its next heartbeat, and its rejoin drops the partition.
         """
         lock = self._locks.get(tp)
         old = self._producers.get(tp)
         if lock is None or old is None:
+            return
+        if self.owned.lease.certain_for(time.monotonic()) <= 0:
+            log.debug("%s: its producer died; replaced once the group answers this member again", tp)
             return
         async with lock:
             if not self._owns(tp, old):
