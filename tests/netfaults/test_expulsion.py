@@ -146,6 +146,6 @@ async def test_an_instance_cut_past_its_session_is_expelled_and_writes_nothing_f
     assert set(expected) <= seen
     assert not any(o.dead for o in outcomes)
     assert all(o.output == expected[o.job_id] for o in outcomes)
-    assert zombie == [], f"A wrote outcomes for partitions it had lost: {zombie[:5]}"
-    assert redone <= (0 if guarantee == "exactly_once" else int(DUPLICATE_SHARE * JOBS))
+    assert zombie == [], f"A wrote outcomes for partitions it had lost: {zombie[:5]}\n" + logs_of([a, b])
+    assert redone <= (0 if guarantee == "exactly_once" else int(DUPLICATE_SHARE * JOBS)), logs_of([a, b])
     assert codes == [0, 0], logs_of([a, b])
