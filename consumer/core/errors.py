@@ -14,6 +14,8 @@ aiohttp, aiokafka or HTTP status codes directly.
     │                               unknown_tier, template_error); goes to the dead-letter topic
     ├── NotSupportedError           a feature the provider does not have (e.g. Batch API on
     │                               openai_compat): raised before any request is sent
+    ├── MembershipLost              the consumer group refused a commit: it has rebalanced
+    │                               without this member (expelled), its partitions may be another's
     └── ProviderError               a provider call failed; `retryable` says if trying again can help
         ├── RateLimited             429 rate limit (retryable, carries a RateLimitHint)
         ├── QuotaExhausted          429 billing / spend limit (pauses the tier)
@@ -127,6 +129,13 @@ class JobError(PromptbusError):
 class RegistryUnavailable(PromptbusError):
     """The Schema Registry did not answer (down, a timeout, a 5xx): the records that need it
     wait, as a provider outage holds jobs; nothing is dead-lettered for it."""
+
+
+class MembershipLost(PromptbusError):
+    """The consumer group refused an offset commit because it has moved on without this
+    member (its session lapsed and it was expelled, or a newer generation formed): the
+    partitions may be another member's already, and committing them again cannot succeed
+    until the member has rejoined."""
 
 
 class NotSupportedError(PromptbusError):

@@ -15,8 +15,9 @@ taken away (or its transactional producer was fenced). Per partition:
                 the committed offset, are skipped (they are in this instance's work already).
 
 One `MembershipLease` for the whole assignment says whether the group may already have given
-the partitions away (this member's heartbeats unanswered for a session): the Kafka intake
-confirms it, the at_least_once sink writes no outcome while it has lapsed.
+the partitions away (this member's heartbeats unanswered for a session) and whether that is in
+doubt (unanswered past a heartbeat and a half): the Kafka intake confirms it, the at_least_once
+sink hands no outcome to its producer while it is in doubt.
 
 The intake and the sink share one (`owned` on both; `app.run_service` makes it). What is the
 sink's own per partition (its watermark `OffsetTracker`, exactly_once's producers) is
@@ -28,6 +29,7 @@ its fetch position and its work.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -55,16 +57,33 @@ class MembershipLease:
     counted from the last one it received; that one was sent after the last heartbeat this
     member saw answered was sent. So until (that send time + the session) no other member can
     have been given the partitions; past it, one may have, and an outcome written now could
-    be a second copy of the new owner's (a zombie write). Unarmed (no consumer group: the
-    in-memory edges) it is always held. Times are `time.monotonic()` seconds, passed in.
+    be a second copy of the new owner's (a zombie write).
+
+    Membership is in doubt earlier, once no request was answered for `DOUBT_HEARTBEATS`
+    heartbeat intervals: a heartbeat goes every interval, so a member in touch with the group
+    never gets there, and one that is cut off gets there well before its session lapses. An
+    outcome handed to the producer in between may sit in it until the brokers are reachable
+    again, and be written after the group gave its job to another member; held instead, it
+    is dropped by the revoke if the group moved on (the new owner does the job, once).
+
+    Unarmed (no consumer group: the in-memory edges) it is always held. Times are
+    `time.monotonic()` seconds, passed in.
     """
+
+    #: no request answered for this many heartbeat intervals: the membership is in doubt
+    DOUBT_HEARTBEATS = 1.5
 
     def __init__(self) -> None:
         self.session_s: float | None = None
+        self._doubt_s: float | None = None
         self._confirmed_s = 0.0
 
-    def arm(self, session_s: float, now_s: float) -> None:
+    def arm(self, session_s: float, now_s: float, heartbeat_s: float | None = None) -> None:
+        """Start counting at `now_s`; `heartbeat_s`: the group's heartbeat interval (None:
+        in doubt only once the session has lapsed)."""
         self.session_s = session_s
+        doubt_s = session_s if heartbeat_s is None else heartbeat_s * self.DOUBT_HEARTBEATS
+        self._doubt_s = min(session_s, doubt_s)
         self._confirmed_s = now_s
 
     def confirm(self, sent_at_s: float) -> None:
@@ -72,7 +91,14 @@ class MembershipLease:
         self._confirmed_s = max(self._confirmed_s, sent_at_s)
 
     def held(self, now_s: float) -> bool:
+        """False once the group may have given the partitions to another member."""
         return self.session_s is None or now_s < self._confirmed_s + self.session_s
+
+    def certain_for(self, now_s: float) -> float:
+        """Seconds until the membership is in doubt (<= 0: it is; inf: unarmed)."""
+        if self._doubt_s is None:
+            return math.inf
+        return self._confirmed_s + self._doubt_s - now_s
 
 
 class Assignment:

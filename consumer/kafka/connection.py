@@ -63,8 +63,16 @@ def group_kwargs(settings: Settings) -> dict[str, Any]:
     session (`session_timeout_s`) and a heartbeat every third of it, at most HEARTBEAT_MAX_MS
     apart."""
     session_ms = int(settings.session_timeout_s * 1000)
-    heartbeat_ms = max(1, min(session_ms // 3, HEARTBEAT_MAX_MS))
-    return {"session_timeout_ms": session_ms, "heartbeat_interval_ms": heartbeat_ms}
+    return {"session_timeout_ms": session_ms, "heartbeat_interval_ms": _heartbeat_ms(session_ms)}
+
+
+def heartbeat_interval_s(settings: Settings) -> float:
+    """How often a member of the job group heartbeats (`group_kwargs`)."""
+    return _heartbeat_ms(int(settings.session_timeout_s * 1000)) / 1000
+
+
+def _heartbeat_ms(session_ms: int) -> int:
+    return max(1, min(session_ms // 3, HEARTBEAT_MAX_MS))
 
 
 def membership_kwargs(settings: Settings) -> dict[str, Any]:

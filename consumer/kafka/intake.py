@@ -20,9 +20,10 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from typing import Any, NamedTuple, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import IllegalStateError, OffsetMetadataTooLargeError
+from aiokafka.errors import CommitFailedError, IllegalStateError, OffsetMetadataTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
+from consumer.core.errors import MembershipLost
 from consumer.core.lag import PartitionOffsets
 from consumer.core.offsets import (
     METADATA_MAX_CHARS,
@@ -33,8 +34,14 @@ from consumer.core.offsets import (
     encode_done,
 )
 from consumer.core.tuples import maker
+from consumer.kafka import group_join
 from consumer.kafka.assignment import Assignment
-from consumer.kafka.connection import MAX_MESSAGE_BYTES, client_kwargs, membership_kwargs
+from consumer.kafka.connection import (
+    MAX_MESSAGE_BYTES,
+    client_kwargs,
+    heartbeat_interval_s,
+    membership_kwargs,
+)
 from consumer.kafka.records import SourceOffset, TopicPartition
 from consumer.settings import Settings
 
@@ -155,8 +162,10 @@ class KafkaIntake:
         assignment: Assignment | None = None,
         topics: Sequence[str] | None = None,
     ) -> None:
+        group_join.apply()  # one JoinGroup request per join, whatever aiokafka's release
         self.group_id = settings.group_id
         self._session_s = settings.session_timeout_s
+        self._heartbeat_s = heartbeat_interval_s(settings)
         #: this member's id at its last assignment (`_membership_continued`)
         self._last_member_id: str | None = None
         #: the partitions of the last assignment (a forgotten one among them is not read on)
@@ -199,7 +208,7 @@ class KafkaIntake:
         `_do_heartbeat` (True: answered, the member still in the group) is looked up on each
         beat, so wrapping it on the instance sees them all."""
         lease = self.owned.lease
-        lease.arm(self._session_s, time.monotonic())
+        lease.arm(self._session_s, time.monotonic(), heartbeat_s=self._heartbeat_s)
         coordinator = getattr(self._consumer, "_coordinator", None)
         beat = getattr(coordinator, "_do_heartbeat", None)
         if beat is None:
@@ -222,12 +231,21 @@ class KafkaIntake:
         transactional producer was fenced) is assigned afresh, read from its committed offset;
         one still owned goes on from its fetch position.
 
-        Subscribing again is aiokafka's public way to make its coordinator rejoin the group.
+        The request goes to aiokafka's group coordinator (`request_rejoin`: its routine joins
+        again at its next turn, whatever it is doing now). Subscribing again, aiokafka's public
+        way, replaces the subscription: when that happens while the coordinator routine is in
+        the middle of a rebalance (a member whose producers were fenced is often being expelled
+        at that very moment), the routine ends on an AssertionError and the consumer stops.
         """
         if self._listener is None:
             return  # not started: the first join assigns afresh anyway
         log.info("rejoining group %s for a new assignment", self.group_id)
-        self._consumer.subscribe(self._topics, listener=self._listener)
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        request_rejoin = getattr(coordinator, "request_rejoin", None)
+        if request_rejoin is None:
+            self._consumer.subscribe(self._topics, listener=self._listener)
+            return
+        request_rejoin()
 
     async def stop(self) -> None:
         await self._consumer.stop()
@@ -242,6 +260,7 @@ class KafkaIntake:
         record is returned between the revoke and the assignment (aiokafka holds them back),
         so the positions recorded by the last poll are current.
         """
+        first_join = self._last_member_id is None
         if self._membership_continued():
             lost = {tp for tp in self.owned if tp not in assigned}
         else:
@@ -250,6 +269,14 @@ class KafkaIntake:
             # meanwhile and read and committed past this instance's positions; none is kept,
             # each assigned one starts afresh from its committed offset
             lost = set(self.owned)
+            if not first_join or lost:
+                log.warning(
+                    "group %s: joined again as a new member (this one was expelled or missed a "
+                    "generation); it keeps none of the %d partitions it held, every assigned one "
+                    "starts from its committed offset",
+                    self.group_id,
+                    len(lost),
+                )
         self.owned.revoke(lost)
         self._assigned = set(assigned)
         for tp in assigned:
@@ -424,6 +451,12 @@ class KafkaIntake:
                 )
                 self.owned.lease.confirm(sent_s)  # the group took a commit of this generation
                 return
+            except CommitFailedError as exc:
+                # the group rebalanced without this member (it was expelled): retrying cannot
+                # succeed before it rejoins, and the partitions may be another member's now
+                raise MembershipLost(
+                    f"group {self.group_id} refused the commit: it has rebalanced without this member"
+                ) from exc
             except OffsetMetadataTooLargeError:
                 if limit == 0:
                     raise

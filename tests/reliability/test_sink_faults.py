@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import CommitFailedError, KafkaConnectionError, ProducerFenced
 
+from consumer.core.errors import MembershipLost
 from consumer.kafka.partitioning import partition_for
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink
@@ -142,6 +143,24 @@ def eos_sink(factory: FakeFactory, rejoin: Rejoins | None = None) -> ExactlyOnce
 
 def outcome(offset: int) -> OutRecord:
     return OutRecord("results", f"job-{offset}".encode(), f"result-{offset}".encode())
+
+
+async def test_a_revoke_whose_commit_the_group_refuses_ends_without_retrying() -> None:
+    """A member the group expelled has its revoke's commit refused (`MembershipLost`, from
+    aiokafka's CommitFailedError): no retry can succeed, so the revoke ends after the one
+    try instead of retrying until its deadline (which held the member's rejoin back)."""
+    attempts: list[dict[TopicPartition, Any]] = []
+
+    async def commit(offsets: dict[TopicPartition, Any]) -> None:
+        attempts.append(offsets)
+        raise MembershipLost("group g refused the commit: it has rebalanced without this member")
+
+    sink = AtLeastOnceSink(producer=FakeTxnProducer(None), commit=commit)
+    tp = TopicPartition(TOPIC, 0)
+    await sink.on_assigned({tp})
+    sink.deliver(sink.track(SourceOffset(tp, 0)), None)  # an empty outcome completes at once
+    await asyncio.wait_for(sink.on_revoked({tp}, timeout_s=5), timeout=10)
+    assert attempts == [{tp: 1}], "the refused commit was tried again"
 
 
 async def test_a_lost_partition_is_forgotten_even_when_the_revokes_last_commit_fails() -> None:
@@ -385,6 +404,34 @@ async def test_a_dead_transactional_producer_is_replaced_and_its_outcomes_commit
     assert dead.committed == []
 
 
+async def test_a_dead_producer_is_not_replaced_while_the_membership_is_in_doubt() -> None:
+    """Replacing a producer takes its transactional id over, fencing whoever holds it: a member
+    the group may have expelled (no answer for a while) must not fence the partition's new
+    owner and commit over it. Once the group answers again, the producer is replaced."""
+    factory = FakeFactory()
+    sink = eos_sink(factory)
+    tp = TopicPartition(TOPIC, 0)
+    await sink.on_assigned({tp})
+    lease = sink.owned.lease
+    lease.arm(4.0, time.monotonic() - 10.0, heartbeat_s=1.0)  # nothing answered for 10 s
+    dead = factory.made[sink.transactional_id(tp)]
+    dead.die()
+    sink.deliver(sink.track(SourceOffset(TopicPartition(TOPIC, 0), 0)), outcome(0))
+
+    with pytest.raises(AssertionError):  # the round fails on the dead producer ...
+        await sink.flush(timeout_s=0)
+    assert factory.made[sink.transactional_id(tp)] is dead and not dead.stopped, (
+        "the transactional id was taken over while the member may have been expelled"
+    )
+    lease.confirm(time.monotonic())  # a heartbeat answered: still the owner
+    with pytest.raises(AssertionError):  # ... this one replaces it ...
+        await sink.flush(timeout_s=0)
+    fresh = factory.made[sink.transactional_id(tp)]
+    assert fresh is not dead and dead.stopped
+    await sink.flush(timeout_s=1)  # ... and the next commits the kept outcome
+    assert fresh.committed == [("results", b"result-0")]
+
+
 async def test_partitions_fenced_in_one_round_ask_for_one_new_assignment() -> None:
     factory = FakeFactory()
     rejoins = Rejoins()
@@ -400,6 +447,55 @@ async def test_partitions_fenced_in_one_round_ask_for_one_new_assignment() -> No
 
     assert rejoins.count == 1, "each fenced partition asked for its own rebalance"
     assert factory.made[sink.transactional_id(tps[2])].offsets == [{tps[2]: 1}]
+
+
+class BlockedPartitionProducer(FakeBatchProducer):
+    """A partition's next batch waits in `send_batch` until `unblock` (its previous batch not
+    sent yet: the brokers unreachable), as aiokafka's accumulator makes it wait."""
+
+    def __init__(self, blocked: int) -> None:
+        super().__init__(room=100, partitions=2)
+        self.blocked = blocked
+        self.waiting = asyncio.Event()
+        self.unblocked = asyncio.Event()
+
+    async def send_batch(self, batch: FakeBatch, topic: str, *, partition: int) -> asyncio.Future[None]:
+        if partition == self.blocked and not self.unblocked.is_set():
+            self.waiting.set()
+            await self.unblocked.wait()
+        return await super().send_batch(batch, topic, partition=partition)
+
+
+async def test_a_batch_is_not_handed_over_once_the_membership_comes_into_doubt() -> None:
+    """The lease is asked before each record batch, and a batch waiting for its partition's
+    previous one is given up when the membership comes into doubt: nothing reaches the
+    producer after that. The outcomes wait, and go once the group answers again."""
+    keys = {partition_for(f"job-{o}".encode(), [0, 1]) for o in range(6)}
+    assert keys == {0, 1}, "the outcomes span both output partitions"
+    producer = BlockedPartitionProducer(blocked=partition_for(b"job-0", [0, 1]))
+    commits: list[dict[TopicPartition, Any]] = []
+
+    async def commit(offsets: dict[TopicPartition, Any]) -> None:
+        commits.append(offsets)
+
+    sink = AtLeastOnceSink(producer=producer, commit=commit)
+    await sink.start()
+    tp = TopicPartition(TOPIC, 0)
+    await sink.on_assigned({tp})
+    lease = sink.owned.lease
+    lease.arm(4.0, time.monotonic(), heartbeat_s=0.2)  # in doubt 0.3 s from now
+    for o in range(6):
+        sink.deliver(sink.track(SourceOffset(tp, o)), outcome(o))
+    await asyncio.wait_for(producer.waiting.wait(), 5)
+    await asyncio.sleep(0.5)  # the doubt came while the batch waited
+    producer.unblocked.set()
+    await asyncio.sleep(0.2)
+    assert producer.sent == [], "a batch was handed to the producer after the membership came into doubt"
+    lease.confirm(time.monotonic())
+    await asyncio.wait_for(sink.flush(timeout_s=5), timeout=10)
+    assert sorted(producer.acked) == sorted(f"result-{o}".encode() for o in range(6))  # type: ignore[type-var]
+    assert commits[-1] == {tp: 6}
+    await sink.stop()
 
 
 class HeldAcksProducer(FakeBatchProducer):

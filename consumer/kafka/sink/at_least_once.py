@@ -5,13 +5,16 @@ From a rebalance's revoke to its assignment, outcomes are queued, not sent: the 
 partition that moves are dropped then (its new owner does those jobs), so the rebalance
 writes no outcome twice.
 
-No outcome is handed to the producer while the membership lease has lapsed (`Assignment.lease`:
-no heartbeat answered for a session, so the group may have given the partitions to another
-member): they wait in the queue. If the group did move on, the revoke drops them and the
-assignment after it keeps no partition (the new owner does their jobs); if it did not, the
-next answered heartbeat releases them. Without this, an instance cut off from the brokers past
-its session writes, once back, the outcomes it made meanwhile for partitions it lost (a zombie
-write: one more copy per job).
+No outcome is handed to the producer while the membership is in doubt (`Assignment.lease`: no
+request answered for a heartbeat and a half; past a session the group may have given the
+partitions to another member): they wait in the queue. The lease is asked before each record
+batch, and a batch waiting in the producer for the partition's previous one is handed over
+only while it holds. If the group did move on, the revoke drops the queue and the assignment
+after it keeps no partition (the new owner does their jobs, once); if it did not, the next
+answered heartbeat releases them. Without this, an instance cut off from the brokers past its
+session writes, once back, the outcomes it made meanwhile for partitions it lost (a zombie
+write), and the ones it handed to its producer early in the cut (another copy of each of
+those jobs, which the new owner redoes from the committed offset).
 
 A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked partitions' outcomes already on their
 way to the broker, then commits them: those records are written whatever the revoke does, so
@@ -132,7 +135,7 @@ class AtLeastOnceSink(SinkBase):
             await self._queued.wait()
             self._queued.clear()
             while self._queue and not self._held:
-                if not self.owned.lease.held(time.monotonic()):
+                if self.owned.lease.certain_for(time.monotonic()) <= 0:
                     await self._lease_back()
                     continue
                 # everything queued goes out now, as one batch per output partition, but what
@@ -169,7 +172,9 @@ class AtLeastOnceSink(SinkBase):
 
         self._sending = outcomes
         try:
-            await produce_record_batches(self._producer, outcomes, handed_over)
+            held_back = await produce_record_batches(
+                self._producer, outcomes, handed_over, self._certain_for
+            )
         except BaseException:
             # the outcomes not handed over go out again
             went = {ticket for batch in handed for ticket, _ in batch}
@@ -177,6 +182,12 @@ class AtLeastOnceSink(SinkBase):
             raise
         finally:
             self._sending = ()
+        if held_back:
+            # the membership came into doubt meanwhile: they wait (first in line) for it
+            self._queue.extendleft(reversed(held_back))
+
+    def _certain_for(self) -> float:
+        return self.owned.lease.certain_for(time.monotonic())
 
     def _current_only(self, outcomes: Iterable[Outgoing]) -> list[Outgoing]:
         """The outcomes whose partition is still owned under the epoch they were taken in."""
@@ -184,9 +195,9 @@ class AtLeastOnceSink(SinkBase):
         return [outcome for outcome in outcomes if epoch_of(outcome[0].source.tp) == outcome[0].epoch]
 
     async def _lease_back(self) -> None:
-        """Wait (polling) until the lease is held again or a revoke has emptied the queue."""
+        """Wait (polling) until the membership is certain again or a revoke has emptied the queue."""
         lease = self.owned.lease
-        while self._queue and not lease.held(time.monotonic()):
+        while self._queue and lease.certain_for(time.monotonic()) <= 0:
             # no event says "answered": look again after a moment (or sooner, as outcomes queue)
             self._queued.clear()
             await wait_at_most(self._queued.wait(), LEASE_POLL_S)

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, Protocol
 
+from consumer.core.errors import MembershipLost
 from consumer.core.offsets import CommitPoint, OffsetTracker
 from consumer.core.tuples import maker
 from consumer.kafka.assignment import Assignment
@@ -203,6 +204,8 @@ class SinkBase:
                 async with self._round:
                     if not self._held:
                         await self._commit_ready(None)
+            except MembershipLost as exc:  # until the rebalance that follows, nothing commits
+                log.warning("commit refused: %s; the offsets stay uncommitted", exc)
             except Exception:  # a failed commit is retried next round; the offsets stay uncommitted
                 log.exception("commit failed; will retry")
 
@@ -240,7 +243,8 @@ class SinkBase:
 
     async def _finish_revoke(self, partitions: set[TopicPartition], timeout_s: float) -> None:
         """Wait (up to `_settle_s`, at least `timeout_s`) for what `_settle` waits for, and
-        commit, retrying the commit until then; a failure only loses progress. Work still in
+        commit, retrying the commit until then (not once the group refused it: it has moved
+        on without this member); a failure only loses progress. Work still in
         progress is not waited for: a partition that stays goes on with it, one that moves is
         done again by its new owner.
 
@@ -252,6 +256,16 @@ class SinkBase:
         while True:
             try:
                 await self._commit_ready(partitions)
+                return
+            except MembershipLost:
+                # the group moved on without this member: no retry can commit these offsets
+                # (their next owner starts at the last committed ones), and waiting out the
+                # deadline would only hold this member's rejoin back
+                log.warning(
+                    "revoke of %s: the group has rebalanced without this member; its last "
+                    "commit was refused, the next owner starts at the last committed offsets",
+                    sorted(partitions),
+                )
                 return
             except Exception:
                 if loop.time() + REVOKE_COMMIT_RETRY_S >= deadline:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +31,12 @@ def _producer_dead(producer: AIOKafkaProducer | None) -> bool:
     sender = getattr(producer, "_sender", None)
     task = getattr(sender, "sender_task", None)
     return task is not None and task.done()
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark a delivery future's error as seen (its transaction's error says it already)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class ExactlyOnceSink(SinkBase):
@@ -119,10 +126,20 @@ class ExactlyOnceSink(SinkBase):
         Its start() takes over the transactional id (the dead one's open transaction is
         aborted); the partition's outcomes stay in memory and go out in the next transaction.
         While the brokers are unreachable the start fails and the next round tries again.
+
+        Only while the membership is certain (`Assignment.lease`): taking the transactional id
+        over fences whoever holds it now, and a member the group expelled meanwhile (cut off
+        past its session, its producer died of it) would fence the partition's new owner and
+        commit its own outcomes and offsets over the new owner's (aiokafka's transactional
+        offset commit carries no generation for the broker to refuse). Such a member learns
+        of the expulsion at its next heartbeat, and its rejoin drops the partition.
         """
         lock = self._locks.get(tp)
         old = self._producers.get(tp)
         if lock is None or old is None:
+            return
+        if self.owned.lease.certain_for(time.monotonic()) <= 0:
+            log.debug("%s: its producer died; replaced once the group answers this member again", tp)
             return
         async with lock:
             if not self._owns(tp, old):
@@ -185,10 +202,13 @@ class ExactlyOnceSink(SinkBase):
                     await producer.send_offsets_to_transaction({tp: next_offset}, self._group_id)
             finally:
                 # the commit (or its error) covers every send; fetch their outcomes so a failed
-                # transaction does not also log one "exception never retrieved" per batch
+                # transaction does not also log one "exception never retrieved" per batch (a
+                # fenced producer fails its batches after the transaction's error is raised)
                 for fut in sent:
-                    if fut.done() and not fut.cancelled():
-                        fut.exception()
+                    if fut.done():
+                        _retrieve(fut)
+                    else:
+                        fut.add_done_callback(_retrieve)
             for o in offsets:
                 del waiting[o]
             self._commits += 1

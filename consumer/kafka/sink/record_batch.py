@@ -53,7 +53,8 @@ async def produce_record_batches(
     producer: AIOKafkaProducer,
     items: Sequence[Tagged[M]],
     on_batch: Callable[[asyncio.Future[Any], Sequence[Tagged[M]]], None],
-) -> None:
+    window: Callable[[], float] | None = None,
+) -> list[Tagged[M]]:
     """Hand `items` ((tag, record) pairs) to `producer` as record batches, one per (topic,
     partition), in order.
 
@@ -63,6 +64,12 @@ async def produce_record_batches(
     `on_batch(delivered, batch_items)` is called for each batch handed over, with its items;
     whatever was not passed to it was not handed over when this raises. Serves both sinks
     (in exactly_once, inside the partition's transaction).
+
+    window: seconds left in which a batch may still be handed over, asked before each one
+    (None: no limit). A batch waits in `send_batch` while the partition's previous one is
+    not sent yet (the brokers unreachable): that wait ends with the window, and the batch is
+    not handed over then. Returns the items not handed over because the window closed (each
+    partition's in order; none without a window).
     """
     by_partition: dict[tuple[str, int], list[Tagged[M]]] = {}
     partitions: dict[str, list[int]] = {}
@@ -76,14 +83,42 @@ async def produce_record_batches(
         if group is None:
             group = by_partition[place] = []
         group.append(item)
-    for (topic, partition), group in by_partition.items():
+
+    async def hand_over(batch: Any, topic: str, partition: int) -> asyncio.Future[Any] | None:
+        if window is None:
+            return await producer.send_batch(batch, topic, partition=partition)
+        left_s = window()
+        if left_s <= 0:
+            return None
+        try:
+            # the batch is queued in the producer at once or not at all: cancelled, the wait
+            # for the previous batch ends without it
+            return await asyncio.wait_for(producer.send_batch(batch, topic, partition=partition), left_s)
+        except TimeoutError:
+            return None
+
+    groups = list(by_partition.items())
+    for n, ((topic, partition), group) in enumerate(groups):
         batch, first = producer.create_batch(), 0
         for i, (_, record) in enumerate(group):
             # aiokafka's record builder takes headers as a list only
             headers = list(record.headers)
             if batch.append(key=record.key, value=record.value, timestamp=None, headers=headers) is None:
-                on_batch(await producer.send_batch(batch, topic, partition=partition), group[first:i])
+                delivered = await hand_over(batch, topic, partition)
+                if delivered is None:
+                    return _left_over(group[first:], groups[n + 1 :])
+                on_batch(delivered, group[first:i])
                 batch, first = producer.create_batch(), i
                 # a fresh batch always takes its first record
                 batch.append(key=record.key, value=record.value, timestamp=None, headers=headers)
-        on_batch(await producer.send_batch(batch, topic, partition=partition), group[first:])
+        delivered = await hand_over(batch, topic, partition)
+        if delivered is None:
+            return _left_over(group[first:], groups[n + 1 :])
+        on_batch(delivered, group[first:])
+    return []
+
+
+def _left_over(
+    rest: Sequence[Tagged[M]], later: Sequence[tuple[tuple[str, int], list[Tagged[M]]]]
+) -> list[Tagged[M]]:
+    return [*rest, *(item for _place, group in later for item in group)]
