@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.core.errors import MembershipLost
@@ -81,6 +81,27 @@ class OutcomeSink(Protocol):
 
     async def flush(self, timeout_s: float) -> None:
         """Make everything ready durable and commit it (shutdown)."""
+        ...
+
+    async def hand_over(self, partitions: set[TopicPartition], not_ours: Container[SourceOffset]) -> bool:
+        """at_least_once: publish, per partition of `partitions` with offsets in flight here
+        (but `not_ours`: parked for an earlier owner's outcome), a hand-over of them, so the
+        partition's next owner waits for their outcomes instead of doing them again; their
+        work goes on here if the partition moves. True when every hand-over was published
+        (exactly_once: nothing is handed over, False)."""
+        ...
+
+    def handed_over(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
+        """Those of `partitions` whose in-flight work was handed over (it goes on here)."""
+        ...
+
+    async def leave(self, partitions: set[TopicPartition]) -> None:
+        """The instance is leaving the group, its work in `partitions` handed over: it owns
+        nothing from now on; it finishes what it handed over (a stop's drain)."""
+        ...
+
+    def abandon(self, ticket: Ticket) -> None:
+        """No outcome will come for this ticket (it is read again by its partition's owner)."""
         ...
 
     def inflight(self, partition: TopicPartition | None = None) -> int:
@@ -178,6 +199,18 @@ class SinkBase:
 
     async def on_lost(self, partitions: set[TopicPartition]) -> None:
         self._forget(partitions)
+
+    async def hand_over(self, partitions: set[TopicPartition], not_ours: Container[SourceOffset]) -> bool:
+        return False
+
+    def handed_over(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
+        return set()
+
+    async def leave(self, partitions: set[TopicPartition]) -> None:
+        self._forget(partitions)
+
+    def abandon(self, ticket: Ticket) -> None:
+        """Nothing to do: the offset stays in flight, so it is never committed here."""
 
     async def start(self) -> None:
         self._commit_task = asyncio.create_task(self._commit_loop(), name="promptbus-commit")
