@@ -114,11 +114,19 @@ class HandOverBook:
         self._parked: dict[Hashable, list[HandOver]] = {}
         self._completed: dict[Hashable, DoneOffsets] = {}
 
-    def load(self, handovers: Iterable[HandOver]) -> None:
-        """Replace what is known with these hand-overs (each name's latest record)."""
+    def load(self, handovers: Iterable[HandOver], *, now_ms: int | None = None, keep_ms: int = 0) -> None:
+        """Replace what is known with these hand-overs (each name's latest record).
+
+        With `now_ms`, a hand-over whose deadline passed more than `keep_ms` ago is left out:
+        by then its new owner has committed past what it completed (else those records are
+        done again, a duplicate, never a loss), and a topic deleted and made again under the
+        same name cannot meet an old hand-over's offsets for long.
+        """
         parked: dict[Hashable, list[HandOver]] = {}
         completed: dict[Hashable, DoneOffsets] = {}
         for h in handovers:
+            if now_ms is not None and h.deadline_ms + keep_ms < now_ms:
+                continue
             tp = (h.topic, h.partition)
             if h.finished:
                 if h.completed:

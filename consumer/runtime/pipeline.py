@@ -351,7 +351,9 @@ class Pipeline:
         version = self._handovers.version
         if version != self._book_version:
             self._book_version = version
-            self._book.load(self._handovers.handovers())
+            # what is older than a deadline past its own deadline is done with
+            keep_ms = round(self._settings.handover_timeout_s * 1000)
+            self._book.load(self._handovers.handovers(), now_ms=self._clock_ms(), keep_ms=keep_ms)
 
     def _handed(self, record: InRecord, ticket: Ticket, now_ms: int) -> bool:
         """Park a record an old owner is finishing, or complete one it finished (no outcome

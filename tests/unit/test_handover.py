@@ -168,3 +168,13 @@ def test_an_unreadable_hand_over_record_is_ignored() -> None:
         b' "completed": []}'
     )
     assert decode_hand_over("x", backwards) is None
+
+
+def test_hand_overs_long_past_their_deadline_are_left_out() -> None:
+    out = OutgoingHandOver(_handover([7], deadline_ms=NOW_MS))
+    out.complete(7)
+    book = HandOverBook()
+    book.load([out.finished()], now_ms=NOW_MS + 60_000, keep_ms=60_000)
+    assert book.verdict(TOPIC, 0, 7, NOW_MS + 60_000) is Verdict.COMPLETED
+    book.load([out.finished()], now_ms=NOW_MS + 60_001, keep_ms=60_000)
+    assert book.verdict(TOPIC, 0, 7, NOW_MS + 60_001) is Verdict.RUN and not book.active
