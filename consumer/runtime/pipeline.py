@@ -282,7 +282,7 @@ class Pipeline:
         took_s = self._clock() - started_s
         log.info("rebalance: revoke done in %.3f s (what was durable is committed)", took_s)
         if self._handovers is not None:
-            await self._sink.hand_over(partitions, self._parked)
+            await self._sink.hand_over(self._job_partitions(partitions), self._parked)
 
     async def on_lost(self, partitions: set[TopicPartition]) -> None:
         """These partitions moved to another member. A handed-over one's work goes on (its
@@ -333,18 +333,27 @@ class Pipeline:
         """at_least_once: hand the owned partitions' work over and leave the group at once, so
         the partitions move now, not after the drain; the drain then finishes that work and
         the sink says what of it was finished. Unpublished hand-overs: the partitions stay
-        until the drain's end (as without hand-overs)."""
+        until the drain's end (as without hand-overs); so do they when sources are read (a
+        source's work is not handed over, and leaving would drop it)."""
         owned = self._intake.assignment()
-        if self._handovers is None or not owned:
+        if self._handovers is None or self._sources is not None or not owned:
             return
         await self._sink.on_revoked(owned, timeout_s=self._settings.revoke_timeout_s)
-        if not await self._sink.hand_over(owned, self._parked):
+        if not await self._sink.hand_over(self._job_partitions(owned), self._parked):
             await self._sink.on_assigned(owned)  # kept: drained and committed as before
             return
         await self._intake.leave_group()
         await self._sink.leave(owned)
         self._forget_parked(owned)
         log.info("stopping: handed over %d partitions' work and left the group", len(owned))
+
+    def _job_partitions(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
+        """The lanes' partitions of these: a source's are not handed over (a key's records must
+        be enriched in order, which two owners working at once would not keep)."""
+        if self._sources is None:
+            return partitions
+        sources = self._sources.by_topic
+        return {tp for tp in partitions if tp.topic not in sources}
 
     def _refresh_book(self) -> None:
         assert self._handovers is not None
