@@ -154,8 +154,3 @@ class HandOverBook:
         """Whether any hand-over names this partition (else every record of it runs)."""
         tp = (topic, partition)
         return tp in self._parked or tp in self._completed
-
-    def next_deadline_ms(self, now_ms: int) -> int | None:
-        """The earliest deadline still ahead (a parked offset may be released then)."""
-        ahead = [h.deadline_ms for hs in self._parked.values() for h in hs if h.deadline_ms > now_ms]
-        return min(ahead) if ahead else None

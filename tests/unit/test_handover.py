@@ -46,9 +46,7 @@ def test_the_book_parks_until_the_deadline_then_runs() -> None:
     assert book.verdict(TOPIC, 0, 10, NOW_MS) is Verdict.PARK
     assert book.verdict(TOPIC, 0, 12, NOW_MS) is Verdict.RUN  # not handed over
     assert book.verdict(TOPIC, 1, 10, NOW_MS) is Verdict.RUN  # another partition
-    assert book.next_deadline_ms(NOW_MS) == NOW_MS + 5
     assert book.verdict(TOPIC, 0, 10, NOW_MS + 5) is Verdict.RUN
-    assert book.next_deadline_ms(NOW_MS + 5) is None
 
 
 def test_a_finished_hand_over_completes_what_it_names_and_releases_the_rest() -> None:
