@@ -182,6 +182,9 @@ class Pipeline:
         #: may return the new partitions' records while the assignment callback still runs
         self._assignment_read = asyncio.Event()
         self._assignment_read.set()
+        #: a stop handed every partition over and is leaving the group: a rebalance that
+        #: still reaches this member (its leave waits for one in progress) changes nothing
+        self._leaving = False
 
     def runner(self, tier: str) -> EmbedRunner:
         """The plan runner of a tier (benchmarks and tests look at its tier)."""
@@ -271,6 +274,8 @@ class Pipeline:
         """A rebalance began (every partition is revoked; which move is known on assignment):
         commit what is durable and hold new outcomes. The work goes on meanwhile: waiting
         for it here would hold up the whole group's join for an answer's time."""
+        if self._leaving:
+            return
         if self._handovers is not None:
             self._assignment_read.clear()
         if not partitions:  # aiokafka also revokes the empty set before the first join
@@ -290,6 +295,8 @@ class Pipeline:
         abandoned (not committed: the new owner reads them again) and its running requests'
         outcomes dropped when they end. Jobs held for a budget, offline or for a source are
         abandoned either way, and parked records forgotten."""
+        if self._leaving:
+            return
         idle = partitions - self._sink.handed_over(partitions)
         abandoned = self._windows.drain_partitions(idle)
         for members, _ in self._gate.drop(lambda plan: all(c.source.tp in idle for c in plan[0])):
@@ -308,6 +315,9 @@ class Pipeline:
         log.info("lost %s: %d waiting jobs abandoned (not committed)", sorted(partitions), len(abandoned))
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        if self._leaving:
+            log.info("assigned %s while leaving the group: not taken", sorted(partitions))
+            return
         log.info("assigned %s", sorted(partitions))
         await self._sink.on_assigned(partitions)
         if self._handovers is not None:
@@ -342,6 +352,7 @@ class Pipeline:
         if not await self._sink.hand_over(self._job_partitions(owned), self._parked):
             await self._sink.on_assigned(owned)  # kept: drained and committed as before
             return
+        self._leaving = True
         await self._intake.leave_group()
         await self._sink.leave(owned)
         self._forget_parked(owned)

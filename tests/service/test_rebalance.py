@@ -211,6 +211,52 @@ async def test_a_stopping_instance_hands_its_work_over_and_leaves_at_once(
     assert snapshot["handover_redone"] == 0
 
 
+async def test_two_instances_stopping_together_hand_their_work_to_the_third(
+    make_bus: Callable[..., Any],
+) -> None:
+    """A scale in: two of three instances stop at once, their requests still running (one's
+    leave may reach the other while it leaves). The third parks every record they hand over
+    and completes each on their word, none at a deadline: nothing asked twice."""
+    bus = make_bus(partitions=PARTITIONS + 2)
+    jobs = [job(i, batch=False) for i in range(JOBS)]
+    ids = {j["id"] for j in jobs}
+    held, answering = asyncio.Event(), asyncio.Event()
+    answering.set()
+    leaving = [HeldProvider(held), HeldProvider(held)]
+    staying = HeldProvider(answering)
+    stays = bus.service(_tiers(), providers={"small": staying.provider()})
+    async with stays:
+        going = [bus.service(_tiers(), providers={"small": p.provider()}) for p in leaving]
+        for svc in going:
+            await svc.__aenter__()
+        try:
+            shares = lambda: [len(s.pipeline._intake.assignment()) for s in (stays, *going)]  # noqa: E731
+            assert await _until(lambda: shares() == [2, 2, 2]), shares()
+            await bus.produce(jobs)
+            theirs = lambda: set(leaving[0].asked) | set(leaving[1].asked)  # noqa: E731
+            assert await _until(lambda: len(theirs()) + len(staying.asked) == JOBS)
+            handed = theirs()
+            for svc in going:
+                svc.stop.set()
+            assert await _until(lambda: stays.stats_snapshot()["handover_parked"] == len(handed))
+            held.set()
+            for svc in going:
+                assert svc.task is not None
+                await asyncio.wait_for(svc.task, 60)
+        finally:
+            held.set()
+            for svc in going:
+                await svc.__aexit__(None, None, None)
+        outcomes = await bus.wait_for_outcomes(ids, timeout_s=60)
+        assert await _until(lambda: stays.stats_snapshot()["handover_completed"] == len(handed))
+        snapshot = stays.stats_snapshot()
+
+    assert handed and outcomes.ids() == ids and not outcomes.dead
+    assert outcomes.duplicates() == {}
+    assert not set(staying.asked) & handed, "a handed-over job was asked again"
+    assert snapshot["handover_redone"] == 0
+
+
 async def _rebalance_mid_flight(bus: Any) -> None:
     jobs = [job(i, batch=False) for i in range(JOBS)]
     text_of = {j["id"]: j["variables"]["text"] for j in jobs}

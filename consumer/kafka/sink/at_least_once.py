@@ -303,8 +303,10 @@ class AtLeastOnceSink(SinkBase):
         made: dict[tuple[TopicPartition, int], OutgoingHandOver] = {}
         for tp in partitions:
             epoch = self.owned.epoch(tp)
+            if epoch is None or (tp, epoch) in self._handing:
+                continue  # not owned, or handed over already (a stop's hand-over, then a revoke)
             offsets = [o for o in self._tracker.pending_offsets(tp) if SourceOffset(tp, o) not in not_ours]
-            if epoch is None or not offsets:
+            if not offsets:
                 continue
             name = f"{tp.topic}/{tp.partition}/{epoch}.{self._handover_round}"
             h = HandOver(name, tp.topic, tp.partition, DoneOffsets.of_sorted(offsets), deadline_ms)
