@@ -127,6 +127,33 @@ async def test_a_rebalance_mid_flight_hands_the_moved_work_over(make_bus: Callab
     assert committed == [Counter(partition_of.values())[p] for p in range(PARTITIONS)]
 
 
+async def test_a_moved_partitions_queued_jobs_stay_with_the_old_owner(make_bus: Callable[..., Any]) -> None:
+    """One request at a time: at the rebalance most jobs wait in the old owner's plan queue,
+    not started. They are handed over with the running one and the old owner does them all;
+    the new owner asks none of them."""
+    bus = make_bus(partitions=PARTITIONS)
+    jobs, text_of, partition_of = _jobs()
+    single = {"algorithm": "fixed", "initial": 1, "min": 1, "max": 1}
+    one_at_a_time = tier_file_dict("http://127.0.0.1:9/v1", batching=False, limiter=single)
+    gate = asyncio.Event()
+    first, second = HeldProvider(gate), HeldProvider(gate)
+    one = bus.service(one_at_a_time, providers={"small": first.provider()})
+    async with one:
+        await bus.produce(jobs)
+        assert await _until(lambda: len(first.asked) == 1 and one.stats_snapshot()["inflight"] == JOBS)
+        two = bus.service(one_at_a_time, providers={"small": second.provider()})
+        async with two:
+            assert await _until(lambda: one.stats_snapshot()["partitions_lost"] == PARTITIONS // 2)
+            moved = _moved_jobs(partition_of, two)
+            assert await _until(lambda: two.stats_snapshot()["handover_parked"] == len(moved))
+            gate.set()
+            outcomes = await bus.wait_for_outcomes(set(text_of), timeout_s=60)
+            assert await _until(lambda: two.stats_snapshot()["handover_completed"] == len(moved))
+
+    assert moved and outcomes.ids() == set(text_of) and outcomes.duplicates() == {}
+    assert second.asked == Counter() and len(first.asked) == JOBS
+
+
 async def test_an_old_owner_that_does_not_finish_has_its_work_redone_at_the_deadline(
     make_bus: Callable[..., Any],
 ) -> None:

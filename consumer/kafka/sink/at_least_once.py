@@ -325,7 +325,8 @@ class AtLeastOnceSink(SinkBase):
         return True
 
     def handed_over(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
-        return {tp for tp, epoch in self._handing if tp in partitions and self.owned.epoch(tp) == epoch}
+        # by partition alone: the intake forgets a lost partition's epoch before `on_lost`
+        return {tp for tp, _ in self._handing if tp in partitions}
 
     def abandon(self, ticket: Ticket) -> None:
         if self._handing:
