@@ -5,6 +5,7 @@ says a hand-over is finished, and what its deadline cuts off."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -136,4 +137,17 @@ async def test_a_kept_partitions_hand_over_is_withdrawn() -> None:
     assert withdrawn.finished and not withdrawn.completed
     sink.deliver(ticket, _outcome(0))  # its own partition still: written and committed here
     assert await _until(lambda: _written(broker) == [b"job-0"] and sink.inflight() == 0)
+    await sink.stop()
+
+
+async def test_a_member_whose_membership_is_in_doubt_hands_nothing_over() -> None:
+    """Cut off from the group (no heartbeat answered for a heartbeat and a half), a member may
+    have been expelled and its partitions' new owners be doing its jobs already: it publishes
+    no hand-over, and what it has in flight is the new owners' (as without hand-overs)."""
+    now_ms = [1_000]
+    sink, board, _, _ = await _sink(now_ms)
+    sink.track(SourceOffset(TP, 0))
+    sink.owned.lease.arm(10.0, now_s=time.monotonic() - 5.0, heartbeat_s=1.0)
+    assert not await sink.hand_over({TP}, not_ours=())
+    assert board.published == [] and sink.handed_over({TP}) == set()
     await sink.stop()

@@ -298,6 +298,11 @@ class AtLeastOnceSink(SinkBase):
     async def hand_over(self, partitions: set[TopicPartition], not_ours: Container[SourceOffset]) -> bool:
         if self._handovers is None:
             return False
+        if self.refused or self.owned.lease.certain_for(time.monotonic()) <= 0:
+            # the group may have moved on without this member: its partitions' new owners may
+            # be doing these jobs already, and its outcomes would be second copies
+            log.warning("membership in doubt or lost: %d partitions' work not handed over", len(partitions))
+            return False
         self._handover_round += 1
         deadline_ms = self._clock_ms() + self._handover_timeout_ms
         made: dict[tuple[TopicPartition, int], OutgoingHandOver] = {}

@@ -142,6 +142,8 @@ class SinkBase:
         self._held = False
         #: one commit round at a time: the revoke's last one and the loop's
         self._round = asyncio.Lock()
+        #: the last revoke's commit was refused: the group moved on without this member
+        self.refused = False
 
     # -- intake side
     def track(self, source: SourceOffset) -> Ticket:
@@ -285,12 +287,14 @@ class SinkBase:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_s, self._settle_s())
+        self.refused = False
         await self._settle(partitions, deadline)
         while True:
             try:
                 await self._commit_ready(partitions)
                 return
             except MembershipLost:
+                self.refused = True
                 # the group moved on without this member: no retry can commit these offsets
                 # (their next owner starts at the last committed ones), and waiting out the
                 # deadline would only hold this member's rejoin back
