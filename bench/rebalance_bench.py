@@ -25,7 +25,11 @@ Per change (its window runs to the next change, or to the end of production):
 
 - `longest_silence_s`: the longest time with no outcome at all from the whole group, from the
   change to the end of its window (steady: the same over 5..25 s);
-- `p99_before_s`: the steady p99 (jobs produced 5..25 s, three instances, no change);
+- `p99_before_s`: the steady p99 (jobs produced from 5 s to one answer time before the scale
+  out, three instances, no change: those produced later are in flight at the scale out, and
+  count in its span; until the hand-over change the steady span ran to 25 s, so when the
+  processes started fast enough for the scale out to move partitions within an answer time of
+  25 s, its redone jobs raised the "steady" p99 to two answer times);
   `p99_after_s` / `p50_after_s` / `max_after_s`: jobs produced from one answer time before the
   change (those in flight at it) to one answer time before the next;
 - `duplicates`: outcomes beyond the first of the jobs of that span; `lost`: jobs of it with no
@@ -277,7 +281,10 @@ def summarize(
         counts[o.job_id] = counts.get(o.job_id, 0) + 1
         first[o.job_id] = min(first.get(o.job_id, float("inf")), o.timestamp_ms / 1000)
     times = sorted(o.timestamp_ms / 1000 for o in outcomes)
-    steady = _span(sent_s, first, counts, t0 + STEADY_FROM_S, t0 + CHANGES_S["scale_out"])
+    # steady ends where the scale out's span begins: a job produced later is still in flight
+    # at the change, and its latency is the change's
+    steady_until = changed_s.get("scale_out", t0 + CHANGES_S["scale_out"]) - answer_s
+    steady = _span(sent_s, first, counts, t0 + STEADY_FROM_S, steady_until)
     steady["longest_silence_s"] = _silence(times, t0 + STEADY_FROM_S, t0 + CHANGES_S["scale_out"])
     events = _log_events(fleet)
     names = list(changed_s)

@@ -33,6 +33,7 @@ from consumer.core.tenants import TenantPolicies, TenantTopics
 from consumer.kafka.assignment import Assignment
 from consumer.kafka.board import TopicBoard
 from consumer.kafka.edges import KafkaEdges, ServiceEdges, ServiceIntake
+from consumer.kafka.handover import TopicHandOverBoard
 from consumer.kafka.publisher import SidePublisher
 from consumer.kafka.sink import AtLeastOnceSink, ExactlyOnceSink, OutcomeSink
 from consumer.kafka.topicreader import TopicReader
@@ -230,7 +231,7 @@ async def build_service(
     tiers, clients = await open_tiers(stack, tier_file, stats, providers, remembered, quotas)
     read_lanes = source_range is None  # a backfill reads its one source only
     kafka = KafkaClients.build(
-        settings, edges, f"promptbus-{instance}", lanes, source_topics(tier_file), read_lanes=read_lanes
+        settings, edges, instance, lanes, source_topics(tier_file), read_lanes=read_lanes
     )
     memo = build_memo(settings, edges, tier_file, instance, kafka.side_producer)
     sources = build_sources(settings, tier_file, stats, lanes, stack, memo, source_range)
@@ -257,11 +258,14 @@ async def build_service(
         tenants=policies,
         gate=gate,
         sources=sources,
+        handovers=kafka.handovers,
         rng=random.Random(),
     )
     parts: list[Part] = [
         kafka.sink,
         kafka.side_producer,
+        # what old owners are finishing is known before any partition is assigned
+        *([kafka.handovers] if kafka.handovers is not None else []),
         *quota_sharing(settings, edges, kafka.side_producer, stats, quotas),
         *offline_parts,
         *side_publishers(settings, kafka.side_producer, stats, remembered, tiers),
@@ -384,13 +388,15 @@ class KafkaClients:
     side_producer: Any
     make_producer: Callable[..., Any]
     make_batch_reader: Callable[[], TopicReader]
+    #: the group's hand-overs of in-flight work at rebalances (at_least_once; None: none)
+    handovers: TopicHandOverBoard | None = None
 
     @classmethod
     def build(
         cls,
         settings: Settings,
         edges: ServiceEdges,
-        client_id: str,
+        instance: str,
         lanes: Sequence[Lane],
         source_topics: Sequence[str] = (),
         *,
@@ -398,6 +404,7 @@ class KafkaClients:
     ) -> KafkaClients:
         """read_lanes: the lanes' topics are read with the sources' (False: the sources' only,
         a backfill's)."""
+        client_id = f"promptbus-{instance}"
         # the owned partitions' state, one object for the intake and the sink
         owned = Assignment()
         topics = [*(lane.topic for lane in lanes if read_lanes), *source_topics]
@@ -411,12 +418,27 @@ class KafkaClients:
             group_id = f"{settings.group_id}.batches"
             return edges.topic_reader(settings, f"{client_id}-tracker", settings.batches_topic, group_id)
 
+        side_producer = make_producer(transactional_id=None)
         sink: OutcomeSink
+        handovers = None
         if settings.processing_guarantee == "exactly_once":
+            # no hand-over: a moved partition's transactions are fenced (its producer's id is
+            # the partition's), so only its new owner can write its outcomes
             sink = ExactlyOnceSink(make_producer, settings.group_id, intake.commit, intake.rejoin, owned)
         else:
-            sink = AtLeastOnceSink(make_producer(transactional_id=None), intake.commit, owned)
-        return cls(intake, sink, make_producer(transactional_id=None), make_producer, make_batch_reader)
+            if settings.handover_timeout_s > 0:
+                board = group_board(
+                    settings, edges, side_producer, instance, settings.handover_topic, "handover"
+                )
+                handovers = TopicHandOverBoard(board)
+            sink = AtLeastOnceSink(
+                make_producer(transactional_id=None),
+                intake.commit,
+                owned,
+                handovers=handovers,
+                handover_timeout_s=settings.handover_timeout_s,
+            )
+        return cls(intake, sink, side_producer, make_producer, make_batch_reader, handovers)
 
 
 def build_offline(

@@ -461,6 +461,11 @@ class OffsetTracker:
         """The partitions being tracked."""
         return list(self._parts)
 
+    def pending_offsets(self, tp: Hashable) -> list[int]:
+        """The offsets of `tp` in flight, in order."""
+        part = self._parts.get(tp)
+        return sorted(part.pending) if part is not None else []
+
     def pending_count(self, tp: Hashable | None = None) -> int:
         """Offsets in flight, for `tp` or for all partitions."""
         if tp is not None:

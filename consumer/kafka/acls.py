@@ -10,7 +10,7 @@ promptbus (PROMPTBUS_KAFKA__SASL_USERNAME):
     Topic, each results and dead-letter topic (the service's and
            every tenant's), each source's enriched topic              Write, Describe, DescribeConfigs
     Topic, its own topics (batches, stats, batching, quotas,
-           budgets, enrichments)                                      Read, Write, Describe, DescribeConfigs
+           budgets, handover, enrichments)                            Read, Write, Describe, DescribeConfigs
     Group, prefixed PROMPTBUS_GROUP_ID                                Read
     TransactionalId, prefixed PROMPTBUS_GROUP_ID (exactly_once)       Write, Describe
 
@@ -65,6 +65,7 @@ def service_acls(settings: Settings, tier_file: TierFile) -> list[Acl]:
         settings.batching_topic,
         settings.quotas_topic,
         settings.budgets_topic,
+        settings.handover_topic,
         *([settings.enrichments_topic] if sources else []),
     ]
     acls = [

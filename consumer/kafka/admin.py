@@ -28,6 +28,8 @@ BOARD_SEGMENT_MS = 10 * 60 * 1000
 #: the budgets topic keeps records this long (compacted too): a record of a day that ended
 #: counts nothing, and every process run writes under its own key
 BUDGETS_RETENTION_MS = 3 * 24 * 3600 * 1000
+#: a hand-over matters until its deadline (a minute); a day's records are more than enough
+HANDOVER_RETENTION_MS = 24 * 3600 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,7 @@ def topic_specs(
     the jobs topic and instead of it (with lanes, the jobs topic is read only as a lane's);
     `enriched_topics`: the sources' outputs, compacted (the latest enrichment of each key; a
     deleted row's tombstone forgets it); `output_topics`: the tenants' own results and
-    dead-letter topics, made like the service's. batches, stats, batching, quotas and budgets are
+    dead-letter topics, made like the service's. batches, stats, batching, quotas, budgets and handover are
     compacted (latest per key); quotas and budgets, groups' boards, are one partition so every
     instance reads their records in the order they were written."""
     p, r = settings.topic_partitions, settings.topic_replication
@@ -78,6 +80,7 @@ def topic_specs(
         TopicSpec(settings.batching_topic, 1, r, compacted=True),
         TopicSpec(settings.quotas_topic, 1, r, compacted=True, segment_ms=BOARD_SEGMENT_MS),
         TopicSpec(settings.budgets_topic, 1, r, compacted=True, retention_ms=BUDGETS_RETENTION_MS),
+        TopicSpec(settings.handover_topic, 1, r, compacted=True, retention_ms=HANDOVER_RETENTION_MS),
         *(TopicSpec(topic, p, r, compacted=True) for topic in dict.fromkeys(enriched_topics)),
         # what each source key's last enrichment read and answered (`consumer.runtime.memo`):
         # every instance reads all of it, so one partition spreads nothing it could share

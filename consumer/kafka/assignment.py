@@ -90,6 +90,13 @@ class MembershipLease:
         """The group answered a request (heartbeat, join, commit) sent at `sent_at_s`."""
         self._confirmed_s = max(self._confirmed_s, sent_at_s)
 
+    def leave(self) -> None:
+        """The member left the group: it owns no partition, so nothing it writes from now on
+        is a zombie write for one (what it still writes is what it handed over, bounded by
+        the hand-overs' deadlines: `consumer.core.handover`): it is held, never in doubt."""
+        self.session_s = None
+        self._doubt_s = None
+
     def held(self, now_s: float) -> bool:
         """False once the group may have given the partitions to another member."""
         return self.session_s is None or now_s < self._confirmed_s + self.session_s

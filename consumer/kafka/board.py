@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 #: a follower's start reads the topic up to its end as it was then; past this it follows
 #: from where it got (the rest comes in as it is read)
 CATCH_UP_TIMEOUT_S = 60.0
+#: `read_to_end` looks at the following task's positions at least this often
+READ_TO_END_POLL_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,11 @@ class TopicFollower(Protocol):
     async def catch_up(self) -> None:
         """Read what was written since, up to the topic's end as it is now (what a follower made
         with `follow=False` reads only when asked)."""
+        ...
+
+    async def read_to_end(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until what was written before this call is read; True
+        once it is."""
         ...
 
     def latest(self) -> Mapping[bytes, FollowedRecord]:
@@ -195,6 +202,20 @@ class KafkaTopicFollower:
                 return
             batch = await self._consumer.getmany(*behind, timeout_ms=500)
             self._apply(batch, ends)
+
+    async def read_to_end(self, timeout_s: float) -> bool:
+        ends = await self._consumer.end_offsets(self._tps)
+        if not self._follows:
+            return await wait_at_most(self._catch_up(self._tps, ends), timeout_s)
+        # the following task reads on; wait until its positions reach the ends as they were
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if all([await self._consumer.position(tp) >= ends[tp] for tp in self._tps]):
+                return True
+            if loop.time() >= deadline:
+                return False
+            await wait_at_most(self._changed.wait(), min(READ_TO_END_POLL_S, deadline - loop.time()))
 
     async def _follow(self) -> None:
         while True:
@@ -318,6 +339,10 @@ class TopicBoard:
             for name, value in records
         ]
         await asyncio.gather(*delivered)
+
+    async def read_to_end(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until what was published before this call is read."""
+        return await self._follower.read_to_end(timeout_s)
 
     def records(self) -> list[BoardRecord]:
         now_s = self._follower.now_s()

@@ -95,6 +95,11 @@ class JobIntake(Protocol):
 
     async def stop(self) -> None: ...
 
+    async def leave_group(self) -> None:
+        """Leave the group now (its partitions go to the other members at once, with no
+        revoke callback here); nothing is read or committed after it."""
+        ...
+
     async def poll(self, timeout_s: float, max_records: int) -> list[InRecord]: ...
 
     def assignment(self) -> set[TopicPartition]: ...
@@ -248,6 +253,12 @@ class KafkaIntake:
         request_rejoin()
 
     async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def leave_group(self) -> None:
+        # closing the consumer sends LeaveGroup (dynamic membership; a static member's
+        # partitions wait for it under its name) and calls no revoke; `stop` is then a no-op
+        log.info("leaving group %s", self.group_id)
         await self._consumer.stop()
 
     def _keep_positions(self, assigned: set[TopicPartition]) -> set[TopicPartition]:

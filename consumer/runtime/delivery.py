@@ -460,6 +460,7 @@ class OutcomeWriter:
         """No outcome: the job stays uncommitted and is read again by the partition's next
         owner; so do the jobs deduped to it."""
         ctx.done = True
+        self._sink.abandon(ctx.ticket)
         if ctx.origin is not None:
             ctx.origin.source.order.ended(ctx.origin.key)
         self._telemetry.end_job(ctx.trace, error=ABANDONED)

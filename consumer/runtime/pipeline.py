@@ -18,6 +18,13 @@ One asyncio task runs this loop; it owns no decision of its own. Step by step fo
 
 Around that the loop keeps each lane's intake within its `max_inflight` (pause / resume,
 `backpressure.py`), drains on stop and hands revoked partitions back.
+
+Hand-overs (at_least_once, `consumer.core.handover`): at a revoke the sink publishes the
+offsets in flight here; a moved partition's work goes on (its windows, plans and requests),
+and its outcomes are written until the hand-over's deadline. A stop hands over every owned
+partition and leaves the group before it drains. As a new owner, the loop parks the records a
+hand-over names (tracked, not run) and, as the old owner's finished record or the deadline
+comes, completes them without an outcome or runs them.
 """
 
 from __future__ import annotations
@@ -32,13 +39,15 @@ from typing import Any, Protocol
 from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
+from consumer.core.handover import HandOverBook, Verdict
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
 from consumer.core.tenants import TenantPolicies
 from consumer.core.tuples import maker
 from consumer.core.window import Flush, LaneWindows, PackKey
+from consumer.kafka.handover import HandOverBoard
 from consumer.kafka.intake import InRecord, JobIntake
-from consumer.kafka.records import TopicPartition
-from consumer.kafka.sink import OutcomeSink
+from consumer.kafka.records import SourceOffset, TopicPartition
+from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.backpressure import LaneGate
 from consumer.runtime.context import JobContext
@@ -52,6 +61,7 @@ from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings
 from consumer.telemetry import Telemetry
+from consumer.waits import wait_at_most
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +71,9 @@ POLL_INTERVAL_S = 0.05
 #: adaptive batch sizes of batch keys unused this long are forgotten (checked this often)
 SIZES_IDLE_S = 3600.0
 SIZES_EXPIRE_EVERY_S = 60.0
+#: on assignment, reading the hand-overs published before it may take this long; past it the
+#: new partitions are read anyway (what an old owner handed over may then be done twice)
+HANDOVER_READ_TIMEOUT_S = 5.0
 _new_pack_key = maker(PackKey)
 
 
@@ -100,13 +113,17 @@ class Pipeline:
         tenants: TenantPolicies | None = None,
         gate: TenantGate | None = None,
         sources: SourceIntake | None = None,
+        handovers: HandOverBoard | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         """tenants: their fair-share weights order the windows due together and the queued
         plans (None: every tenant weighs 1); gate: the tenants' budgets, when some account has
         one (their spent tenants' jobs are held or dead-lettered before they go further);
-        sources: the source topics' records, decoded before admission (None: no sources)."""
+        sources: the source topics' records, decoded before admission (None: no sources);
+        handovers: the group's hand-overs (None: none are made or read); clock_ms: the
+        wall clock their deadlines are on."""
         self._settings = settings
         self._tiers = tiers
         self._intake = intake
@@ -153,6 +170,21 @@ class Pipeline:
         )
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
+        self._handovers = handovers
+        self._clock_ms = clock_ms
+        #: what the hand-overs read make of this instance's records (as of `_book_version`)
+        self._book = HandOverBook()
+        self._book_version = -1
+        #: records an old owner is finishing (tracked, not run), until its hand-over says
+        #: how they ended or its deadline passes
+        self._parked: dict[SourceOffset, tuple[InRecord, Ticket]] = {}
+        #: clear from a rebalance's revoke until its assignment has read the hand-overs: aiokafka
+        #: may return the new partitions' records while the assignment callback still runs
+        self._assignment_read = asyncio.Event()
+        self._assignment_read.set()
+        #: a stop handed every partition over and is leaving the group: a rebalance that
+        #: still reaches this member (its leave waits for one in progress) changes nothing
+        self._leaving = False
 
     def runner(self, tier: str) -> EmbedRunner:
         """The plan runner of a tier (benchmarks and tests look at its tier)."""
@@ -179,7 +211,12 @@ class Pipeline:
                     await self._sink.wait_for_room(self._lanes.wait_target(), timeout_s)
                 else:
                     records = await self._intake.poll(timeout_s, min(MAX_POLL_RECORDS, room))
+                if not self._assignment_read.is_set() and records:
+                    # taken in once the hand-overs say which of them to park
+                    await wait_at_most(self._assignment_read.wait(), HANDOVER_READ_TIMEOUT_S)
                 now_s = self._clock()
+                if self._parked:
+                    self._release_parked(now_s)
                 self._route_again(now_s)
                 if self._sources is not None:
                     self._take_sources(self._sources.released(), now_s)
@@ -195,9 +232,11 @@ class Pipeline:
         return self._intake.has_unfetched()
 
     async def _drain(self) -> None:
-        """Stop intake, send what windows hold, wait (bounded) for plans, commit."""
+        """Stop intake, hand the owned partitions' work over and leave the group, send what
+        windows hold, wait (bounded) for plans, commit."""
         self.ready.clear()
         self._intake.pause(self._intake.assignment())
+        await self._hand_over_at_stop()
         self._route_again(self._clock())
         self._dispatch(self._windows.drain_all())
         if self._offline is not None:
@@ -235,6 +274,10 @@ class Pipeline:
         """A rebalance began (every partition is revoked; which move is known on assignment):
         commit what is durable and hold new outcomes. The work goes on meanwhile: waiting
         for it here would hold up the whole group's join for an answer's time."""
+        if self._leaving:
+            return
+        if self._handovers is not None:
+            self._assignment_read.clear()
         if not partitions:  # aiokafka also revokes the empty set before the first join
             return
         self._stats.rebalances += 1
@@ -243,14 +286,22 @@ class Pipeline:
         await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
         took_s = self._clock() - started_s
         log.info("rebalance: revoke done in %.3f s (what was durable is committed)", took_s)
+        if self._handovers is not None:
+            await self._sink.hand_over(self._job_partitions(partitions), self._parked)
 
     async def on_lost(self, partitions: set[TopicPartition]) -> None:
-        """These partitions moved to another member: their waiting jobs are abandoned (not
-        committed: the new owner reads them again) and their running requests' outcomes
-        dropped when they end; nothing of theirs is written from now on."""
-        abandoned = self._windows.drain_partitions(partitions)
-        for members, _ in self._gate.drop(lambda plan: all(c.source.tp in partitions for c in plan[0])):
+        """These partitions moved to another member. A handed-over one's work goes on (its
+        outcomes are written until the hand-over's deadline); another's waiting jobs are
+        abandoned (not committed: the new owner reads them again) and its running requests'
+        outcomes dropped when they end. Jobs held for a budget, offline or for a source are
+        abandoned either way, and parked records forgotten."""
+        if self._leaving:
+            return
+        idle = partitions - self._sink.handed_over(partitions)
+        abandoned = self._windows.drain_partitions(idle)
+        for members, _ in self._gate.drop(lambda plan: all(c.source.tp in idle for c in plan[0])):
             abandoned += members
+        self._forget_parked(partitions)
         if self._tenant_gate is not None:
             abandoned += self._tenant_gate.drop_partitions(partitions)
         for ctx in abandoned:
@@ -264,20 +315,131 @@ class Pipeline:
         log.info("lost %s: %d waiting jobs abandoned (not committed)", sorted(partitions), len(abandoned))
 
     async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        if self._leaving:
+            log.info("assigned %s while leaving the group: not taken", sorted(partitions))
+            return
         log.info("assigned %s", sorted(partitions))
         await self._sink.on_assigned(partitions)
+        if self._handovers is not None:
+            # what the old owners handed over was published before this assignment was made:
+            # read it before any record of the new partitions is taken in
+            try:
+                read = await self._handovers.read_to_end(HANDOVER_READ_TIMEOUT_S)
+            except Exception:
+                log.warning("reading the hand-overs failed", exc_info=True)
+                read = False
+            if not read:
+                log.warning(
+                    "hand-overs not read within %.0f s: work an old owner is finishing may be done again",
+                    HANDOVER_READ_TIMEOUT_S,
+                )
+            self._refresh_book()
+            self._assignment_read.set()
         if self._sources is not None:
             await self._sources.on_assigned(partitions)
 
+    # ------------------------------------------------------------------ hand-overs
+    async def _hand_over_at_stop(self) -> None:
+        """at_least_once: hand the owned partitions' work over and leave the group at once, so
+        the partitions move now, not after the drain; the drain then finishes that work and
+        the sink says what of it was finished. Unpublished hand-overs: the partitions stay
+        until the drain's end (as without hand-overs); so do they when sources are read (a
+        source's work is not handed over, and leaving would drop it)."""
+        owned = self._intake.assignment()
+        if self._handovers is None or self._sources is not None or not owned:
+            return
+        await self._sink.on_revoked(owned, timeout_s=self._settings.revoke_timeout_s)
+        if not await self._sink.hand_over(self._job_partitions(owned), self._parked):
+            await self._sink.on_assigned(owned)  # kept: drained and committed as before
+            return
+        self._leaving = True
+        await self._intake.leave_group()
+        await self._sink.leave(owned)
+        self._forget_parked(owned)
+        log.info("stopping: handed over %d partitions' work and left the group", len(owned))
+
+    def _job_partitions(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
+        """The lanes' partitions of these: a source's are not handed over (a key's records must
+        be enriched in order, which two owners working at once would not keep)."""
+        if self._sources is None:
+            return partitions
+        sources = self._sources.by_topic
+        return {tp for tp in partitions if tp.topic not in sources}
+
+    def _refresh_book(self) -> None:
+        assert self._handovers is not None
+        version = self._handovers.version
+        if version != self._book_version:
+            self._book_version = version
+            # what is older than a deadline past its own deadline is done with
+            keep_ms = round(self._settings.handover_timeout_s * 1000)
+            self._book.load(self._handovers.handovers(), now_ms=self._clock_ms(), keep_ms=keep_ms)
+
+    def _handed(self, record: InRecord, ticket: Ticket, now_ms: int) -> bool:
+        """Park a record an old owner is finishing, or complete one it finished (no outcome
+        from here); False: the record is taken in as usual."""
+        tp = record.source.tp
+        verdict = self._book.verdict(tp.topic, tp.partition, record.source.offset, now_ms)
+        if verdict is Verdict.PARK:
+            self._parked[record.source] = (record, ticket)
+        elif verdict is Verdict.COMPLETED:
+            self._sink.deliver(ticket, None)
+            self._stats.handover_completed += 1
+        return verdict is not Verdict.RUN
+
+    def _release_parked(self, now_s: float) -> None:
+        """Parked records whose hand-over finished or expired: completed, or taken in."""
+        self._refresh_book()
+        now_ms = self._clock_ms()
+        released: list[tuple[InRecord, Ticket]] = []
+        for source, (record, ticket) in list(self._parked.items()):
+            tp = source.tp
+            verdict = self._book.verdict(tp.topic, tp.partition, source.offset, now_ms)
+            if verdict is Verdict.PARK:
+                continue
+            del self._parked[source]
+            if verdict is Verdict.COMPLETED:
+                self._sink.deliver(ticket, None)
+                self._stats.handover_completed += 1
+            else:
+                released.append((record, ticket))
+        if released:
+            self._stats.handover_redone += len(released)
+            self._stats.items_in += len(released)
+            log.info("%d parked records not finished by their old owner: doing them here", len(released))
+            self._take_tracked(released, now_s)
+
+    def _forget_parked(self, partitions: set[TopicPartition]) -> None:
+        for source in [s for s in self._parked if s.tp in partitions]:
+            del self._parked[source]
+
     # ------------------------------------------------------------------ intake and routing
     def _take_all(self, records: Iterable[InRecord], now_s: float) -> None:
-        """Admit and route a poll's records, in order (a source's, once it can decode them)."""
-        track, lane_of, admit = self._sink.track, self._lanes.lane_of, self._admission.admit
-        route, stats = self._route, self._stats
+        """Track a poll's records, then admit and route them in order (but those a hand-over
+        parks or completes)."""
+        track = self._sink.track
+        taken = [(record, track(record.source)) for record in records]
+        book = self._book
+        if book.active:
+            now_ms, touches, handed = self._clock_ms(), book.touches, self._handed
+            taken = [
+                (record, ticket)
+                for record, ticket in taken
+                if not (
+                    touches(record.source.tp.topic, record.source.tp.partition)
+                    and handed(record, ticket, now_ms)
+                )
+            ]
+        # parked and completed records are not taken in (yet): like those skipped as done
+        self._stats.items_in += len(taken)
+        self._take_tracked(taken, now_s)
+
+    def _take_tracked(self, taken: Iterable[tuple[InRecord, Ticket]], now_s: float) -> None:
+        """Admit and route tracked records, in order (a source's, once it can decode them)."""
+        lane_of, admit = self._lanes.lane_of, self._admission.admit
+        route = self._route
         sources = self._sources.by_topic if self._sources is not None else None
-        for record in records:
-            ticket = track(record.source)
-            stats.items_in += 1
+        for record, ticket in taken:
             try:
                 lane = lane_of(record.source.tp.topic)
                 if sources is not None:
@@ -471,6 +633,7 @@ class Pipeline:
         self._stats.dropped_late = self._sink.dropped_late
         self._stats.commits = self._sink.commits
         self._stats.skipped_done = self._intake.skipped_done
+        self._stats.handover_parked = len(self._parked)
         for tier in self._tiers.values():
             tier.refresh_gauges(now_s)
         if self._tenant_gate is not None:

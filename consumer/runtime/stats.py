@@ -284,8 +284,17 @@ class ServiceStats:
     skipped_done: int = 0
     #: rebalances this instance went through (each revokes every partition: eager protocol)
     rebalances: int = 0
-    #: partitions those rebalances moved to another member (their waiting work abandoned)
+    #: partitions those rebalances moved to another member (their waiting work abandoned,
+    #: or their work in flight handed over: `consumer.core.handover`)
     partitions_lost: int = 0
+    #: records of partitions handed to this instance that their old owner finished (counted
+    #: done, no outcome written here; not in items_in)
+    handover_completed: int = 0
+    #: records of partitions handed to this instance that their old owner did not finish by
+    #: the hand-over's deadline (done here: in items_in)
+    handover_redone: int = 0
+    #: records of partitions handed to this instance waiting for their old owner's outcome now
+    handover_parked: int = 0
     inflight: int = 0
     paused_partitions: int = 0
     tiers: dict[str, TierStats] = field(default_factory=dict)
@@ -341,6 +350,9 @@ class ServiceStats:
             "skipped_done": self.skipped_done,
             "rebalances": self.rebalances,
             "partitions_lost": self.partitions_lost,
+            "handover_completed": self.handover_completed,
+            "handover_redone": self.handover_redone,
+            "handover_parked": self.handover_parked,
             "inflight": self.inflight,
             "paused_partitions": self.paused_partitions,
             "tiers": {name: ts.as_dict() for name, ts in sorted(self.tiers.items())},

@@ -82,6 +82,13 @@ class Settings(BaseSettings):
         description="compacted: each instance's demand on the tier file's quotas, from which the group "
         "splits them",
     )
+    handover_topic: str = Field(
+        "promptbus.handover",
+        description=(
+            "compacted: the work a partition's old owner hands to its new one at a rebalance (the"
+            " offsets it still has in flight, then which of them it finished)"
+        ),
+    )
     processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
         "at_least_once",
         description="at_least_once, or exactly_once (transactions; readers use read_committed)",
@@ -108,6 +115,18 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "on a rebalance, how long the commit of finished work may wait (in-flight work is not waited for)"
+        ),
+    )
+    # A hand-over's deadline: the old owner's requests in flight at a rebalance normally end
+    # within an answer time; this bounds how long their partition's new owner waits for them
+    # when the old owner died before finishing (then it does them itself).
+    handover_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description=(
+            "at_least_once, on a rebalance or a stop: how long a moved partition's new owner waits"
+            " for its old owner to finish the requests it had in flight before doing them itself"
+            " (0: no hand-over, the new owner does them at once)"
         ),
     )
     # Static membership (KIP-345): a member that comes back under the same name within the

@@ -40,6 +40,7 @@ def service_env(
         "PROMPTBUS_BATCHING_TOPIC": f"batching-{sfx}",
         "PROMPTBUS_BUDGETS_TOPIC": f"budgets-{sfx}",
         "PROMPTBUS_QUOTAS_TOPIC": f"quotas-{sfx}",
+        "PROMPTBUS_HANDOVER_TOPIC": f"handover-{sfx}",
         "PROMPTBUS_ENRICHMENTS_TOPIC": f"enrichments-{sfx}",
         "PROMPTBUS_TOPIC_PARTITIONS": str(partitions),
         "PROMPTBUS_PROCESSING_GUARANTEE": guarantee,

@@ -156,6 +156,9 @@ class MemoryIntake:
             self._handler = None
             await self._broker.group(self.group_id).leave(self)
 
+    async def leave_group(self) -> None:
+        await self.stop()
+
     def rejoin(self) -> None:
         """A single member keeps its assignment."""
 
@@ -280,6 +283,10 @@ class MemoryTopicFollower:
 
     async def catch_up(self) -> None:
         self._sync()
+
+    async def read_to_end(self, timeout_s: float) -> bool:
+        self._sync()
+        return True
 
     def _sync(self, *, catching_up: bool = False) -> None:
         wall_s = time.time()

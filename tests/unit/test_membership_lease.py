@@ -34,3 +34,13 @@ def test_unarmed_or_without_a_heartbeat_interval_doubt_comes_with_the_lapse() ->
     lease = MembershipLease()
     lease.arm(10.0, now_s=100.0)
     assert lease.certain_for(109.9) > 0 and lease.certain_for(110.0) <= 0
+
+
+def test_a_member_that_left_the_group_is_held_and_never_in_doubt() -> None:
+    """After a stop's hand-over the member leaves: no heartbeat is answered any more, and what
+    it still writes (what it handed over) must not wait for one."""
+    lease = MembershipLease()
+    lease.arm(10.0, now_s=100.0, heartbeat_s=1.0)
+    assert lease.certain_for(102.0) <= 0 and not lease.held(111.0)
+    lease.leave()
+    assert lease.held(1e9) and lease.certain_for(1e9) > 0

@@ -20,7 +20,16 @@ A revoke waits (up to SETTLE_TIMEOUT_S) for the revoked partitions' outcomes alr
 way to the broker, then commits them: those records are written whatever the revoke does, so
 forgetting them would let the partition's next owner (often this same process, after a
 rebalance during a broker failover) read them again from the committed offset and write their
-outcomes twice."""
+outcomes twice.
+
+Hand-over (`consumer.core.handover`, given a `HandOverBoard`): a revoke publishes, per
+partition with offsets in flight, a hand-over of those offsets and a deadline. If the partition
+moves, its work goes on here: the outcomes of the handed-over offsets are still written until
+the deadline (nothing else of the partition is, and it is never committed here again), and
+once they are acknowledged (or given up) the hand-over is published again, finished, naming
+the ones completed; its new owner then commits past them. A kept partition's hand-over is
+withdrawn (finished, naming none). A stop hands over everything it owns the same way
+(`hand_over`, then `leave`) and leaves the group at once."""
 
 from __future__ import annotations
 
@@ -29,14 +38,16 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from consumer.core.offsets import CommitPoint
+from consumer.core.handover import HandOver, OutgoingHandOver
+from consumer.core.offsets import CommitPoint, DoneOffsets
 from consumer.kafka.assignment import Assignment
-from consumer.kafka.records import OutRecord, TopicPartition
+from consumer.kafka.handover import HandOverBoard
+from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.sink.base import COMMIT_TIMEOUT_S, CommitFn, SinkBase, Ticket
 from consumer.kafka.sink.record_batch import produce_record_batches
 from consumer.waits import wait_at_most
@@ -55,15 +66,40 @@ LEASE_POLL_S = 0.05
 #: a job's outcome on its way to the broker: its ticket and its record
 Outgoing = tuple[Ticket, OutRecord]
 
+#: publishing hand-overs (waiting for the broker's ack) may take this long; past it the
+#: partitions' next owners are not told, and do the work again
+HANDOVER_PUBLISH_TIMEOUT_S = 5.0
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
 
 class AtLeastOnceSink(SinkBase):
     """Idempotent producer; commit the contiguous watermark of acked outcomes."""
 
     def __init__(
-        self, producer: AIOKafkaProducer, commit: CommitFn, assignment: Assignment | None = None
+        self,
+        producer: AIOKafkaProducer,
+        commit: CommitFn,
+        assignment: Assignment | None = None,
+        *,
+        handovers: HandOverBoard | None = None,
+        handover_timeout_s: float = 0.0,
+        clock_ms: Callable[[], int] = wall_ms,
     ) -> None:
+        """handovers: where in-flight work is handed over at a revoke or a stop (None: it is
+        not; a moved partition's new owner does it again), each with a deadline
+        `handover_timeout_s` ahead (wall-clock `clock_ms`)."""
         super().__init__(commit, assignment)
         self._producer = producer
+        self._handovers = handovers
+        self._handover_timeout_ms = round(handover_timeout_s * 1000)
+        self._clock_ms = clock_ms
+        #: hand-overs published and not finished, by (partition, epoch they were taken in under)
+        self._handing: dict[tuple[TopicPartition, int], OutgoingHandOver] = {}
+        self._handover_round = 0
+        self._publishing: set[asyncio.Task[bool]] = set()
         # One sender task hands outcomes to the producer in order; acks arrive as future
         # callbacks (a task per outcome, each awaiting its send, would cost more CPU than the job).
         self._queue: collections.deque[Outgoing] = collections.deque()
@@ -117,11 +153,14 @@ class AtLeastOnceSink(SinkBase):
         late, and dropped)."""
         epoch_of, complete = self.owned.epoch, self._tracker.complete
         current = progressed = False
+        handing = self._handing
         for ticket in tickets:
             source = ticket.source
             if epoch_of(source.tp) == ticket.epoch:
                 current = True
                 progressed |= complete(source.tp, source.offset)
+            if handing:
+                self._settle_handed(ticket, completed=True)
         if progressed:
             self._progress.set()
         if current:
@@ -190,9 +229,150 @@ class AtLeastOnceSink(SinkBase):
         return self.owned.lease.certain_for(time.monotonic())
 
     def _current_only(self, outcomes: Iterable[Outgoing]) -> list[Outgoing]:
-        """The outcomes whose partition is still owned under the epoch they were taken in."""
-        epoch_of = self.owned.epoch
-        return [outcome for outcome in outcomes if epoch_of(outcome[0].source.tp) == outcome[0].epoch]
+        """The outcomes whose partition is still owned under the epoch they were taken in (or
+        handed over, before its deadline)."""
+        epoch_of, owed = self.owned.epoch, self._owed
+        return [o for o in outcomes if epoch_of(o[0].source.tp) == o[0].epoch or owed(o[0])]
+
+    def _current(self, ticket: Ticket) -> bool:
+        if self.owned.epoch(ticket.source.tp) == ticket.epoch or self._owed(ticket):
+            return True
+        self._dropped_late += 1
+        log.debug("dropping late completion for %s (partition revoked)", ticket.source)
+        return False
+
+    # ------------------------------------------------------------------ hand-overs
+    def _owed(self, ticket: Ticket) -> bool:
+        """Whether this ticket's outcome is still owed to a hand-over (before its deadline)."""
+        if not self._handing:
+            return False
+        outgoing = self._handing.get((ticket.source.tp, ticket.epoch))
+        return (
+            outgoing is not None
+            and outgoing.owes(ticket.source.offset)
+            and not outgoing.expired(self._clock_ms())
+        )
+
+    def _settle_handed(self, ticket: Ticket, *, completed: bool) -> None:
+        """A handed-over offset's outcome is durable (`completed`) or will not come: once none
+        is owed, the hand-over is finished."""
+        key = (ticket.source.tp, ticket.epoch)
+        outgoing = self._handing.get(key)
+        if outgoing is None:
+            return
+        offset = ticket.source.offset
+        if (outgoing.complete(offset) if completed else outgoing.give_up(offset)) and not outgoing.open:
+            self._finish_hand_over(key)
+
+    def _finish_hand_over(self, key: tuple[TopicPartition, int]) -> None:
+        outgoing = self._handing.pop(key)
+        finished = outgoing.finished()
+        log.info(
+            "hand-over %s finished: %d of %d offsets completed here",
+            finished.name,
+            len(finished.completed),
+            len(finished.offsets),
+        )
+        self._publish_later([finished])
+
+    def _publish_later(self, handovers: Sequence[HandOver]) -> None:
+        task = asyncio.create_task(self._publish(handovers), name="promptbus-handover")
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    async def _publish(self, handovers: Sequence[HandOver]) -> bool:
+        """Publish, waiting for the ack (bounded); never raises (the new owner's deadline covers
+        a hand-over it never hears of the end of)."""
+        assert self._handovers is not None
+        try:
+            await asyncio.wait_for(self._handovers.publish(handovers), HANDOVER_PUBLISH_TIMEOUT_S)
+            return True
+        except Exception:
+            log.warning(
+                "could not publish %d hand-overs; their partitions' new owners go by the deadlines",
+                len(handovers),
+                exc_info=True,
+            )
+            return False
+
+    async def hand_over(self, partitions: set[TopicPartition], not_ours: Container[SourceOffset]) -> bool:
+        if self._handovers is None:
+            return False
+        if self.refused or self.owned.lease.certain_for(time.monotonic()) <= 0:
+            # the group may have moved on without this member: its partitions' new owners may
+            # be doing these jobs already, and its outcomes would be second copies
+            log.warning("membership in doubt or lost: %d partitions' work not handed over", len(partitions))
+            return False
+        self._handover_round += 1
+        deadline_ms = self._clock_ms() + self._handover_timeout_ms
+        made: dict[tuple[TopicPartition, int], OutgoingHandOver] = {}
+        for tp in partitions:
+            epoch = self.owned.epoch(tp)
+            if epoch is None or (tp, epoch) in self._handing:
+                continue  # not owned, or handed over already (a stop's hand-over, then a revoke)
+            offsets = [o for o in self._tracker.pending_offsets(tp) if SourceOffset(tp, o) not in not_ours]
+            if not offsets:
+                continue
+            name = f"{tp.topic}/{tp.partition}/{epoch}.{self._handover_round}"
+            h = HandOver(name, tp.topic, tp.partition, DoneOffsets.of_sorted(offsets), deadline_ms)
+            made[(tp, epoch)] = OutgoingHandOver(h)
+        if not made:
+            return True
+        if not await self._publish([o.handover for o in made.values()]):
+            return False
+        self._handing.update(made)
+        log.info(
+            "handed over %d offsets in flight of %d partitions (deadline in %.0f s)",
+            sum(len(o.handover.offsets) for o in made.values()),
+            len(made),
+            self._handover_timeout_ms / 1000,
+        )
+        return True
+
+    def handed_over(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
+        # by partition alone: the intake forgets a lost partition's epoch before `on_lost`
+        return {tp for tp, _ in self._handing if tp in partitions}
+
+    def abandon(self, ticket: Ticket) -> None:
+        if self._handing:
+            self._settle_handed(ticket, completed=False)
+
+    async def leave(self, partitions: set[TopicPartition]) -> None:
+        self.owned.lease.leave()
+        await self.on_lost(partitions)
+        self._release()
+
+    async def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        # the kept partitions' hand-overs are withdrawn (finished, naming none)
+        kept = [key for key in self._handing if key[0] in partitions and self.owned.epoch(key[0]) == key[1]]
+        if kept:
+            self._publish_later([self._handing.pop(key).handover.withdrawn() for key in kept])
+        await super().on_assigned(partitions)
+
+    def _expire_hand_overs(self) -> None:
+        """Past a hand-over's deadline its new owner does what is left: nothing more of it is
+        written here (what is queued is dropped at the next send)."""
+        now_ms = self._clock_ms()
+        expired = [key for key, outgoing in self._handing.items() if outgoing.expired(now_ms)]
+        for key in expired:
+            self._finish_hand_over(key)
+        if expired:
+            self._revocations_sent = -1  # the next send keeps only current outcomes
+
+    async def flush(self, timeout_s: float) -> None:
+        """As the base's; then wait (bounded) for what was handed over, and say what of it
+        was finished."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        await super().flush(timeout_s)
+        while self._handing and loop.time() < deadline:
+            self._expire_hand_overs()
+            self._settled.clear()
+            await wait_at_most(self._settled.wait(), min(0.05, max(0.0, deadline - loop.time())))
+        for key in list(self._handing):
+            self._finish_hand_over(key)
+        if self._publishing:
+            await asyncio.wait(set(self._publishing), timeout=HANDOVER_PUBLISH_TIMEOUT_S)
 
     async def _lease_back(self) -> None:
         """Wait (polling) until the membership is certain again or a revoke has emptied the queue."""
@@ -236,6 +416,8 @@ class AtLeastOnceSink(SinkBase):
         return sum(1 for ticket in tickets if ticket.source.tp in partitions)
 
     async def _commit_ready(self, partitions: set[TopicPartition] | None) -> None:
+        if self._handing:
+            self._expire_hand_overs()
         # A partition is committed again when its watermark stays put but outcomes above it
         # were acked: the commit's metadata then names them, so a crash does not redo them.
         points = self._tracker.commit_points()
@@ -264,8 +446,10 @@ class AtLeastOnceSink(SinkBase):
         await super().on_revoked(partitions, timeout_s)
 
     async def on_lost(self, partitions: set[TopicPartition]) -> None:
-        # held since the revoke, never handed to the producer: the new owner does these jobs
-        kept = [outcome for outcome in self._queue if outcome[0].source.tp not in partitions]
+        # held since the revoke, never handed to the producer: the new owner does these jobs,
+        # but the handed-over ones (this instance still owes their outcomes)
+        owed = self._owed
+        kept = [o for o in self._queue if o[0].source.tp not in partitions or owed(o[0])]
         self._queue.clear()
         self._queue.extend(kept)
         await super().on_lost(partitions)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.core.errors import MembershipLost
@@ -83,6 +83,27 @@ class OutcomeSink(Protocol):
         """Make everything ready durable and commit it (shutdown)."""
         ...
 
+    async def hand_over(self, partitions: set[TopicPartition], not_ours: Container[SourceOffset]) -> bool:
+        """at_least_once: publish, per partition of `partitions` with offsets in flight here
+        (but `not_ours`: parked for an earlier owner's outcome), a hand-over of them, so the
+        partition's next owner waits for their outcomes instead of doing them again; their
+        work goes on here if the partition moves. True when every hand-over was published
+        (exactly_once: nothing is handed over, False)."""
+        ...
+
+    def handed_over(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
+        """Those of `partitions` whose in-flight work was handed over (it goes on here)."""
+        ...
+
+    async def leave(self, partitions: set[TopicPartition]) -> None:
+        """The instance is leaving the group, its work in `partitions` handed over: it owns
+        nothing from now on; it finishes what it handed over (a stop's drain)."""
+        ...
+
+    def abandon(self, ticket: Ticket) -> None:
+        """No outcome will come for this ticket (it is read again by its partition's owner)."""
+        ...
+
     def inflight(self, partition: TopicPartition | None = None) -> int:
         """Input records taken in whose offsets are not committable yet."""
         ...
@@ -121,6 +142,8 @@ class SinkBase:
         self._held = False
         #: one commit round at a time: the revoke's last one and the loop's
         self._round = asyncio.Lock()
+        #: the last revoke's commit was refused: the group moved on without this member
+        self.refused = False
 
     # -- intake side
     def track(self, source: SourceOffset) -> Ticket:
@@ -178,6 +201,18 @@ class SinkBase:
 
     async def on_lost(self, partitions: set[TopicPartition]) -> None:
         self._forget(partitions)
+
+    async def hand_over(self, partitions: set[TopicPartition], not_ours: Container[SourceOffset]) -> bool:
+        return False
+
+    def handed_over(self, partitions: set[TopicPartition]) -> set[TopicPartition]:
+        return set()
+
+    async def leave(self, partitions: set[TopicPartition]) -> None:
+        self._forget(partitions)
+
+    def abandon(self, ticket: Ticket) -> None:
+        """Nothing to do: the offset stays in flight, so it is never committed here."""
 
     async def start(self) -> None:
         self._commit_task = asyncio.create_task(self._commit_loop(), name="promptbus-commit")
@@ -252,12 +287,14 @@ class SinkBase:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_s, self._settle_s())
+        self.refused = False
         await self._settle(partitions, deadline)
         while True:
             try:
                 await self._commit_ready(partitions)
                 return
             except MembershipLost:
+                self.refused = True
                 # the group moved on without this member: no retry can commit these offsets
                 # (their next owner starts at the last committed ones), and waiting out the
                 # deadline would only hold this member's rejoin back
