@@ -24,7 +24,7 @@ offsets in flight here; a moved partition's work goes on (its windows, plans and
 and its outcomes are written until the hand-over's deadline. A stop hands over every owned
 partition and leaves the group before it drains. As a new owner, the loop parks the records a
 hand-over names (tracked, not run) and, as the old owner's finished record or the deadline
-comes, completes them without an outcome or runs them.
+comes, completes them without an outcome or runs them (`consumer.runtime.handovers`).
 """
 
 from __future__ import annotations
@@ -39,14 +39,13 @@ from typing import Any, Protocol
 from consumer.core.dedupe import DedupeTable, Lead, Reuse, dedupe_key
 from consumer.core.embed import embed_dedupe_key
 from consumer.core.errors import ErrorKind
-from consumer.core.handover import HandOverBook, Verdict
 from consumer.core.lanes import DEFAULT_LANE_NAME, Lane
 from consumer.core.tenants import TenantPolicies
 from consumer.core.tuples import maker
 from consumer.core.window import Flush, LaneWindows, PackKey
 from consumer.kafka.handover import HandOverBoard
 from consumer.kafka.intake import InRecord, JobIntake
-from consumer.kafka.records import SourceOffset, TopicPartition
+from consumer.kafka.records import TopicPartition
 from consumer.kafka.sink import OutcomeSink, Ticket
 from consumer.runtime.admission import Admission, Rejection
 from consumer.runtime.backpressure import LaneGate
@@ -54,6 +53,7 @@ from consumer.runtime.context import JobContext
 from consumer.runtime.delivery import OutcomeWriter
 from consumer.runtime.embed_runner import EmbedRunner
 from consumer.runtime.fallback import FallbackRouter
+from consumer.runtime.handovers import HandedOverRecords
 from consumer.runtime.plangate import PlanGate, running_plan_limit
 from consumer.runtime.sources import Ready, SourceIntake
 from consumer.runtime.stats import ServiceStats
@@ -61,7 +61,6 @@ from consumer.runtime.tenancy import TenantGate
 from consumer.runtime.tiers import TierRuntime
 from consumer.settings import Settings
 from consumer.telemetry import Telemetry
-from consumer.waits import wait_at_most
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +70,6 @@ POLL_INTERVAL_S = 0.05
 #: adaptive batch sizes of batch keys unused this long are forgotten (checked this often)
 SIZES_IDLE_S = 3600.0
 SIZES_EXPIRE_EVERY_S = 60.0
-#: on assignment, reading the hand-overs published before it may take this long; past it the
-#: new partitions are read anyway (what an old owner handed over may then be done twice)
-HANDOVER_READ_TIMEOUT_S = 5.0
 _new_pack_key = maker(PackKey)
 
 
@@ -170,18 +166,15 @@ class Pipeline:
         )
         self._next_expire_s = 0.0
         self.ready = asyncio.Event()
-        self._handovers = handovers
-        self._clock_ms = clock_ms
-        #: what the hand-overs read make of this instance's records (as of `_book_version`)
-        self._book = HandOverBook()
-        self._book_version = -1
-        #: records an old owner is finishing (tracked, not run), until its hand-over says
-        #: how they ended or its deadline passes
-        self._parked: dict[SourceOffset, tuple[InRecord, Ticket]] = {}
-        #: clear from a rebalance's revoke until its assignment has read the hand-overs: aiokafka
-        #: may return the new partitions' records while the assignment callback still runs
-        self._assignment_read = asyncio.Event()
-        self._assignment_read.set()
+        self._handed_over = (
+            HandedOverRecords(
+                handovers, sink, stats, timeout_s=settings.handover_timeout_s, clock_ms=clock_ms
+            )
+            if handovers is not None
+            else None
+        )
+        #: what this instance hands over names its parked records as not its own to finish
+        self._parked = self._handed_over.parked if self._handed_over is not None else {}
         #: a stop handed every partition over and is leaving the group: a rebalance that
         #: still reaches this member (its leave waits for one in progress) changes nothing
         self._leaving = False
@@ -211,12 +204,11 @@ class Pipeline:
                     await self._sink.wait_for_room(self._lanes.wait_target(), timeout_s)
                 else:
                     records = await self._intake.poll(timeout_s, min(MAX_POLL_RECORDS, room))
-                if not self._assignment_read.is_set() and records:
-                    # taken in once the hand-overs say which of them to park
-                    await wait_at_most(self._assignment_read.wait(), HANDOVER_READ_TIMEOUT_S)
+                if self._handed_over is not None and records:
+                    await self._handed_over.wait_for_assignment()
                 now_s = self._clock()
                 if self._parked:
-                    self._release_parked(now_s)
+                    self._take_released(now_s)
                 self._route_again(now_s)
                 if self._sources is not None:
                     self._take_sources(self._sources.released(), now_s)
@@ -276,8 +268,8 @@ class Pipeline:
         for it here would hold up the whole group's join for an answer's time."""
         if self._leaving:
             return
-        if self._handovers is not None:
-            self._assignment_read.clear()
+        if self._handed_over is not None:
+            self._handed_over.revoked()
         if not partitions:  # aiokafka also revokes the empty set before the first join
             return
         self._stats.rebalances += 1
@@ -286,7 +278,7 @@ class Pipeline:
         await self._sink.on_revoked(partitions, timeout_s=self._settings.revoke_timeout_s)
         took_s = self._clock() - started_s
         log.info("rebalance: revoke done in %.3f s (what was durable is committed)", took_s)
-        if self._handovers is not None:
+        if self._handed_over is not None:
             await self._sink.hand_over(self._job_partitions(partitions), self._parked)
 
     async def on_lost(self, partitions: set[TopicPartition]) -> None:
@@ -320,21 +312,9 @@ class Pipeline:
             return
         log.info("assigned %s", sorted(partitions))
         await self._sink.on_assigned(partitions)
-        if self._handovers is not None:
-            # what the old owners handed over was published before this assignment was made:
-            # read it before any record of the new partitions is taken in
-            try:
-                read = await self._handovers.read_to_end(HANDOVER_READ_TIMEOUT_S)
-            except Exception:
-                log.warning("reading the hand-overs failed", exc_info=True)
-                read = False
-            if not read:
-                log.warning(
-                    "hand-overs not read within %.0f s: work an old owner is finishing may be done again",
-                    HANDOVER_READ_TIMEOUT_S,
-                )
-            self._refresh_book()
-            self._assignment_read.set()
+        if self._handed_over is not None:
+            # read before any record of the new partitions is taken in
+            await self._handed_over.read_at_assignment()
         if self._sources is not None:
             await self._sources.on_assigned(partitions)
 
@@ -346,7 +326,7 @@ class Pipeline:
         until the drain's end (as without hand-overs); so do they when sources are read (a
         source's work is not handed over, and leaving would drop it)."""
         owned = self._intake.assignment()
-        if self._handovers is None or self._sources is not None or not owned:
+        if self._handed_over is None or self._sources is not None or not owned:
             return
         await self._sink.on_revoked(owned, timeout_s=self._settings.revoke_timeout_s)
         if not await self._sink.hand_over(self._job_partitions(owned), self._parked):
@@ -366,52 +346,17 @@ class Pipeline:
         sources = self._sources.by_topic
         return {tp for tp in partitions if tp.topic not in sources}
 
-    def _refresh_book(self) -> None:
-        assert self._handovers is not None
-        version = self._handovers.version
-        if version != self._book_version:
-            self._book_version = version
-            # what is older than a deadline past its own deadline is done with
-            keep_ms = round(self._settings.handover_timeout_s * 1000)
-            self._book.load(self._handovers.handovers(), now_ms=self._clock_ms(), keep_ms=keep_ms)
-
-    def _handed(self, record: InRecord, ticket: Ticket, now_ms: int) -> bool:
-        """Park a record an old owner is finishing, or complete one it finished (no outcome
-        from here); False: the record is taken in as usual."""
-        tp = record.source.tp
-        verdict = self._book.verdict(tp.topic, tp.partition, record.source.offset, now_ms)
-        if verdict is Verdict.PARK:
-            self._parked[record.source] = (record, ticket)
-        elif verdict is Verdict.COMPLETED:
-            self._sink.deliver(ticket, None)
-            self._stats.handover_completed += 1
-        return verdict is not Verdict.RUN
-
-    def _release_parked(self, now_s: float) -> None:
-        """Parked records whose hand-over finished or expired: completed, or taken in."""
-        self._refresh_book()
-        now_ms = self._clock_ms()
-        released: list[tuple[InRecord, Ticket]] = []
-        for source, (record, ticket) in list(self._parked.items()):
-            tp = source.tp
-            verdict = self._book.verdict(tp.topic, tp.partition, source.offset, now_ms)
-            if verdict is Verdict.PARK:
-                continue
-            del self._parked[source]
-            if verdict is Verdict.COMPLETED:
-                self._sink.deliver(ticket, None)
-                self._stats.handover_completed += 1
-            else:
-                released.append((record, ticket))
+    def _take_released(self, now_s: float) -> None:
+        """Parked records whose hand-over expired are taken in here."""
+        assert self._handed_over is not None
+        released = self._handed_over.released()
         if released:
-            self._stats.handover_redone += len(released)
             self._stats.items_in += len(released)
-            log.info("%d parked records not finished by their old owner: doing them here", len(released))
             self._take_tracked(released, now_s)
 
     def _forget_parked(self, partitions: set[TopicPartition]) -> None:
-        for source in [s for s in self._parked if s.tp in partitions]:
-            del self._parked[source]
+        if self._handed_over is not None:
+            self._handed_over.forget(partitions)
 
     # ------------------------------------------------------------------ intake and routing
     def _take_all(self, records: Iterable[InRecord], now_s: float) -> None:
@@ -419,17 +364,8 @@ class Pipeline:
         parks or completes)."""
         track = self._sink.track
         taken = [(record, track(record.source)) for record in records]
-        book = self._book
-        if book.active:
-            now_ms, touches, handed = self._clock_ms(), book.touches, self._handed
-            taken = [
-                (record, ticket)
-                for record, ticket in taken
-                if not (
-                    touches(record.source.tp.topic, record.source.tp.partition)
-                    and handed(record, ticket, now_ms)
-                )
-            ]
+        if self._handed_over is not None:
+            taken = self._handed_over.take(taken)
         # parked and completed records are not taken in (yet): like those skipped as done
         self._stats.items_in += len(taken)
         self._take_tracked(taken, now_s)
