@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "rss_bytes",
     "run_cli",
     "simulator_processes",
+    "split_between",
     "start_simulator",
     "stop_gracefully",
 ]
@@ -117,6 +118,14 @@ class ServiceProcess:
 async def stop_gracefully(service: ServiceProcess, timeout_s: float) -> int:
     """SIGTERM and wait (in a thread, so the caller's loop keeps running): the exit code."""
     return await asyncio.to_thread(service.terminate, timeout_s)
+
+
+def split_between(services: Sequence[ServiceProcess], partitions: set[int]) -> bool:
+    """Whether the services' latest assignments share out `partitions`: each holds some, none
+    holds another's, together all of them."""
+    held = [s.assignment() or set() for s in services]
+    together: set[int] = set().union(*held)
+    return all(held) and together == partitions and sum(map(len, held)) == len(together)
 
 
 def logs_of(services: Iterable[ServiceProcess], n: int = 60) -> str:

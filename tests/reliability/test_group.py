@@ -25,7 +25,7 @@ from consumer.testing.harness import (
     tier_file_dict,
 )
 from consumer.testing.outcomes import OutcomeFollower
-from consumer.testing.process import ServiceProcess, logs_of, stop_gracefully
+from consumer.testing.process import ServiceProcess, logs_of, split_between, stop_gracefully
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 
 pytestmark = pytest.mark.integration
@@ -66,11 +66,10 @@ async def test_sigterm_one_of_two_the_other_takes_over(kafka_bootstrap: str, tmp
                 a.start()
                 b.start()
 
-                def split_between_both() -> bool:
-                    pa, pb = a.assignment() or set(), b.assignment() or set()
-                    return bool(pa) and bool(pb) and pa | pb == all_partitions and not pa & pb
-
-                assert await follower.wait(split_between_both, timeout_s=JOIN_WAIT_S), logs_of(services)
+                shared = await follower.wait(
+                    lambda: split_between([a, b], all_partitions), timeout_s=JOIN_WAIT_S
+                )
+                assert shared, logs_of(services)
                 a_parts = a.assignment()
                 assert a_parts is not None
                 feed = JobStream(settings, jobs, CHUNK, CHUNK_INTERVAL_S)

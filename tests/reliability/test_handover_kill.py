@@ -25,7 +25,7 @@ from consumer.testing.harness import (
     tier_file_dict,
 )
 from consumer.testing.outcomes import OutcomeFollower
-from consumer.testing.process import ServiceProcess, logs_of
+from consumer.testing.process import ServiceProcess, logs_of, split_between
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 
 pytestmark = pytest.mark.integration
@@ -72,11 +72,10 @@ async def test_a_hand_over_whose_old_owner_is_killed_is_done_by_the_new_owner_at
                 a.start()
                 b.start()
 
-                def split_between_both() -> bool:
-                    pa, pb = a.assignment() or set(), b.assignment() or set()
-                    return bool(pa) and bool(pb) and pa | pb == all_partitions and not pa & pb
-
-                assert await follower.wait(split_between_both, timeout_s=JOIN_WAIT_S), logs_of(services)
+                shared = await follower.wait(
+                    lambda: split_between([a, b], all_partitions), timeout_s=JOIN_WAIT_S
+                )
+                assert shared, logs_of(services)
                 await produce(settings, jobs)
                 await asyncio.sleep(ADMIT_S)
                 assert follower.records == 0, "answers came before the stop: not mid-flight (tune ANSWER_MS)"

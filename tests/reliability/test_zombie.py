@@ -30,7 +30,7 @@ from consumer.testing.harness import (
     tier_file_dict,
 )
 from consumer.testing.outcomes import OutcomeFollower
-from consumer.testing.process import ServiceProcess, logs_of, stop_gracefully
+from consumer.testing.process import ServiceProcess, logs_of, split_between, stop_gracefully
 from consumer.testing.simulator import SimulatorConfig, answer_for, run_simulator
 
 pytestmark = pytest.mark.integration
@@ -88,11 +88,10 @@ async def test_frozen_instance_returns_as_a_zombie(
                 a.start()
                 b.start()
 
-                def split_between_both() -> bool:
-                    pa, pb = a.assignment() or set(), b.assignment() or set()
-                    return bool(pa) and bool(pb) and pa | pb == all_partitions and not pa & pb
-
-                assert await follower.wait(split_between_both, timeout_s=TAKEOVER_WAIT_S), logs_of(services)
+                shared = await follower.wait(
+                    lambda: split_between([a, b], all_partitions), timeout_s=TAKEOVER_WAIT_S
+                )
+                assert shared, logs_of(services)
                 a_parts = a.assignment() or set()
                 stream = asyncio.create_task(feed.run())
 
