@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from consumer.core.handover import HandOver
 from consumer.kafka.records import OutRecord, SourceOffset, TopicPartition
 from consumer.kafka.sink import AtLeastOnceSink
+from consumer.testing.harness import until
 from consumer.testing.memory import MemoryBroker, MemoryProducer
 
 TOPIC = "jobs"
 TP = TopicPartition(TOPIC, 0)
-#: bounded waits: this many checks, WAIT_S apart
-CHECKS, WAIT_S = 200, 0.02
+#: how long a test waits for what it expects (bounded polling)
+UNTIL_S = 4.0
 
 
 class RecordingBoard:
@@ -42,14 +43,6 @@ class RecordingBoard:
     @property
     def version(self) -> int:
         return len(self.published)
-
-
-async def _until(check: Callable[[], bool]) -> bool:
-    for _ in range(CHECKS):
-        if check():
-            return True
-        await asyncio.sleep(WAIT_S)
-    return check()
 
 
 async def _sink(now_ms: list[int]) -> tuple[AtLeastOnceSink, RecordingBoard, MemoryBroker, list[Any]]:
@@ -85,7 +78,7 @@ async def test_a_lost_partitions_handed_over_outcomes_are_written_then_finished(
     sink, board, broker, commits = await _sink(now_ms)
     tickets = [sink.track(SourceOffset(TP, o)) for o in range(3)]
     sink.deliver(tickets[0], _outcome(0))
-    assert await _until(lambda: sink.inflight() == 2)
+    assert await until(lambda: sink.inflight() == 2, UNTIL_S)
     await sink.on_revoked({TP}, timeout_s=1.0)
     assert await sink.hand_over({TP}, not_ours={SourceOffset(TP, 2)})
     assert await sink.hand_over({TP}, not_ours=()), "a second revoke before the assignment"
@@ -96,7 +89,7 @@ async def test_a_lost_partitions_handed_over_outcomes_are_written_then_finished(
     await sink.on_assigned(set())
     sink.deliver(tickets[2], _outcome(2))  # not handed over: the new owner does it
     sink.deliver(tickets[1], _outcome(1))
-    assert await _until(lambda: len(board.published) == 2)
+    assert await until(lambda: len(board.published) == 2, UNTIL_S)
     finished = board.published[1]
     assert finished.name == handover.name and finished.finished and list(finished.completed) == [1]
     assert _written(broker) == [b"job-0", b"job-1"]
@@ -114,9 +107,9 @@ async def test_past_the_deadline_nothing_more_is_written_and_the_hand_over_ends(
     await sink.on_lost({TP})
     await sink.on_assigned(set())
     sink.deliver(tickets[0], _outcome(0))
-    assert await _until(lambda: _written(broker) == [b"job-0"])
+    assert await until(lambda: _written(broker) == [b"job-0"], UNTIL_S)
     now_ms[0] = 11_000  # the new owner runs what is left from now on
-    assert await _until(lambda: len(board.published) == 2)
+    assert await until(lambda: len(board.published) == 2, UNTIL_S)
     assert list(board.published[1].completed) == [0] and board.published[1].finished
     sink.deliver(tickets[1], _outcome(1))
     await asyncio.sleep(0.1)
@@ -132,11 +125,11 @@ async def test_a_kept_partitions_hand_over_is_withdrawn() -> None:
     await sink.on_revoked({TP}, timeout_s=1.0)
     assert await sink.hand_over({TP}, not_ours=())
     await sink.on_assigned({TP})
-    assert await _until(lambda: len(board.published) == 2)
+    assert await until(lambda: len(board.published) == 2, UNTIL_S)
     withdrawn = board.published[1]
     assert withdrawn.finished and not withdrawn.completed
     sink.deliver(ticket, _outcome(0))  # its own partition still: written and committed here
-    assert await _until(lambda: _written(broker) == [b"job-0"] and sink.inflight() == 0)
+    assert await until(lambda: _written(broker) == [b"job-0"] and sink.inflight() == 0, UNTIL_S)
     await sink.stop()
 
 

@@ -23,13 +23,14 @@ import pytest
 from consumer.core.completion import Completion, CompletionRequest
 from consumer.kafka.partitioning import partition_for
 from consumer.providers.fake import FakeProvider, text_completion
-from consumer.testing.harness import InProcessService, KafkaBus, job, tier_file_dict
+from consumer.testing.harness import InProcessService, KafkaBus, job, tier_file_dict, until
 from consumer.testing.simulator import answer_for, extract_input
 
 PARTITIONS = 4
 JOBS = 24
 #: bounded waits: this many checks, WAIT_S apart
 CHECKS, WAIT_S = 600, 0.05
+UNTIL_S = CHECKS * WAIT_S
 
 
 class HeldProvider:
@@ -53,14 +54,6 @@ def _tiers() -> dict[str, Any]:
     # every job its own request, all of them in flight at once
     limiter = {"algorithm": "aimd", "initial": 64, "min": 1, "max": 64}
     return tier_file_dict("http://127.0.0.1:9/v1", batching=False, limiter=limiter)
-
-
-async def _until(check: Callable[[], bool]) -> bool:
-    for _ in range(CHECKS):
-        if check():
-            return True
-        await asyncio.sleep(WAIT_S)
-    return check()
 
 
 def _jobs() -> tuple[list[dict[str, Any]], dict[str, str], dict[str, int]]:
@@ -101,17 +94,19 @@ async def test_a_rebalance_mid_flight_hands_the_moved_work_over(make_bus: Callab
     one = bus.service(_tiers(), providers={"small": first.provider()})
     async with one:
         await bus.produce(jobs)
-        assert await _until(lambda: len(first.asked) == JOBS), "the first instance did not take every job"
+        assert await until(lambda: len(first.asked) == JOBS, UNTIL_S), (
+            "the first instance did not take every job"
+        )
         two = bus.service(_tiers(), providers={"small": second.provider()})
         async with two:
-            assert await _until(lambda: one.stats_snapshot()["partitions_lost"] == PARTITIONS // 2)
+            assert await until(lambda: one.stats_snapshot()["partitions_lost"] == PARTITIONS // 2, UNTIL_S)
             moved = _moved_jobs(partition_of, two)
             # the new owner read the moved records and parks them: the old owner is on them
-            assert await _until(lambda: two.stats_snapshot()["handover_parked"] == len(moved))
+            assert await until(lambda: two.stats_snapshot()["handover_parked"] == len(moved), UNTIL_S)
             assert second.asked == Counter()
             gate.set()  # every answer comes now, the moved jobs' from the old owner
             outcomes = await bus.wait_for_outcomes(set(text_of), timeout_s=60)
-            assert await _until(lambda: two.stats_snapshot()["handover_completed"] == len(moved))
+            assert await until(lambda: two.stats_snapshot()["handover_completed"] == len(moved), UNTIL_S)
             committed = await _committed_all(bus, partition_of)
             snapshot = two.stats_snapshot()
 
@@ -140,15 +135,17 @@ async def test_a_moved_partitions_queued_jobs_stay_with_the_old_owner(make_bus: 
     one = bus.service(one_at_a_time, providers={"small": first.provider()})
     async with one:
         await bus.produce(jobs)
-        assert await _until(lambda: len(first.asked) == 1 and one.stats_snapshot()["inflight"] == JOBS)
+        assert await until(
+            lambda: len(first.asked) == 1 and one.stats_snapshot()["inflight"] == JOBS, UNTIL_S
+        )
         two = bus.service(one_at_a_time, providers={"small": second.provider()})
         async with two:
-            assert await _until(lambda: one.stats_snapshot()["partitions_lost"] == PARTITIONS // 2)
+            assert await until(lambda: one.stats_snapshot()["partitions_lost"] == PARTITIONS // 2, UNTIL_S)
             moved = _moved_jobs(partition_of, two)
-            assert await _until(lambda: two.stats_snapshot()["handover_parked"] == len(moved))
+            assert await until(lambda: two.stats_snapshot()["handover_parked"] == len(moved), UNTIL_S)
             gate.set()
             outcomes = await bus.wait_for_outcomes(set(text_of), timeout_s=60)
-            assert await _until(lambda: two.stats_snapshot()["handover_completed"] == len(moved))
+            assert await until(lambda: two.stats_snapshot()["handover_completed"] == len(moved), UNTIL_S)
 
     assert moved and outcomes.ids() == set(text_of) and outcomes.duplicates() == {}
     assert second.asked == Counter() and len(first.asked) == JOBS
@@ -168,18 +165,20 @@ async def test_an_old_owner_that_does_not_finish_has_its_work_redone_at_the_dead
     one = bus.service(_tiers(), providers={"small": first.provider()})
     async with one:
         await bus.produce(jobs)
-        assert await _until(lambda: len(first.asked) == JOBS), "the first instance did not take every job"
+        assert await until(lambda: len(first.asked) == JOBS, UNTIL_S), (
+            "the first instance did not take every job"
+        )
         two = bus.service(_tiers(), providers={"small": second.provider()})
         async with two:
-            assert await _until(lambda: one.stats_snapshot()["partitions_lost"] == PARTITIONS // 2)
+            assert await until(lambda: one.stats_snapshot()["partitions_lost"] == PARTITIONS // 2, UNTIL_S)
             moved = _moved_jobs(partition_of, two)
             # past the deadline the new owner asks them itself
-            assert await _until(lambda: set(second.asked) == moved)
+            assert await until(lambda: set(second.asked) == moved, UNTIL_S)
             ids_moved = {jid for jid, text in text_of.items() if text in moved}
             await bus.wait_for_outcomes(ids_moved, timeout_s=60)
             held.set()  # the old owner answers at last: too late for the moved jobs
             outcomes = await bus.wait_for_outcomes(set(text_of), timeout_s=60)
-            assert await _until(lambda: one.stats_snapshot()["dropped_late"] >= len(moved))
+            assert await until(lambda: one.stats_snapshot()["dropped_late"] >= len(moved), UNTIL_S)
             committed = await _committed_all(bus, partition_of)
             snapshot = two.stats_snapshot()
 
@@ -210,14 +209,14 @@ async def test_a_stopping_instance_hands_its_work_over_and_leaves_at_once(
     async with two:
         await one.__aenter__()
         try:
-            assert await _until(lambda: len(one.pipeline._intake.assignment()) == PARTITIONS // 2)
+            assert await until(lambda: len(one.pipeline._intake.assignment()) == PARTITIONS // 2, UNTIL_S)
             await bus.produce(jobs)
-            assert await _until(lambda: len(first.asked) + len(second.asked) == JOBS)
+            assert await until(lambda: len(first.asked) + len(second.asked) == JOBS, UNTIL_S)
             mine = set(first.asked)
             assert mine, "the stopping instance took no job"
             one.stop.set()  # what SIGTERM does
             # its partitions move while its answers are still held: the other one parks them
-            assert await _until(lambda: two.stats_snapshot()["handover_parked"] == len(mine))
+            assert await until(lambda: two.stats_snapshot()["handover_parked"] == len(mine), UNTIL_S)
             await bus.produce(later)
             later_ids = {j["id"] for j in later}
             await bus.wait_for_outcomes(later_ids, timeout_s=60)  # every partition is served
@@ -228,7 +227,7 @@ async def test_a_stopping_instance_hands_its_work_over_and_leaves_at_once(
             held.set()
             await one.__aexit__(None, None, None)
         outcomes = await bus.wait_for_outcomes(set(text_of) | later_ids, timeout_s=60)
-        assert await _until(lambda: two.stats_snapshot()["handover_completed"] == len(mine))
+        assert await until(lambda: two.stats_snapshot()["handover_completed"] == len(mine), UNTIL_S)
         snapshot = two.stats_snapshot()
 
     assert outcomes.ids() == set(text_of) | later_ids and not outcomes.dead
@@ -258,14 +257,14 @@ async def test_two_instances_stopping_together_hand_their_work_to_the_third(
             await svc.__aenter__()
         try:
             shares = lambda: [len(s.pipeline._intake.assignment()) for s in (stays, *going)]  # noqa: E731
-            assert await _until(lambda: shares() == [2, 2, 2]), shares()
+            assert await until(lambda: shares() == [2, 2, 2], UNTIL_S), shares()
             await bus.produce(jobs)
             theirs = lambda: set(leaving[0].asked) | set(leaving[1].asked)  # noqa: E731
-            assert await _until(lambda: len(theirs()) + len(staying.asked) == JOBS)
+            assert await until(lambda: len(theirs()) + len(staying.asked) == JOBS, UNTIL_S)
             handed = theirs()
             for svc in going:
                 svc.stop.set()
-            assert await _until(lambda: stays.stats_snapshot()["handover_parked"] == len(handed))
+            assert await until(lambda: stays.stats_snapshot()["handover_parked"] == len(handed), UNTIL_S)
             held.set()
             for svc in going:
                 assert svc.task is not None
@@ -275,7 +274,7 @@ async def test_two_instances_stopping_together_hand_their_work_to_the_third(
             for svc in going:
                 await svc.__aexit__(None, None, None)
         outcomes = await bus.wait_for_outcomes(ids, timeout_s=60)
-        assert await _until(lambda: stays.stats_snapshot()["handover_completed"] == len(handed))
+        assert await until(lambda: stays.stats_snapshot()["handover_completed"] == len(handed), UNTIL_S)
         snapshot = stays.stats_snapshot()
 
     assert handed and outcomes.ids() == ids and not outcomes.dead
@@ -294,7 +293,9 @@ async def _rebalance_mid_flight(bus: Any) -> None:
     one = bus.service(_tiers(), providers={"small": first.provider()})
     async with one:
         await bus.produce(jobs)
-        assert await _until(lambda: len(first.asked) == JOBS), "the first instance did not take every job"
+        assert await until(lambda: len(first.asked) == JOBS, UNTIL_S), (
+            "the first instance did not take every job"
+        )
         two = bus.service(_tiers(), providers={"small": second.provider()})
         async with two:
             # the moved partitions' jobs are read again by their new owner, from offset 0
@@ -303,19 +304,13 @@ async def _rebalance_mid_flight(bus: Any) -> None:
                 wanted = {text for text, p in partition_of.items() if p in moved}
                 return bool(moved) and set(second.asked) == wanted
 
-            assert await _until(moved_all_asked), "the second instance did not take over a partition"
+            assert await until(moved_all_asked, UNTIL_S), "the second instance did not take over a partition"
             gate.set()  # every answer comes now: the old owner's to the moved jobs too
             outcomes = await bus.wait_for_outcomes(set(text_of), timeout_s=60)
             # the old owner's answers to the moved jobs end after the loss: dropped, not written
-            await _until(lambda: one.stats_snapshot()["dropped_late"] >= len(second.asked))
+            await until(lambda: one.stats_snapshot()["dropped_late"] >= len(second.asked), UNTIL_S)
             dropped = one.stats_snapshot()["dropped_late"]
-            per_partition = Counter(partition_of.values())
-            wanted = [per_partition[p] for p in range(PARTITIONS)]
-            for _ in range(CHECKS):  # bounded: until every outcome's offset is committed
-                committed = [await bus.committed(p) for p in range(PARTITIONS)]
-                if committed == wanted:
-                    break
-                await asyncio.sleep(WAIT_S)
+            committed = await _committed_all(bus, partition_of)
 
     moved = {partition_of[text] for text in second.asked}
     assert len(moved) == PARTITIONS // 2, f"the sticky assignment moved {sorted(moved)}"
@@ -328,7 +323,8 @@ async def _rebalance_mid_flight(bus: Any) -> None:
     kept_asked_again = [t for t in second.asked if partition_of[t] not in moved]
     assert kept_asked_again == [], "a kept partition's job was asked again"
     assert dropped == len(second.asked)
-    assert committed == wanted
+    per_partition = Counter(partition_of.values())
+    assert committed == [per_partition[p] for p in range(PARTITIONS)]
 
 
 async def test_without_hand_overs_a_rebalance_mid_flight_redoes_only_the_moved_partitions(
